@@ -1,0 +1,128 @@
+"""Find the peaks of a device's active-bytes curve.
+
+Contract: `find_peaks(timeline, top=5)` returns one row per peak, highest first, per device. Rank 1 is the
+global maximum of active bytes (first occurrence on ties; event_index −1 when the maximum is the baseline
+itself, i.e. nothing in the window rose above what was live when it began). Further peaks are local maxima
+separated from every higher peak by a valley at least `min_prominence` × (max − min of the curve) deep, so
+one long rise reports once, not once per allocation.
+
+Columns: device, rank, event_index, until_index (the next event that changed active bytes, −1: none),
+time_us (nullable), duration_us (nullable: how long the peak held), active_bytes, reserved_bytes,
+allocated_est_bytes (an estimate, see replay), baseline_active_bytes, transient_bytes (active − baseline).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import pandas as pd
+
+from ..replay import DeviceTimeline, Timeline
+
+COLUMNS = ["device", "rank", "event_index", "until_index", "time_us", "duration_us", "active_bytes",
+           "reserved_bytes", "allocated_est_bytes", "baseline_active_bytes", "transient_bytes"]
+
+
+class _RangeMin:
+    """Minimum over index ranges of a long array in O(√n) per query, O(n / block) memory."""
+
+    def __init__(self, values: np.ndarray, block: int = 1024) -> None:
+        self.values, self.block = values, block
+        pad = (-len(values)) % block
+        padded = np.concatenate([values, np.full(pad, np.iinfo(np.int64).max, dtype=np.int64)])
+        self.block_min = padded.reshape(-1, block).min(axis=1) if len(padded) else padded
+
+    def __call__(self, lo: int, hi: int) -> int:
+        """min(values[lo..hi]) inclusive."""
+        b = self.block
+        blo, bhi = lo // b, hi // b
+        if bhi - blo <= 1:
+            return int(self.values[lo:hi + 1].min())
+        return int(min(self.values[lo:(blo + 1) * b].min(), self.block_min[blo + 1:bhi].min(),
+                       self.values[bhi * b:hi + 1].min()))
+
+
+def global_peak_index(dt: DeviceTimeline) -> int:
+    """Event index of the global maximum of active bytes (first on ties; −1 when it is the baseline)."""
+    if len(dt) == 0:
+        return -1
+    i = int(np.argmax(dt.active))
+    return -1 if dt.baseline_active >= int(dt.active[i]) else i
+
+
+def _candidates(dt: DeviceTimeline) -> tuple[np.ndarray, np.ndarray]:
+    """Local maxima (event index, or −1 for the baseline) and the index of the next change after each."""
+    curve = np.concatenate([[dt.baseline_active], dt.active])
+    change = np.flatnonzero(np.diff(curve) != 0)           # event indices whose event changed active bytes
+    if len(change) == 0:
+        return np.array([-1]), np.array([-1])
+    rising = np.diff(curve)[change] > 0
+    nxt_falls = np.ones(len(change), dtype=bool)
+    nxt_falls[:-1] = ~rising[1:]
+    top = change[rising & nxt_falls]
+    until = np.full(len(top), -1, dtype=np.int64)
+    pos = np.searchsorted(change, top) + 1
+    has_next = pos < len(change)
+    until[has_next] = change[pos[has_next]]
+    if not rising[0]:                                       # the window starts by falling: baseline is a peak
+        top = np.concatenate([[-1], top])
+        until = np.concatenate([[change[0]], until])
+    return top.astype(np.int64), until
+
+
+def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[dict[str, object]]:
+    tops, until = _candidates(dt)
+    curve = np.concatenate([[dt.baseline_active], dt.active]).astype(np.int64)   # position = index + 1
+    heights = curve[tops + 1]
+    span = int(curve.max() - curve.min())
+    need = max(1, int(span * min_prominence))
+    rmq = _RangeMin(curve)
+    g = global_peak_index(dt)
+    order = sorted(range(len(tops)), key=lambda k: (-int(heights[k]), int(tops[k])))
+    accepted: list[int] = []                                 # positions in curve, sorted
+    chosen: list[int] = []
+    for k in order:
+        if len(chosen) >= top:
+            break
+        pos = int(tops[k]) + 1
+        if chosen and int(tops[k]) != g:
+            j = bisect.bisect_left(accepted, pos)
+            h = int(heights[k])
+            if j > 0 and h - rmq(accepted[j - 1], pos) < need:
+                continue
+            if j < len(accepted) and h - rmq(pos, accepted[j]) < need:
+                continue
+        elif not chosen and int(tops[k]) != g:
+            continue  # the global peak (first occurrence) is always rank 1
+        bisect.insort(accepted, pos)
+        chosen.append(k)
+    if not chosen:
+        chosen_rows = [(g, -1)]
+    else:
+        chosen_rows = [(int(tops[k]), int(until[k])) for k in chosen]
+    rows = []
+    for rank, (index, nxt) in enumerate(chosen_rows, start=1):
+        t0, t1 = dt.time_at(index), dt.time_at(nxt) if nxt >= 0 else None
+        active = dt.active_at(index)
+        rows.append({
+            "device": dt.device, "rank": rank, "event_index": index, "until_index": nxt,
+            "time_us": t0, "duration_us": (t1 - t0) if (t0 is not None and t1 is not None) else None,
+            "active_bytes": active, "reserved_bytes": dt.reserved_at(index),
+            "allocated_est_bytes": dt.allocated_est_at(index), "baseline_active_bytes": dt.baseline_active,
+            "transient_bytes": active - dt.baseline_active,
+        })
+    return rows
+
+
+def find_peaks(timeline: Timeline, top: int = 5, device: int | None = None,
+               min_prominence: float = 0.05) -> pd.DataFrame:
+    """Top peaks of each device (or one device), highest first; see the module docstring."""
+    if top < 1:
+        raise ValueError("top must be at least 1")
+    devices = [device] if device is not None else sorted(timeline.devices)
+    rows = [r for d in devices for r in _device_peaks(timeline[d], top, min_prominence)]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    for c in ("time_us", "duration_us"):
+        df[c] = df[c].astype("Int64")
+    return df

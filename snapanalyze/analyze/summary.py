@@ -1,0 +1,165 @@
+"""What a snapshot file holds: format, inferred torch version range, devices, actions, optional parts.
+
+Contract: `summarize(snapshot)` returns a plain dict (JSON-ready) of facts read off the file; nothing is
+replayed. The torch version range is inferred from which keys are present or absent (a fingerprint built
+from the "since" column of the format notes) and is always labelled as inferred, with its evidence.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from ..model import ANNOTATE, OOM, SEGMENT_MAP, SEGMENT_UNMAP, Snapshot
+
+_ROUND_MAX_ENTRIES = {10**k for k in range(3, 9)} | {2**k for k in range(10, 28)} | {
+    m * 10**k for m in (2, 5) for k in range(3, 8)}
+
+
+def _version_range(s: Snapshot) -> tuple[str, list[str]]:
+    f = s.format
+    entry = set(f.entry_keys)
+    has_entries = any(len(t) for t in s.traces.values())
+    lo, hi = (2, 0), (9, 99)
+    evidence: list[str] = []
+
+    def since(v: tuple[int, int], why: str) -> None:
+        nonlocal lo
+        if v > lo:
+            lo = v
+        evidence.append(f"{why} → ≥ {v[0]}.{v[1]}")
+
+    def until(v: tuple[int, int], why: str) -> None:
+        nonlocal hi
+        if v < hi:
+            hi = v
+        evidence.append(f"{why} → ≤ {v[0]}.{v[1]}")
+
+    if f.layout == "segment list":
+        return "≤ 1.13 or memory_snapshot() output", ["a bare list of segments (no trace)"]
+    if f.legacy_block_history:
+        until((2, 0), "blocks carry 'history' and no address")
+    if "time_us" in entry:
+        since((2, 2), "trace entries have time_us")
+    elif has_entries:
+        until((2, 1), "trace entries have no time_us")
+    if "allocator_settings" in f.top_level_keys:
+        since((2, 3), "allocator_settings present")
+    elif f.trace_included:
+        until((2, 2), "no allocator_settings")
+    if "external_annotations" in f.top_level_keys:
+        since((2, 5), "external_annotations present")
+    elif "allocator_settings" in f.top_level_keys:
+        until((2, 4), "no external_annotations")
+    if "compile_context" in entry:
+        since((2, 8), "trace entries have compile_context")
+    elif has_entries and "time_us" in entry:
+        until((2, 7), "trace entries have no compile_context")
+    if "user_metadata" in entry:
+        since((2, 10), "trace entries have user_metadata")
+    elif "compile_context" in entry:
+        until((2, 9), "trace entries have no user_metadata")
+    if "pool_id" in entry:
+        since((2, 12), "trace entries have pool_id")
+    elif "user_metadata" in entry:
+        until((2, 11), "trace entries have no pool_id")
+    if "host_segments" in f.top_level_keys or any((t.action == ANNOTATE).any() for t in s.traces.values()):
+        since((2, 14), "pinned host segments or annotate entries")
+    if lo > hi:
+        return "unknown (contradictory fingerprint)", evidence
+    low = f"{lo[0]}.{lo[1]}"
+    if hi == (9, 99):
+        return f"≥ {low}", evidence
+    high = f"{hi[0]}.{hi[1]}"
+    return (low if low == high else f"{low}–{high}"), evidence
+
+
+def _has_cpp_frames(s: Snapshot, sample: int = 200) -> bool:
+    def cpp(frames: Any) -> bool:
+        return bool(frames) and any(str(fr.get("filename", "")) in ("??", "") or
+                                    str(fr.get("filename", "")).endswith((".cpp", ".cc", ".h", ".c"))
+                                    for fr in frames)
+    for t in s.traces.values():
+        for fr in t.frames[:sample]:
+            if cpp(fr):
+                return True
+    return any(cpp(fr) for fr in s.block_frames[:sample])
+
+
+def summarize(s: Snapshot) -> dict[str, Any]:
+    """Facts about the file (see the module docstring)."""
+    version, evidence = _version_range(s)
+    devices = []
+    for d in s.devices:
+        t = s.trace(d)
+        n = len(t)
+        counts = Counter()
+        for code, k in zip(*np.unique(t.action, return_counts=True)):
+            counts[t.action_names[int(code)]] = int(k)
+        with_frames = sum(1 for fr in t.frames if fr)
+        times = t.time_us
+        first = int(times[0]) if times is not None and n else None
+        last = int(times[-1]) if times is not None and n else None
+        segs = s.segments[s.segments["device"] == d]
+        blocks = s.blocks[s.blocks["device"] == d]
+        devices.append({
+            "device": d,
+            "events": n,
+            "actions": dict(sorted(counts.items())),
+            "first_time_us": first,
+            "last_time_us": last,
+            "duration_us": (last - first) if first is not None and last is not None else None,
+            "events_with_frames": with_frames,
+            "segments": len(segs),
+            "reserved_bytes": int(segs["total_size"].sum()),
+            "active_blocks": int(blocks["state"].isin(["active_allocated", "active_pending_free",
+                                                      "active_awaiting_free"]).sum()),
+            "ring_buffer": _ring_buffer_note(n, counts),
+        })
+    pools = sorted(p for p in s.segments["pool_id"].astype(str).unique() if p != "0,0") \
+        if len(s.segments) else []
+    expandable = bool(s.segments["is_expandable"].any()) if len(s.segments) else False
+    expandable = expandable or any(((t.action == SEGMENT_MAP) | (t.action == SEGMENT_UNMAP)).any()
+                                   for t in s.traces.values())
+    user_md = 0
+    for t in s.traces.values():
+        if t.user_metadata is not None:
+            nonempty = [i for i, name in enumerate(t.user_metadata_names) if name]
+            user_md += int(np.isin(t.user_metadata, nonempty).sum())
+    ooms = s.ooms
+    return {
+        "source": s.source,
+        "container": s.format.container,
+        "layout": s.format.layout,
+        "torch_version": {"range": version, "inferred": True, "evidence": evidence},
+        "devices": devices,
+        "has": {
+            "trace": any(len(t) for t in s.traces.values()),
+            "frames": any(d["events_with_frames"] for d in devices) or any(bool(f) for f in s.block_frames),
+            "cpp_frames": _has_cpp_frames(s),
+            "annotations": len(s.annotations),
+            "user_metadata_entries": user_md,
+            "compile_context": "compile_context" in s.format.entry_keys,
+            "private_pools": pools,
+            "expandable_segments": expandable,
+            "legacy_block_history": s.format.legacy_block_history,
+        },
+        "allocator_settings": s.allocator_settings,
+        "ooms": ooms.astype(object).where(ooms.notna(), None).to_dict("records"),
+        "unknown_actions": sorted({n for t in s.traces.values() for n in t.action_names[10:]}),
+    }
+
+
+def _ring_buffer_note(n: int, counts: Counter[str]) -> str:
+    if n == 0:
+        return "no trace"
+    if n <= 1:
+        return "state only (1-entry legacy trace)"
+    if n in _ROUND_MAX_ENTRIES:
+        return f"probably full: {n:,} is a typical max_entries value; older events were likely evicted"
+    return "not full (event count is not a typical max_entries value; inferred)"
+
+
+__all__ = ["summarize", "OOM"]

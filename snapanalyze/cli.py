@@ -1,0 +1,146 @@
+"""Command line: argv → library calls → text or JSON on stdout, exit codes. Nothing else lives here.
+
+Contract: each command is thin (load, analyse, render); one place (`_Group.invoke`) maps SnapanalyzeError to
+a one-line message on stderr and exit code 2 (`--debug` shows the traceback instead). Output formats:
+`table` for people, `json` for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .analyze.peaks import find_peaks
+from .analyze.summary import summarize
+from .errors import SnapanalyzeError, UsageError
+from .load import load
+from .replay import replay
+from .report import text
+from .report.documents import peaks_document
+
+FORMATS = click.Choice(["table", "json"])
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SnapanalyzeError as exc:
+            if (ctx.obj or {}).get("debug"):
+                raise
+            click.echo(f"snapanalyze: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show a traceback on errors.")
+@click.version_option(__version__, prog_name="snapanalyze")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Explain GPU memory peaks from PyTorch allocator snapshots."""
+    ctx.obj = {"debug": debug}
+
+
+def _emit_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=False, default=str))
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--top", default=5, show_default=True, type=click.IntRange(1), help="Peaks per device.")
+@click.option("--device", type=int, default=None, help="Only this device.")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def peaks(file: str, top: int, device: int | None, fmt: str) -> None:
+    """Baseline, top peaks and trace window of each device."""
+    timeline = replay(load(file))
+    if device is not None and device not in timeline.devices:
+        raise UsageError(f"{file}: no device {device} (devices: {sorted(timeline.devices)})")
+    df = find_peaks(timeline, top=top, device=device)
+    doc = peaks_document(timeline, df)
+    if fmt == "json":
+        _emit_json(doc)
+        return
+    click.echo(_peaks_table(doc, timeline.check_invariants()))
+
+
+def _peaks_table(doc: dict[str, Any], problems: list[str]) -> str:
+    out = [f"{doc['source']}"]
+    if not doc["devices"]:
+        out.append("  no devices: the snapshot holds no segments and no trace")
+    for d in doc["devices"]:
+        window = text.fmt_duration_us(d["window_us"])
+        out.append(f"\ndevice {d['device']}: {d['events']:,} events"
+                   + (f" over {window}" if d["window_us"] is not None else " (no timestamps)")
+                   + (f", from {text.fmt_time_us(d['first_time_us'])}" if d["first_time_us"] else ""))
+        out.append(f"  baseline (live when the window began): {text.fmt_bytes(d['baseline_active_bytes'])}"
+                   f" active, {text.fmt_bytes(d['baseline_reserved_bytes'])} reserved")
+        rows = []
+        for rank, p in enumerate(d["peaks"], start=1):
+            event = "baseline" if p["event_index"] < 0 else f"{p['event_index']:,}"
+            rows.append([str(rank), event, text.fmt_time_us(p["time_us"]), text.fmt_bytes(p["active_bytes"]),
+                         text.fmt_bytes(p["reserved_bytes"]), text.fmt_bytes(p["allocated_est_bytes"]),
+                         text.fmt_bytes(p["transient_bytes"]), text.fmt_duration_us(p["duration_us"])])
+        out.append(text.table(["peak", "event", "time", "active", "reserved", "allocated (est.)",
+                               "transient", "held"], rows, right=[True, True, False] + [True] * 5))
+    out.append("\nactive = Σ requested bytes live (exact); allocated (est.) = rounded block sizes, an estimate.")
+    if problems:
+        out.append("warning: the replay does not match the end state:\n  " + "\n  ".join(problems))
+    return "\n".join(out)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def summary(file: str, fmt: str) -> None:
+    """What the file holds: format, torch version (inferred), devices, events, optional parts."""
+    facts = summarize(load(file))
+    if fmt == "json":
+        _emit_json(facts)
+        return
+    click.echo(_summary_table(facts))
+
+
+def _summary_table(f: dict[str, Any]) -> str:
+    v = f["torch_version"]
+    has = f["has"]
+    out = [f"{f['source']}",
+           f"  format: {f['container']}, {f['layout']}",
+           f"  torch: {v['range']} (inferred from: {'; '.join(v['evidence']) or 'nothing'})"]
+    for d in f["devices"]:
+        actions = ", ".join(f"{k} {n:,}" for k, n in d["actions"].items()) or "none"
+        span = text.fmt_duration_us(d["duration_us"]) if d["duration_us"] is not None else "no timestamps"
+        out += [f"  device {d['device']}: {d['events']:,} events ({actions})",
+                f"    window: {span}; ring buffer: {d['ring_buffer']}",
+                f"    end state: {d['segments']:,} segments, {text.fmt_bytes(d['reserved_bytes'])} reserved, "
+                f"{d['active_blocks']:,} active blocks; {d['events_with_frames']:,} events with frames"]
+    yes = {True: "yes", False: "no"}
+    out += [f"  frames: {yes[bool(has['frames'])]}; C++ frames: {yes[bool(has['cpp_frames'])]}; "
+            f"annotations: {has['annotations']}; user_metadata entries: {has['user_metadata_entries']}; "
+            f"compile_context: {yes[bool(has['compile_context'])]}",
+            f"  private pools: {', '.join(has['private_pools']) or 'none'}; expandable segments: "
+            f"{yes[bool(has['expandable_segments'])]}; legacy 2.0 blocks: {yes[bool(has['legacy_block_history'])]}"]
+    settings = f["allocator_settings"]
+    if settings:
+        shown = {k: val for k, val in settings.items() if k != "roundup_power2_divisions"}
+        divisions = {k: val for k, val in (settings.get("roundup_power2_divisions") or {}).items() if val}
+        out.append("  allocator settings: " + ", ".join(f"{k}={val!r}" for k, val in shown.items())
+                   + (f", roundup_power2_divisions={divisions}" if divisions else ""))
+    else:
+        out.append("  allocator settings: not recorded")
+    if f["ooms"]:
+        for o in f["ooms"]:
+            out.append(f"  OOM on device {o['device']} at event {o['index']:,}: request "
+                       f"{text.fmt_bytes(o['size'])}, device free {text.fmt_bytes(o['device_free'])}")
+    else:
+        out.append("  OOM entries: none")
+    if f["unknown_actions"]:
+        out.append(f"  unknown actions (ignored): {', '.join(f['unknown_actions'])}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Intern stack frames: each distinct frame and each distinct stack is stored once and named by an int id.
+
+Contract: `StackInterner.intern(frames)` maps a raw frames list (innermost first, dicts with filename/line/
+name) to a stack id (-1 for none), interning lazily so that only the stacks an analysis asks for are ever
+touched. Identity of the unpickled objects is the cheap first key (torch's pickle shares frame dicts and
+many frames lists), the frame values the second, so equal stacks get one id however they were stored.
+The raw lists stay referenced by the Snapshot, which keeps the identity keys valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+Frame = tuple[str, int, str]  # (filename, line, name)
+
+
+class StackInterner:
+    """Frame and stack tables, grown on demand."""
+
+    def __init__(self) -> None:
+        self._stack_by_list: dict[int, int] = {}
+        self._stack_by_key: dict[tuple[int, ...], int] = {}
+        self._frame_by_obj: dict[int, int] = {}
+        self._frame_by_value: dict[Frame, int] = {}
+        self._keepalive: list[Any] = []
+        self.frames: list[Frame] = []
+        self.stacks: list[tuple[int, ...]] = []
+
+    def _frame_id(self, frame: Any) -> int:
+        fid = self._frame_by_obj.get(id(frame))
+        if fid is None:
+            value = (str(frame.get("filename", "")).replace("\\", "/"), int(frame.get("line", 0) or 0),
+                     str(frame.get("name", "")))
+            fid = self._frame_by_value.get(value)
+            if fid is None:
+                fid = len(self.frames)
+                self.frames.append(value)
+                self._frame_by_value[value] = fid
+            self._frame_by_obj[id(frame)] = fid
+            self._keepalive.append(frame)
+        return fid
+
+    def intern(self, frames: Any) -> int:
+        if not frames:
+            return -1
+        sid = self._stack_by_list.get(id(frames))
+        if sid is not None:
+            return sid
+        key = tuple(self._frame_id(f) for f in frames)
+        sid = self._stack_by_key.get(key)
+        if sid is None:
+            sid = len(self.stacks)
+            self.stacks.append(key)
+            self._stack_by_key[key] = sid
+        self._stack_by_list[id(frames)] = sid
+        self._keepalive.append(frames)
+        return sid
+
+    def frames_table(self) -> pd.DataFrame:
+        """Columns: frame_id, filename, line, name."""
+        files, lines, names = zip(*self.frames) if self.frames else ((), (), ())
+        return pd.DataFrame({"frame_id": range(len(self.frames)), "filename": list(files),
+                             "line": list(lines), "name": list(names)})
+
+    def stacks_table(self) -> pd.DataFrame:
+        """Long format, one row per frame of each stack: stack_id, depth (0 = innermost), frame_id."""
+        sids, depths, fids = [], [], []
+        for sid, key in enumerate(self.stacks):
+            sids.extend([sid] * len(key))
+            depths.extend(range(len(key)))
+            fids.extend(key)
+        return pd.DataFrame({"stack_id": sids, "depth": depths, "frame_id": fids})

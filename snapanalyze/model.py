@@ -1,0 +1,185 @@
+"""The columnar Snapshot: what every analysis reads, built only by the loader.
+
+Contract: a Snapshot holds, per device, the trace as numpy columns (`DeviceTrace`) and the end state as
+DataFrames (`segments`, `blocks`), plus annotations, allocator settings and format facts (`Format`).
+Nothing here touches raw snapshot dicts except through the stack interner, which resolves frames lazily.
+Units are in column names' meaning: bytes for sizes, µs since the epoch for `time_us`.
+
+DataFrame columns:
+- `events`: device, index (position in that device's trace), action, addr, size, stream, time_us
+  (nullable), stack_id (−1: no frames), user_metadata, compile_context.
+- `segments`: device, address, total_size, allocated_size, active_size, requested_size, stream,
+  segment_type, pool_id (str "a,b"; "0,0" is the default pool), is_expandable.
+- `blocks`: device, segment_address, address, size, requested_size, state, stream, pool_id,
+  segment_type, is_expandable, stack_id (only meaningful for active blocks).
+- `ooms`: device, index, size (rounded request), stream, device_free, time_us.
+- `annotations`: device, name, stage (START/END), time_us.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .load.stacks import StackInterner
+
+ACTIONS: tuple[str, ...] = (
+    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+    "segment_unmap", "snapshot", "oom", "annotate",
+)
+ACTION_CODE: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
+ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, \
+    SNAPSHOT, OOM, ANNOTATE = range(len(ACTIONS))
+ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceTrace:
+    """One device's trace as parallel columns, oldest event first.
+
+    `action` holds codes into `action_names` (the ACTIONS first, then any unknown action names the file
+    used, which replay ignores). `time_us` is None when the file records no times. `frames` holds the raw
+    frames list of each event (or None) for lazy interning; `user_metadata` / `compile_context` hold codes
+    into their `*_names` tables, or are None when the file has no such field.
+    """
+
+    device: int
+    action: np.ndarray
+    addr: np.ndarray
+    size: np.ndarray
+    stream: np.ndarray
+    time_us: np.ndarray | None
+    frames: list[Any]
+    action_names: tuple[str, ...] = ACTIONS
+    user_metadata: np.ndarray | None = None
+    user_metadata_names: tuple[str, ...] = ()
+    compile_context: np.ndarray | None = None
+    compile_context_names: tuple[str, ...] = ()
+    device_free: dict[int, int] = field(default_factory=dict)  # event index -> bytes free, for oom entries
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+
+@dataclass(frozen=True)
+class Format:
+    """What the file turned out to be, and which optional parts it carried."""
+
+    container: str                 # pickle, gzip pickle, torch.save zip, json, …
+    layout: str                    # "dict" or "segment list"
+    top_level_keys: tuple[str, ...]
+    entry_keys: tuple[str, ...]    # union of trace-entry keys seen
+    segment_keys: tuple[str, ...]
+    block_keys: tuple[str, ...]
+    legacy_block_history: bool     # 2.0-style blocks (history, no address)
+    trace_included: bool           # device_traces present (even if empty)
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """A loaded memory snapshot: columnar, device-indexed, frames interned on demand."""
+
+    source: str
+    traces: dict[int, DeviceTrace]
+    segments: pd.DataFrame
+    blocks: pd.DataFrame
+    block_frames: list[Any]
+    annotations: pd.DataFrame
+    allocator_settings: dict[str, Any] | None
+    format: Format
+    interner: StackInterner = field(default_factory=StackInterner, repr=False)
+
+    @property
+    def devices(self) -> list[int]:
+        """Devices that appear in the trace or the end state, ascending."""
+        seen = set(self.traces) | set(int(d) for d in self.segments["device"].unique())
+        return sorted(seen)
+
+    def trace(self, device: int) -> DeviceTrace:
+        found = self.traces.get(device)
+        if found is None:
+            return _empty_trace(device)
+        return found
+
+    # -- frames, resolved lazily -------------------------------------------------------------------
+    def event_stack_ids(self, device: int, indices: np.ndarray) -> np.ndarray:
+        """Stack id of each given event of `device` (−1 where the event carries no frames)."""
+        frames = self.trace(device).frames
+        intern = self.interner.intern
+        return np.fromiter((intern(frames[i]) for i in indices), dtype=np.int64, count=len(indices))
+
+    def block_stack_ids(self, rows: np.ndarray) -> np.ndarray:
+        """Stack id of each given row of `blocks` (−1 where the block carries no frames)."""
+        intern = self.interner.intern
+        return np.fromiter((intern(self.block_frames[i]) for i in rows), dtype=np.int64, count=len(rows))
+
+    def stack(self, stack_id: int) -> list[tuple[str, int, str]]:
+        """The frames of one stack, innermost first, as (filename, line, name)."""
+        if stack_id < 0:
+            return []
+        frames = self.interner.frames
+        return [frames[f] for f in self.interner.stacks[stack_id]]
+
+    @cached_property
+    def events(self) -> pd.DataFrame:
+        """All devices' trace entries as one DataFrame (see the module docstring). Interns every stack."""
+        parts = []
+        for device in sorted(self.traces):
+            t = self.traces[device]
+            n = len(t)
+            parts.append(pd.DataFrame({
+                "device": np.full(n, device, dtype=np.int64),
+                "index": np.arange(n, dtype=np.int64),
+                "action": pd.Categorical.from_codes(t.action, categories=list(t.action_names)),
+                "addr": t.addr,
+                "size": t.size,
+                "stream": t.stream,
+                "time_us": pd.array(t.time_us if t.time_us is not None else [None] * n, dtype="Int64"),
+                "stack_id": self.event_stack_ids(device, np.arange(n)),
+                "user_metadata": _decode(t.user_metadata, t.user_metadata_names, n),
+                "compile_context": _decode(t.compile_context, t.compile_context_names, n),
+            }))
+        if not parts:
+            return pd.DataFrame({c: [] for c in ("device", "index", "action", "addr", "size", "stream",
+                                                 "time_us", "stack_id", "user_metadata", "compile_context")})
+        return pd.concat(parts, ignore_index=True)
+
+    @property
+    def ooms(self) -> pd.DataFrame:
+        rows = []
+        for device in sorted(self.traces):
+            t = self.traces[device]
+            for index in np.flatnonzero(t.action == OOM):
+                rows.append({"device": device, "index": int(index), "size": int(t.size[index]),
+                             "stream": int(t.stream[index]), "device_free": t.device_free.get(int(index)),
+                             "time_us": int(t.time_us[index]) if t.time_us is not None else None})
+        return pd.DataFrame(rows, columns=["device", "index", "size", "stream", "device_free", "time_us"])
+
+    def frames_table(self) -> pd.DataFrame:
+        """Every frame interned so far: frame_id, filename, line, name (call `events` first for all)."""
+        return self.interner.frames_table()
+
+    def stacks_table(self) -> pd.DataFrame:
+        """Every stack interned so far, long format: stack_id, depth (0 = innermost), frame_id."""
+        return self.interner.stacks_table()
+
+    def __repr__(self) -> str:
+        n = sum(len(t) for t in self.traces.values())
+        return (f"<Snapshot {self.source!r}: {len(self.devices)} device(s), {n:,} events, "
+                f"{len(self.segments):,} segments>")
+
+
+def _decode(codes: np.ndarray | None, names: tuple[str, ...], n: int) -> pd.Categorical:
+    if codes is None:
+        return pd.Categorical([None] * n)
+    return pd.Categorical.from_codes(codes, categories=list(names)) if names else pd.Categorical([None] * n)
+
+
+def _empty_trace(device: int) -> DeviceTrace:
+    empty = np.zeros(0, dtype=np.int64)
+    return DeviceTrace(device=device, action=np.zeros(0, dtype=np.int8), addr=np.zeros(0, dtype=np.uint64),
+                       size=empty, stream=empty, time_us=None, frames=[])

@@ -1,0 +1,1 @@
+"""Rendering: analysis results → text tables and JSON documents (no analysis happens here)."""
