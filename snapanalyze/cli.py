@@ -13,14 +13,16 @@ from typing import Any
 
 import click
 
-from . import __version__
+__version__ = "0.1.0"
+from .analyze.attribute import attribute as attribute_blocks
 from .analyze.peaks import find_peaks
+from .analyze.rules import load_rules
 from .analyze.summary import summarize
 from .errors import SnapanalyzeError, UsageError
 from .load import load
 from .replay import replay
 from .report import text
-from .report.documents import peaks_document
+from .report.documents import attribution_document, peaks_document
 
 FORMATS = click.Choice(["table", "json"])
 
@@ -139,6 +141,59 @@ def _summary_table(f: dict[str, Any]) -> str:
         out.append("  OOM entries: none")
     if f["unknown_actions"]:
         out.append(f"  unknown actions (ignored): {', '.join(f['unknown_actions'])}")
+    return "\n".join(out)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--at", "at", default="peak", show_default=True,
+              help="Instant per device: peak, peak:N (Nth peak), event:I, time:T (µs since the epoch).")
+@click.option("--device", type=int, default=None, help="Only this device.")
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="A TOML file of your own categories and rules, layered over the shipped packs.")
+@click.option("--top", default=3, show_default=True, type=click.IntRange(1), help="Sites shown per category.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
+              show_default=True, help="csv prints one row per live block.")
+@click.option("--explain", is_flag=True, help="Show which rule fired on which frame.")
+def attribute(file: str, at: str, device: int | None, rules_file: str | None, top: int, fmt: str,
+              explain: bool) -> None:
+    """Attribute every live byte at a peak (or another instant) to a category."""
+    rules = load_rules(rules_file)
+    result = attribute_blocks(load(file), at=at, rules=rules, device=device)
+    if fmt == "csv":
+        click.echo(result.blocks.to_csv(index=False), nl=False)
+        return
+    doc = attribution_document(result, explain=explain)
+    if fmt == "json":
+        _emit_json(doc)
+        return
+    click.echo(_attribution_table(doc, top, explain))
+
+
+def _attribution_table(doc: dict[str, Any], top: int, explain: bool) -> str:
+    out = [doc["source"]]
+    for d in doc["devices"]:
+        p = d["peak"]
+        where = "before the first event" if p["event_index"] < 0 else f"event {p['event_index']:,}"
+        out.append(f"\ndevice {d['device']} at the {d['instant']} ({where}"
+                   + (f", {text.fmt_time_us(p['time_us'])}" if p["time_us"] else "") + ")")
+        out.append(f"  active {text.fmt_bytes(p['active_bytes'])} = baseline "
+                   f"{text.fmt_bytes(d['baseline_active_bytes'])} + transient {text.fmt_bytes(d['transient_bytes'])};"
+                   f" reserved {text.fmt_bytes(p['reserved_bytes'])}"
+                   + (f"; made by request {d['request']!r}" if d["request"] else ""))
+        rows = [[c["category"], text.fmt_bytes(c["bytes"]), text.fmt_share(c["share"]), f"{c['blocks']:,}",
+                 "; ".join(c["top_frames"][:top])] for c in d["categories"]]
+        out.append(text.table(["category", "bytes", "share", "blocks", "top allocation sites"], rows,
+                              right=[False, True, True, True, False]))
+        if explain:
+            out.append("\n  why (rule → frame, largest first):")
+            for e in d["explain"]:
+                flag = " [inferred]" if e["inferred"] else ""
+                tags = f" tags={','.join(e['tags'])}" if e["tags"] else ""
+                out.append(f"  {text.fmt_bytes(e['bytes']):>10}  {e['category']}{tags} ← {e['rule']}{flag} "
+                           f"@ {e['frame'] or '(no frame)'}\n{'':14}{e['reason']}")
+    for note in doc["notes"]:
+        out.append(f"note: {note}")
     return "\n".join(out)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .load.stacks import StackInterner
+from .stacks import StackInterner
 
 ACTIONS: tuple[str, ...] = (
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",

@@ -3,7 +3,8 @@
 Contract: `replay(snapshot)` returns a Timeline whose per-device curves hold, after each event i of that
 device's trace, the bytes that were live:
 - `active`: Σ requested (unrounded) bytes of live blocks — exact. A block is live from its `alloc` to its
-  `free_completed` (or its `free_requested` where `skip_actions` dropped the completion). Blocks live before
+  `free_completed` (or its `free_requested` where `skip_actions` dropped the completion; a completion
+  still pending at the snapshot, the block `active_pending_free` in segments, keeps it live). Blocks live before
   the window began count from the start: (a) a free whose address had no earlier alloc (size from the free
   entry), (b) an active block in `segments` that no alloc in the window created (its requested size).
 - `reserved`: Σ segment bytes — exact: Σ total_size of the device's segments minus the net of the segment
@@ -119,10 +120,6 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     from_alloc = act_s[start_pos] == ALLOC
     completed = _first_per_span(act_s == FREE_COMPLETED, span_id, order, n_spans)
     requested = _first_per_span(act_s == FREE_REQUESTED, span_id, order, n_spans)
-    active_end = np.where(completed >= 0, completed, requested)
-    allocated_end = np.where(requested >= 0, requested, completed)
-    span_size = np.where(from_alloc, size[start_ev], size[np.maximum(active_end, 0)]) if n_spans else \
-        np.zeros(0, dtype=np.int64)
     span_addr = addr_s[start_pos]
 
     # Active blocks of the end state, and which of them the trace explains.
@@ -132,7 +129,19 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     block_addr = blocks["address"].to_numpy()[dev_rows]
     block_req = blocks["requested_size"].to_numpy()[dev_rows].astype(np.int64)
     block_size = blocks["size"].to_numpy()[dev_rows].astype(np.int64)
-    live_end = from_alloc & (active_end < 0)
+
+    # A free_requested whose completion is still pending when the snapshot was taken (the last span at
+    # its address, with no free_completed, and the block `active_pending_free` in segments) stays active.
+    last_span = np.ones(n_spans, dtype=bool)
+    last_span[:-1] = span_addr[1:] != span_addr[:-1]
+    pending_addr = block_addr[blocks["state"].to_numpy()[dev_rows] != "active_allocated"]
+    pending = (completed < 0) & (requested >= 0) & last_span & np.isin(span_addr, pending_addr)
+    free_ev = np.where(completed >= 0, completed, requested)
+    active_end = np.where(pending, -1, free_ev)
+    allocated_end = np.where(requested >= 0, requested, completed)
+    span_size = np.where(from_alloc, size[start_ev], size[np.maximum(free_ev, 0)]) if n_spans else \
+        np.zeros(0, dtype=np.int64)
+    live_end = active_end < 0
     explained = np.isin(block_addr, span_addr[live_end])
     pre_live_rows = dev_rows[~explained]
 

@@ -56,3 +56,38 @@ def peaks_document(timeline: Timeline, peaks: pd.DataFrame) -> dict[str, Any]:
         devices.append({**device_header(timeline, int(device)), "peak": records[0], "peaks": records})
     return {"source": timeline.snapshot.source, "devices": devices,
             "notes": {"allocated_est_bytes": "estimate: rounded block sizes, exact only for blocks in segments"}}
+
+
+def attribution_document(attribution: Any, explain: bool = False) -> dict[str, Any]:
+    """The `attribute --format json` contract: devices[].categories[] sum exactly to peak.active_bytes."""
+    devices = []
+    for device, instant in sorted(attribution.instants.items()):
+        summary = attribution.summary[attribution.summary["device"] == device]
+        entry: dict[str, Any] = {
+            "device": device,
+            "baseline_active_bytes": instant.baseline_active_bytes,
+            "instant": instant.label,
+            "peak": {"event_index": instant.event_index, "time_us": instant.time_us,
+                     "active_bytes": instant.active_bytes, "reserved_bytes": instant.reserved_bytes},
+            "transient_bytes": instant.active_bytes - instant.baseline_active_bytes,
+            "request": instant.request,
+            "categories": [{"category": r.category, "bytes": int(r.bytes), "share": round(float(r.share), 6),
+                            "blocks": int(r.blocks), "top_frames": list(r.top_frames)}
+                           for r in summary.itertuples()],
+        }
+        if explain:
+            entry["explain"] = explain_records(attribution, device)
+        devices.append(entry)
+    return {"source": attribution.snapshot.source, "devices": devices, "notes": list(attribution.notes),
+            "rules": attribution.rules.sources}
+
+
+def explain_records(attribution: Any, device: int) -> list[dict[str, Any]]:
+    """Which rule fired on which frame, grouped by (category, rule, frame), largest first."""
+    b = attribution.blocks[attribution.blocks["device"] == device]
+    g = (b.groupby(["category", "rule", "frame", "reason", "tags", "inferred"], sort=False, observed=True)
+         .agg(bytes=("size", "sum"), blocks=("size", "size"), stacks=("stack_id", "nunique"))
+         .reset_index().sort_values("bytes", ascending=False, kind="stable"))
+    return [{"category": r.category, "rule": r.rule, "frame": r.frame, "reason": r.reason,
+             "tags": [t for t in r.tags.split(",") if t], "inferred": bool(r.inferred), "bytes": int(r.bytes),
+             "blocks": int(r.blocks), "stacks": int(r.stacks)} for r in g.itertuples()]

@@ -1,0 +1,27 @@
+# snapanalyze — run `make help` for the targets.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: help install test lint bench fixtures check-fixtures
+
+help: ## Show this help
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+install: ## Install snapanalyze with the dev tools (editable)
+	$(PIP) install -e '.[dev]'
+
+test: ## Run the test suite
+	$(PYTHON) -m pytest -q
+
+lint: ## ruff + mypy
+	$(PYTHON) -m ruff check snapanalyze tests benchmarks fixtures
+	$(PYTHON) -m mypy snapanalyze
+
+bench: ## Time `snapanalyze peaks`/`attribute` against a bare pickle.load on a generated 1M-event snapshot
+	$(PYTHON) benchmarks/run.py --events 1000000
+
+fixtures: ## Regenerate the scenario fixtures and their expected answers
+	$(PYTHON) fixtures/generate.py --out fixtures/scenarios
+
+check-fixtures: ## Fail if the checked-in scenario fixtures differ from what the generator makes
+	$(PYTHON) fixtures/generate.py --check

@@ -1,0 +1,371 @@
+"""Attribute every live byte at an instant to one category, naming the rule and frame that decided it.
+
+Contract: `attribute(snapshot, at="peak", rules=None)` picks an instant per device (`peak`, `peak:N`,
+`event:I`, `time:T` with T in µs since the epoch), takes the blocks live right after it from the replay,
+and labels each with a primary category plus tags. Signals, strongest first: a private pool →
+`graph_capture`; lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; `user_metadata` of the
+alloc entry naming another request than the one whose allocation made the peak → `concurrent_request`;
+then frame rules by category precedence (op categories: innermost meaningful frame wins); then shape
+heuristics, flagged `inferred`. Only the stacks of live blocks are ever resolved. The bytes of the per-block
+table sum exactly to the instant's active bytes.
+
+`Attribution.blocks` columns: device, address, size (requested bytes), allocated_est, category, tags
+(comma-separated), rule, reason, frame (deciding or innermost meaningful frame, "file:line:function"),
+inferred, stack_id, user_metadata, pool, stream, origin, alloc_index.
+`Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import UsageError
+from ..model import ALLOC, Snapshot
+from ..replay import DeviceTimeline, Timeline, replay
+from .peaks import find_peaks, global_peak_index
+from .rules import RuleSet, load_rules
+
+BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
+                 "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index"]
+SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames"]
+# Vocabulary sizes of common LLM families, for the tokens × vocab logits heuristic.
+KNOWN_VOCABS = (32000, 32001, 32064, 32256, 32768, 49152, 50257, 50272, 50280, 51200, 64000, 65024, 65536,
+                92544, 100352, 102400, 128000, 128256, 129280, 151646, 151936, 152064, 163840, 200064,
+                201088, 256000, 262144, 262208)
+_CPP_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".c")
+
+
+@dataclass(frozen=True)
+class Decision:
+    category: str
+    rule: str
+    reason: str
+    frame: int          # deciding frame id (−1: none)
+    tags: tuple[str, ...] = ()
+    inferred: bool = False
+
+
+@dataclass(frozen=True)
+class Instant:
+    device: int
+    event_index: int
+    label: str
+    time_us: int | None
+    active_bytes: int
+    reserved_bytes: int
+    baseline_active_bytes: int
+    request: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Attribution:
+    """Per-block attribution at one instant per device, and its summary by category."""
+
+    snapshot: Snapshot
+    timeline: Timeline
+    instants: dict[int, Instant]
+    blocks: pd.DataFrame
+    summary: pd.DataFrame
+    rules: RuleSet = field(repr=False)
+    notes: tuple[str, ...] = ()
+
+
+def is_python_frame(filename: str) -> bool:
+    return filename not in ("", "??") and not filename.endswith(_CPP_SUFFIXES)
+
+
+def short_path(filename: str) -> str:
+    """Drop the install prefix: everything up to site-/dist-packages, or all but the last 3 parts."""
+    for marker in ("site-packages/", "dist-packages/"):
+        cut = filename.rfind(marker)
+        if cut >= 0:
+            return filename[cut + len(marker):]
+    parts = filename.split("/")
+    return "/".join(parts[-3:]) if len(parts) > 3 else filename
+
+
+class _Decider:
+    """Decides a stack's category from its frames; cached per stack id."""
+
+    def __init__(self, snapshot: Snapshot, rules: RuleSet) -> None:
+        self.snapshot, self.rules = snapshot, rules
+        self.cache: dict[int, Decision] = {-1: Decision("other", "no_frames",
+                                                         "the allocation carries no stack frames", -1)}
+        self.display_cache: dict[int, int] = {-1: -1}
+
+    def display_frame(self, stack_id: int) -> int:
+        """Innermost meaningful frame: first non-plumbing Python frame, else first non-plumbing frame."""
+        hit = self.display_cache.get(stack_id)
+        if hit is not None:
+            return hit
+        frames = self.snapshot.interner.frames
+        ids = self.snapshot.interner.stacks[stack_id]
+        fallback = -1
+        chosen = -1
+        for fid in ids:
+            filename, _, name = frames[fid]
+            if self.rules.is_plumbing(filename, name):
+                continue
+            if is_python_frame(filename):
+                chosen = fid
+                break
+            if fallback < 0:
+                fallback = fid
+        chosen = chosen if chosen >= 0 else (fallback if fallback >= 0 else (ids[0] if ids else -1))
+        self.display_cache[stack_id] = chosen
+        return chosen
+
+    def decide(self, stack_id: int) -> Decision:
+        hit = self.cache.get(stack_id)
+        if hit is not None:
+            return hit
+        frames = self.snapshot.interner.frames
+        rules, cats = self.rules.rules, self.rules.categories
+        found: dict[str, tuple[int, int, int]] = {}      # category -> (depth, rule index, frame id)
+        for depth, fid in enumerate(self.snapshot.interner.stacks[stack_id]):
+            filename, _, name = frames[fid]
+            plumbing, matched = self.rules.match_frame(filename, name)
+            for ri in matched:
+                cat = rules[ri].category
+                prev = found.get(cat)
+                if prev is None or (cats[cat].owner == "outermost" and depth > prev[0]):
+                    found[cat] = (depth, ri, fid)
+        if not found:
+            decision = Decision("other", "unmatched", "no rule matched any frame of this stack", -1)
+        else:
+            def key(item: tuple[str, tuple[int, int, int]]) -> tuple[int, int]:
+                cat, (depth, _, _) = item
+                c = cats[cat]
+                return (c.precedence, depth if c.owner == "outermost" else -depth)
+            cat, (depth, ri, fid) = max(found.items(), key=key)
+            rule = rules[ri]
+            tags = tuple(dict.fromkeys([*rule.tags, *(c for c in found if c != cat)]))
+            decision = Decision(cat, rule.name, rule.reason, fid, tuple(t for t in tags if t != cat))
+        self.cache[stack_id] = decision
+        return decision
+
+
+def _instant(timeline: Timeline, device: int, at: str) -> tuple[int, str]:
+    dt = timeline[device]
+    kind, _, arg = at.partition(":")
+    try:
+        if kind == "peak" and not arg:
+            return global_peak_index(dt), "global peak"
+        if kind == "peak":
+            n = int(arg)
+            peaks = find_peaks(timeline, top=max(n, 1), device=device)
+            if n < 1 or n > len(peaks):
+                raise UsageError(f"--at {at}: device {device} has {len(peaks)} peak(s)")
+            return int(peaks.iloc[n - 1]["event_index"]), f"peak {n}"
+        if kind == "event":
+            i = int(arg)
+            if not -1 <= i < len(dt):
+                raise UsageError(f"--at {at}: device {device} has events 0…{len(dt) - 1} (−1 = start)")
+            return i, f"event {i}"
+        if kind == "time":
+            t = int(arg)
+            if dt.time_us is None or len(dt) == 0:
+                raise UsageError(f"--at {at}: device {device}'s trace has no timestamps")
+            return int(np.searchsorted(dt.time_us, t, side="right")) - 1, f"time {t} µs"
+    except ValueError:
+        raise UsageError(f"--at {at}: expected peak, peak:N, event:I or time:T (T in µs since the epoch)") \
+            from None
+    raise UsageError(f"--at {at}: expected peak, peak:N, event:I or time:T (T in µs since the epoch)")
+
+
+def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndarray) -> np.ndarray:
+    """Pool id text of each block: from its end-state block, else from the segment that holds it."""
+    blocks, segs = snapshot.blocks, snapshot.segments
+    out = np.full(len(addr), "0,0", dtype=object)
+    known = block_row >= 0
+    if known.any():
+        out[known] = blocks["pool_id"].astype(str).to_numpy()[block_row[known]]
+    dev = segs[segs["device"] == device]
+    if (~known).any() and len(dev):
+        start = dev["address"].to_numpy()
+        order = np.argsort(start)
+        start = start[order]
+        end = start + dev["total_size"].to_numpy()[order].astype(np.uint64)
+        pools = dev["pool_id"].astype(str).to_numpy()[order]
+        pos = np.searchsorted(start, addr[~known], side="right") - 1
+        ok = (pos >= 0) & (addr[~known] < end[np.maximum(pos, 0)])
+        sub = np.full(len(pos), "0,0", dtype=object)
+        sub[ok] = pools[pos[ok]]
+        out[~known] = sub
+    return out
+
+
+def _request_at(snapshot: Snapshot, device: int, index: int) -> str | None:
+    """The request (user_metadata) whose allocation made the instant: the last tagged alloc ≤ index."""
+    t = snapshot.trace(device)
+    if t.user_metadata is None or index < 0:
+        return None
+    names = t.user_metadata_names
+    tagged = np.flatnonzero((t.action[: index + 1] == ALLOC)
+                            & np.isin(t.user_metadata[: index + 1], [i for i, n in enumerate(names) if n]))
+    return names[t.user_metadata[tagged[-1]]] if len(tagged) else None
+
+
+def _shape_scores(size: int) -> tuple[int, int, int] | None:
+    """(k, L, bytes per element) with size = k·L²·b, L ≥ 512 a multiple of 64, k ≤ 4096 — or None."""
+    for b in (4, 2):
+        if size % b:
+            continue
+        x = size // b
+        for L in range(int(np.sqrt(x)) // 64 * 64, 511, -64):
+            if x % (L * L) == 0 and x // (L * L) <= 4096:
+                return x // (L * L), L, b
+    return None
+
+
+def _shape_logits(size: int) -> tuple[int, int, int] | None:
+    """(tokens, vocab, bytes per element) for a ≥ 16 MiB size = T·V·b with a known vocab — or None.
+
+    Powers of two are refused: with power-of-two vocabularies they match far too many tensors."""
+    if size < (16 << 20) or size & (size - 1) == 0:
+        return None
+    for v in KNOWN_VOCABS:
+        for b in (4, 2):
+            if size % (v * b) == 0 and size // (v * b) >= 16:
+                return size // (v * b), v, b
+    return None
+
+
+def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: _Decider) \
+        -> tuple[pd.DataFrame, str | None]:
+    device = dt.device
+    live = dt.live_at(index)
+    alloc_index = live["alloc_index"].to_numpy()
+    block_row = live["block_row"].to_numpy()
+    stack = np.full(len(live), -1, dtype=np.int64)
+    from_trace = alloc_index >= 0
+    stack[from_trace] = snapshot.event_stack_ids(device, alloc_index[from_trace])
+    from_blocks = ~from_trace & (block_row >= 0)
+    stack[from_blocks] = snapshot.block_stack_ids(block_row[from_blocks])
+    addr = live["addr"].to_numpy()
+    pools = _pools(snapshot, device, addr, block_row)
+    t = snapshot.trace(device)
+    metadata = np.full(len(live), "", dtype=object)
+    if t.user_metadata is not None and from_trace.any():
+        names = np.array(t.user_metadata_names, dtype=object)
+        metadata[from_trace] = names[t.user_metadata[alloc_index[from_trace]]]
+    request = _request_at(snapshot, device, index)
+
+    decisions = [decider.decide(int(s)) for s in stack]
+    sizes = live["size"].to_numpy()
+    origin = live["origin"].astype(str).to_numpy()
+    frames = snapshot.interner.frames
+    rules = decider.rules
+    generic_attention = [d.category == "attention" and rules.rules and d.rule.startswith("generic.")
+                         for d in decisions]
+    scores_floor = max((int(s) for s, g in zip(sizes, generic_attention) if g), default=0) // 2
+    rows: list[tuple[Any, ...]] = []
+    for i, d in enumerate(decisions):
+        size = int(sizes[i])
+        frame_id = d.frame if d.frame >= 0 else decider.display_frame(int(stack[i]))
+        if stack[i] < 0 and origin[i] != "trace":
+            d = Decision("other", "unknown.before_window",
+                         "allocated before the trace window began and no stack was recorded for it", -1)
+        if pools[i] != "0,0":
+            d = Decision("graph_capture", "signal.private_pool",
+                         f"allocated in private memory pool ({pools[i]}): a CUDA graph capture or MemPool",
+                         d.frame, tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
+        elif d.category not in ("weights", "kv_cache", "graph_capture") and request and metadata[i] \
+                and metadata[i] != request:
+            d = Decision("concurrent_request", "signal.user_metadata",
+                         f"allocated by {metadata[i]!r}; the allocation that made this instant was by "
+                         f"{request!r}", d.frame, tuple(x for x in (d.category, *d.tags) if x != "other"))
+        elif d.category == "other" and origin[i] == "trace":   # weights (V × hidden) are not transient
+            shape = _shape_logits(size)
+            if shape:
+                d = Decision("logits", "shape.tokens_x_vocab",
+                             f"size = {shape[0]:,} tokens × {shape[1]:,} vocab × {shape[2]} bytes "
+                             "(inferred from the size alone)", d.frame, inferred=True)
+        elif generic_attention[i] and size >= scores_floor and size >= (8 << 20):
+            shape = _shape_scores(size)
+            if shape:
+                d = Decision("fallback_kernel", "shape.attention_scores",
+                             f"size = {shape[0]} × {shape[1]}² × {shape[2]} bytes under an attention "
+                             "function: materialised attention scores (B·H·L·L), which fused kernels avoid "
+                             "(inferred from the size)", d.frame, ("attention",), inferred=True)
+        label = ""
+        if frame_id >= 0:
+            filename, line, name = frames[frame_id]
+            label = f"{short_path(filename)}:{line}:{name}" if is_python_frame(filename) else name
+        rows.append((device, int(addr[i]), size, int(live["allocated_est"].iat[i]), d.category,
+                     ",".join(d.tags), d.rule, d.reason, label, d.inferred, int(stack[i]), metadata[i],
+                     pools[i], int(live["stream"].iat[i]), origin[i], int(alloc_index[i])))
+    df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
+    df["address"] = df["address"].astype(np.uint64)
+    return df.sort_values(["size", "address"], ascending=[False, True], kind="stable", ignore_index=True), request
+
+
+def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
+    """By device and category: bytes, share of the device's total, blocks, top frames by bytes."""
+    rows = []
+    for device, dev in blocks.groupby("device", sort=True):
+        total = int(dev["size"].sum())
+        for category, part in dev.groupby("category", sort=False):
+            sites = part.groupby("frame", sort=False)["size"].sum().sort_values(ascending=False, kind="stable")
+            rows.append({"device": int(device), "category": str(category), "bytes": int(part["size"].sum()),
+                         "share": (float(part["size"].sum()) / total) if total else 0.0,
+                         "blocks": len(part),
+                         "top_frames": [s or "(no frames)" for s in list(sites.index[:top])]})
+    df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    return df.sort_values(["device", "bytes", "category"], ascending=[True, False, True], kind="stable",
+                          ignore_index=True)
+
+
+def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None,
+              device: int | None = None, timeline: Timeline | None = None) -> Attribution:
+    """Attribute the live bytes at `at` on each device (or one); see the module docstring."""
+    rules = rules or load_rules()
+    timeline = timeline or replay(snapshot)
+    devices = [device] if device is not None else sorted(timeline.devices)
+    for d in devices:
+        if d not in timeline.devices:
+            raise UsageError(f"{snapshot.source}: no device {d} (devices: {sorted(timeline.devices)})")
+    decider = _Decider(snapshot, rules)
+    parts, instants, notes = [], {}, []
+    for d in devices:
+        dt = timeline[d]
+        index, label = _instant(timeline, d, at)
+        blocks, request = _device_blocks(snapshot, dt, index, decider)
+        parts.append(blocks)
+        instants[d] = Instant(d, index, label, dt.time_at(index), dt.active_at(index), dt.reserved_at(index),
+                              dt.baseline_active, request)
+        if int(blocks["size"].sum()) != dt.active_at(index):  # pragma: no cover - a replay bug
+            raise AssertionError("attributed bytes differ from the replayed active bytes")
+        t = snapshot.trace(d)
+        if t.user_metadata is None or not any(t.user_metadata_names):
+            notes.append(f"device {d}: no request identity recorded (user_metadata empty), so bytes of other "
+                         "requests batched into the same forward cannot be told apart")
+    blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
+    return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks,
+                       summary=summarize_blocks(blocks), rules=rules, notes=tuple(notes))
+
+
+def top_sites(attribution: Attribution, by: str = "frame", category: str | None = None,
+              device: int | None = None, top: int = 20) -> pd.DataFrame:
+    """Live bytes aggregated by allocation site: `by="frame"` (deciding/innermost frame) or `by="stack"`.
+
+    Columns: device, site (frame label or stack id), category, bytes, blocks, share (of the device total).
+    """
+    if by not in ("frame", "stack"):
+        raise UsageError("top_sites: by must be 'frame' or 'stack'")
+    b = attribution.blocks
+    totals = b.groupby("device")["size"].sum()
+    if category is not None:
+        b = b[b["category"] == category]
+    if device is not None:
+        b = b[b["device"] == device]
+    key = "frame" if by == "frame" else "stack_id"
+    g = b.groupby(["device", key, "category"], sort=False, observed=True).agg(
+        bytes=("size", "sum"), blocks=("size", "size")).reset_index().rename(columns={key: "site"})
+    g["share"] = g["bytes"] / g["device"].map(totals)
+    g = g.sort_values(["device", "bytes"], ascending=[True, False], kind="stable")
+    return g.groupby("device", sort=True).head(top).reset_index(drop=True)
