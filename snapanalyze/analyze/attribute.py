@@ -3,7 +3,7 @@
 Contract: `attribute(snapshot, at="peak", rules=None)` picks an instant per device (`peak`, `peak:N`,
 `event:I`, `time:T` with T in µs since the epoch), takes the blocks live right after it from the replay,
 and labels each with a primary category plus tags. Signals, strongest first: a private pool →
-`graph_capture`; lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; `user_metadata` of the
+`graph_capture` (unless lifecycle frames show a MemPool user: weights or KV cache kept in a pool); lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; `user_metadata` of the
 alloc entry naming another request than the one whose allocation made the peak → `concurrent_request`;
 then frame rules by category precedence (op categories: innermost meaningful frame wins); then shape
 heuristics, flagged `inferred`. Only the stacks of live blocks are ever resolved. The bytes of the per-block
@@ -222,17 +222,31 @@ def _shape_scores(size: int) -> tuple[int, int, int] | None:
     return None
 
 
-def _shape_logits(size: int) -> tuple[int, int, int] | None:
+def _shape_logits(size: int, vocab_hints: frozenset[int] = frozenset()) -> tuple[int, int, int] | None:
     """(tokens, vocab, bytes per element) for a ≥ 16 MiB size = T·V·b with a known vocab — or None.
 
-    Powers of two are refused: with power-of-two vocabularies they match far too many tensors."""
+    Sizes often factor over several vocabularies; a vocabulary whose embedding or lm_head weight
+    (V × hidden) is live on the device wins, else the largest. Powers of two are refused: with
+    power-of-two vocabularies they match far too many tensors."""
     if size < (16 << 20) or size & (size - 1) == 0:
         return None
-    for v in KNOWN_VOCABS:
-        for b in (4, 2):
-            if size % (v * b) == 0 and size // (v * b) >= 16:
-                return size // (v * b), v, b
-    return None
+    found = [(size // (v * b), v, b) for v in KNOWN_VOCABS for b in (4, 2)
+             if size % (v * b) == 0 and size // (v * b) >= 16]
+    if not found:
+        return None
+    return max(found, key=lambda f: (f[1] in vocab_hints, f[1], f[2]))
+
+
+def vocab_hints(sizes: np.ndarray) -> frozenset[int]:
+    """Known vocabularies V with a block of V × hidden × {2,4} bytes (hidden a multiple of 64, 256…32768)."""
+    hints = set()
+    for size in np.unique(sizes):
+        for v in KNOWN_VOCABS:
+            for b in (2, 4):
+                h, rest = divmod(int(size), v * b)
+                if not rest and 256 <= h <= 32768 and h % 64 == 0:
+                    hints.add(v)
+    return frozenset(hints)
 
 
 def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: _Decider) \
@@ -262,6 +276,7 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
     rules = decider.rules
     generic_attention = [d.category == "attention" and rules.rules and d.rule.startswith("generic.")
                          for d in decisions]
+    hints = vocab_hints(sizes[origin != "trace"])
     scores_floor = max((int(s) for s, g in zip(sizes, generic_attention) if g), default=0) // 2
     rows: list[tuple[Any, ...]] = []
     for i, d in enumerate(decisions):
@@ -270,7 +285,12 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
         if stack[i] < 0 and origin[i] != "trace":
             d = Decision("other", "unknown.before_window",
                          "allocated before the trace window began and no stack was recorded for it", -1)
-        if pools[i] != "0,0":
+        if pools[i] != "0,0" and d.category in ("weights", "kv_cache"):
+            # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames
+            # prove the lifecycle, so they decide, and the pool is kept as a tag.
+            d = Decision(d.category, d.rule, d.reason + f" (in private memory pool {pools[i]})", d.frame,
+                         (*d.tags, "private_pool"))
+        elif pools[i] != "0,0":
             d = Decision("graph_capture", "signal.private_pool",
                          f"allocated in private memory pool ({pools[i]}): a CUDA graph capture or MemPool",
                          d.frame, tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
@@ -280,7 +300,7 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
                          f"allocated by {metadata[i]!r}; the allocation that made this instant was by "
                          f"{request!r}", d.frame, tuple(x for x in (d.category, *d.tags) if x != "other"))
         elif d.category == "other" and origin[i] == "trace":   # weights (V × hidden) are not transient
-            shape = _shape_logits(size)
+            shape = _shape_logits(size, hints)
             if shape:
                 d = Decision("logits", "shape.tokens_x_vocab",
                              f"size = {shape[0]:,} tokens × {shape[1]:,} vocab × {shape[2]} bytes "

@@ -1,0 +1,123 @@
+"""Attribution: categories sum exactly to the instant's active bytes, decisions follow the precedence,
+and the real corpus files come out the way a person reading their stacks would label them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from snapanalyze import UsageError, attribute, find_peaks, load, replay, top_sites
+from snapanalyze.analyze.attribute import _shape_logits, _shape_scores, vocab_hints
+
+REAL = Path(__file__).parent.parent / "fixtures" / "real"
+SCENARIOS = Path(__file__).parent.parent / "fixtures" / "scenarios"
+
+
+@pytest.mark.parametrize("path", sorted(REAL.glob("*.pickle")), ids=lambda p: p.name)
+def test_categories_sum_exactly_to_active_bytes_at_every_peak(path):
+    snap = load(path)
+    timeline = replay(snap)
+    for device in timeline.devices:
+        for at in ("peak", "event:-1", f"event:{len(timeline[device]) - 1}"):
+            result = attribute(snap, at=at, timeline=timeline, device=device)
+            instant = result.instants[device]
+            assert int(result.blocks["size"].sum()) == instant.active_bytes
+            assert int(result.summary["bytes"].sum()) == instant.active_bytes
+            assert result.summary["share"].sum() == pytest.approx(1.0 if instant.active_bytes else 0.0)
+
+
+@pytest.mark.parametrize("ctx", [512, 1024])
+def test_cs336_eager_score_tensors_are_attention_related(ctx):
+    snap = load(REAL / f"cs336-medium-ctx{ctx}-inference-t2.11.pickle")
+    blocks = attribute(snap).blocks
+    # B·H·L·L fp32 score tensors: batch 4 × 16 heads × L² × 4 bytes
+    scores = blocks[blocks["size"] == 4 * 16 * ctx * ctx * 4]
+    assert len(scores) >= 2
+    assert set(scores["category"]) <= {"fallback_kernel", "attention"}
+    assert "fallback_kernel" in set(scores["category"])
+    flagged = scores[scores["category"] == "fallback_kernel"]
+    assert flagged["inferred"].all() and (flagged["rule"] == "shape.attention_scores").all()
+    assert flagged["frame"].str.contains("scaled_dot_product_attention|softmax").all()
+
+
+def test_short_context_scores_are_not_guessed_as_fallback():
+    snap = load(REAL / "cs336-medium-ctx128-inference-t2.11.pickle")
+    blocks = attribute(snap).blocks
+    assert "shape.attention_scores" not in set(blocks["rule"])
+
+
+def test_vllm_pools_holding_kv_and_weights_are_not_called_graph_capture():
+    """verl runs vLLM with MemPool-backed sleep mode: frames prove KV cache and weights in pools (0,1)/(0,2)."""
+    result = attribute(load(REAL / "verl-vllm-graph-pools-state-only.pickle"))
+    by = result.summary.set_index("category")["bytes"]
+    assert by["kv_cache"] > 20 * 2**30
+    kv = result.blocks[result.blocks["category"] == "kv_cache"]
+    assert set(kv["pool"]) <= {"0,1", "0,2", "0,0"} and (kv["pool"] != "0,0").any()
+    assert kv[kv["pool"] != "0,0"]["tags"].str.contains("private_pool").all()
+    assert "workspace" in by.index  # cuBLAS workspace from at::cuda::getNewWorkspace()
+
+
+def test_blocks_from_before_the_window_without_frames_are_reported_not_hidden():
+    result = attribute(load(REAL / "cs336-medium-ctx1024-inference-t2.11.pickle"))
+    before = result.blocks[result.blocks["rule"] == "unknown.before_window"]
+    assert len(before) > 0 and (before["category"] == "other").all()
+    assert int(before["size"].sum()) == result.instants[0].baseline_active_bytes
+
+
+def test_instants_peak_n_event_and_time():
+    snap = load(REAL / "cs336-medium-ctx1024-training-t2.11.pickle")
+    timeline = replay(snap)
+    peaks = find_peaks(timeline, top=3)
+    second = attribute(snap, at="peak:2", timeline=timeline).instants[0]
+    assert second.event_index == int(peaks.iloc[1]["event_index"])
+    assert second.active_bytes == int(peaks.iloc[1]["active_bytes"])
+    t = int(timeline[0].time_us[100])
+    at_time = attribute(snap, at=f"time:{t}", timeline=timeline).instants[0]
+    assert at_time.event_index >= 100 and int(timeline[0].time_us[at_time.event_index]) == t
+    with pytest.raises(UsageError, match="expected peak"):
+        attribute(snap, at="noon", timeline=timeline)
+    with pytest.raises(UsageError, match="events 0"):
+        attribute(snap, at="event:99999999", timeline=timeline)
+
+
+def test_top_sites_by_frame_and_stack():
+    result = attribute(load(REAL / "cs336-medium-ctx1024-training-t2.11.pickle"))
+    by_frame = top_sites(result, by="frame", top=5)
+    assert list(by_frame.columns) == ["device", "site", "category", "bytes", "blocks", "share"]
+    assert by_frame["bytes"].is_monotonic_decreasing
+    assert len(by_frame) == 5
+    by_stack = top_sites(result, by="stack", category="fallback_kernel")
+    assert set(by_stack["category"]) == {"fallback_kernel"}
+    assert by_stack["bytes"].sum() == result.summary.set_index("category").loc["fallback_kernel", "bytes"]
+
+
+def test_shape_heuristics():
+    size = 8000 * 128256 * 4                            # also 4008 × 256000 × 4 and 32064 × 32000 × 4
+    assert _shape_logits(size) == (4008, 256000, 4)     # no hint: the largest vocabulary
+    hints = vocab_hints(np.array([128256 * 4096 * 2]))  # Llama-3-8B embedding weight is live
+    assert 128256 in hints
+    assert _shape_logits(size, hints) == (8000, 128256, 4)
+    assert _shape_logits(2**30) is None                 # powers of two are too ambiguous
+    assert _shape_logits(1000) is None
+    assert _shape_scores(4 * 16 * 1024 * 1024 * 4)[1:] in {(1024, 4), (2048, 4)}
+    assert _shape_scores(3 * 5 * 7 * 11) is None
+
+
+@pytest.mark.skipif(not SCENARIOS.exists(), reason="scenario fixtures not generated")
+@pytest.mark.parametrize("expected_path", sorted(SCENARIOS.glob("*.expected.json")), ids=lambda p: p.stem)
+def test_scenario_categories_match_expected_answer(expected_path):
+    expected = json.loads(expected_path.read_text())
+    snap = load(expected_path.with_name(expected_path.name.replace(".expected.json", ".pickle")))
+    result = attribute(snap, device=expected["device"])
+    instant = result.instants[expected["device"]]
+    assert instant.event_index == expected["peak"]["event_index"]
+    assert instant.active_bytes == expected["peak"]["active_bytes"]
+    got = result.summary.set_index("category")["bytes"].to_dict()
+    assert got == expected["categories"]
+    for category, tags in expected.get("tags", {}).items():
+        rows = result.blocks[result.blocks["category"] == category]
+        for tag in tags:
+            assert rows["tags"].str.split(",").map(lambda t, tag=tag: tag in t).any(), (category, tag)
