@@ -102,7 +102,8 @@ def test_shape_heuristics():
     assert _shape_logits(size, hints) == (8000, 128256, 4)
     assert _shape_logits(2**30) is None                 # powers of two are too ambiguous
     assert _shape_logits(1000) is None
-    assert _shape_scores(4 * 16 * 1024 * 1024 * 4)[1:] in {(1024, 4), (2048, 4)}
+    k, L, b = _shape_scores(4 * 16 * 1024 * 1024 * 4)
+    assert k * L * L * b == 4 * 16 * 1024 * 1024 * 4 and 8 <= k <= 4096 and L >= 512
     assert _shape_scores(3 * 5 * 7 * 11) is None
 
 

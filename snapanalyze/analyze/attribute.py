@@ -211,13 +211,15 @@ def _request_at(snapshot: Snapshot, device: int, index: int) -> str | None:
 
 
 def _shape_scores(size: int) -> tuple[int, int, int] | None:
-    """(k, L, bytes per element) with size = k·L²·b, L ≥ 512 a multiple of 64, k ≤ 4096 — or None."""
+    """(k, L, bytes per element) with size = k·L²·b, L ≥ 512 a multiple of 64, 8 ≤ k ≤ 4096 — or None.
+
+    k stands for batch × heads; several (k, L) usually fit, so the largest L is only an example."""
     for b in (4, 2):
         if size % b:
             continue
         x = size // b
-        for L in range(int(np.sqrt(x)) // 64 * 64, 511, -64):
-            if x % (L * L) == 0 and x // (L * L) <= 4096:
+        for L in range(int(np.sqrt(x / 8)) // 64 * 64, 511, -64):
+            if x % (L * L) == 0 and 8 <= x // (L * L) <= 4096:
                 return x // (L * L), L, b
     return None
 
@@ -309,7 +311,7 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
             shape = _shape_scores(size)
             if shape:
                 d = Decision("fallback_kernel", "shape.attention_scores",
-                             f"size = {shape[0]} × {shape[1]}² × {shape[2]} bytes under an attention "
+                             f"size fits batch·heads × L² × {shape[2]} bytes (e.g. {shape[0]} × {shape[1]}²) under an attention "
                              "function: materialised attention scores (B·H·L·L), which fused kernels avoid "
                              "(inferred from the size)", d.frame, ("attention",), inferred=True)
         label = ""
