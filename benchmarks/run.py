@@ -1,0 +1,280 @@
+"""Benchmark snapanalyze against a bare ``pickle.load`` of a large generated snapshot.
+
+Contract: ``python benchmarks/run.py [--events N | --quick] [--repeat R] [--check-goals]`` makes sure
+``benchmarks/data/large-<N>.pickle`` exists (running ``benchmarks/generate.py`` when it does not), then
+runs each command below R times, round-robin, each run its own subprocess, measuring wall time
+(``time.perf_counter`` around the child) and peak resident memory (``ru_maxrss`` from ``os.wait4``, KiB on
+Linux):
+
+  pickle.load  ``python -c "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))" FILE`` (the baseline)
+  peaks        ``snapanalyze peaks FILE --format json``
+  attribute    ``snapanalyze attribute FILE --format json`` (skipped, with a note, while it does not exist)
+
+It prints a table (median wall time, the largest max RSS of the repeats, both as ratios to the baseline, and
+the goals: peaks <= 1.25x time and <= 1.5x RSS, attribute <= 1.5x time) and writes the same results as JSON to
+``benchmarks/results/latest.json``.  ``--quick`` means ``--events 100000``.  Exit status: 0; 1 when a
+command failed (its stderr tail is printed) or printed something other than JSON, or, with
+``--check-goals``, when a goal was missed; 2 for usage errors or when the file cannot be generated.
+snapanalyze is run as ``python -m snapanalyze`` when that works, else through the ``snapanalyze`` console
+script, else by calling ``snapanalyze.cli.main`` from ``python -c``; children run in the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from generate import default_name  # noqa: E402
+
+PICKLE_LOAD = "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))"
+QUICK_EVENTS = 100_000
+
+
+@dataclass
+class Goal:
+    time_ratio: float | None = None
+    rss_ratio: float | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.time_ratio is not None:
+            parts.append(f"time <= {self.time_ratio:g}x")
+        if self.rss_ratio is not None:
+            parts.append(f"RSS <= {self.rss_ratio:g}x")
+        return ", ".join(parts) or "baseline"
+
+
+@dataclass
+class Run:
+    wall_s: float
+    max_rss_kib: int
+    returncode: int
+    stdout_bytes: int
+    stderr_tail: str
+
+
+@dataclass
+class Result:
+    name: str
+    argv: list[str]
+    goal: Goal
+    status: str = "ok"  # ok | failed | not available
+    note: str = ""
+    runs: list[Run] = field(default_factory=list)
+    wall_s_median: float | None = None
+    max_rss_mib: float | None = None
+    time_ratio: float | None = None
+    rss_ratio: float | None = None
+    meets_goal: bool | None = None
+
+
+def measure(argv: list[str], timeout_s: float) -> tuple[Run, str]:
+    """Run ``argv`` once; return its measurements and its stdout text."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, cwd=REPO)
+        timer = threading.Timer(timeout_s, proc.kill)
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again
+        out.seek(0)
+        stdout = out.read().decode(errors="replace")
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    if proc.returncode < 0:
+        stderr += f"\n[killed by signal {-proc.returncode}{' (timeout)' if wall >= timeout_s else ''}]"
+    return Run(wall, usage.ru_maxrss, proc.returncode, len(stdout), tail(stderr)), stdout
+
+
+def tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def snapanalyze_command() -> list[str]:
+    """How to start the CLI: ``python -m snapanalyze``, the console script, or ``snapanalyze.cli.main``."""
+    probe = subprocess.run(
+        [sys.executable, "-m", "snapanalyze", "--help"], cwd=REPO, capture_output=True, text=True
+    )
+    if probe.returncode == 0:
+        return [sys.executable, "-m", "snapanalyze"]
+    script = shutil.which("snapanalyze")
+    if script:
+        return [script]
+    return [sys.executable, "-c", "import sys; from snapanalyze.cli import main; sys.exit(main())"]
+
+
+def ensure_file(events: int) -> Path:
+    path = BENCH / "data" / default_name(events)
+    if not path.exists():
+        print(f"generating {path.relative_to(REPO)} ({events:,} events) ...", flush=True)
+        cmd = [sys.executable, str(BENCH / "generate.py"), "--events", str(events), "-o", str(path)]
+        if subprocess.run(cmd, cwd=REPO).returncode != 0 or not path.exists():
+            raise SystemExit(f"run: could not generate {path}")
+    return path
+
+
+def warm_page_cache(path: Path) -> None:
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+
+
+def run_once(result: Result, timeout_s: float, check_json: bool) -> None:
+    """One measured run of ``result``'s command; marks the result failed or not available as needed."""
+    run, stdout = measure(result.argv, timeout_s)
+    result.runs.append(run)
+    if run.returncode != 0:
+        if result.name == "attribute" and "No such command" in run.stderr_tail:
+            result.status, result.note = "not available", "attribute: not available yet"
+        else:
+            result.status, result.note = "failed", f"exit status {run.returncode}"
+    elif check_json and len(result.runs) == 1:
+        try:
+            json.loads(stdout)
+        except ValueError as exc:
+            result.status, result.note = "failed", f"output is not JSON: {exc}"
+            run.stderr_tail = tail(stdout)
+
+
+def summarize(result: Result) -> None:
+    if result.status == "ok":
+        result.wall_s_median = statistics.median(r.wall_s for r in result.runs)
+        result.max_rss_mib = max(r.max_rss_kib for r in result.runs) / 1024
+
+
+def compare(result: Result, base: Result) -> None:
+    if result.wall_s_median is None or base.wall_s_median is None or base.max_rss_mib is None:
+        return
+    assert result.max_rss_mib is not None
+    result.time_ratio = result.wall_s_median / base.wall_s_median
+    result.rss_ratio = result.max_rss_mib / base.max_rss_mib
+    goal = result.goal
+    if goal.time_ratio is None and goal.rss_ratio is None:
+        return
+    result.meets_goal = (goal.time_ratio is None or result.time_ratio <= goal.time_ratio) and (
+        goal.rss_ratio is None or result.rss_ratio <= goal.rss_ratio
+    )
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(results: list[Result]) -> None:
+    header = ("command", "wall s", "max RSS MiB", "time x", "RSS x", "goal", "")
+    rows = [header]
+    for r in results:
+        verdict = {True: "ok", False: "MISSED", None: ""}[r.meets_goal] if r.status == "ok" else r.status
+        rows.append(
+            (
+                r.name,
+                fmt(r.wall_s_median, ".2f"),
+                fmt(r.max_rss_mib, ".0f"),
+                fmt(r.time_ratio, ".2f"),
+                fmt(r.rss_ratio, ".2f"),
+                r.goal.describe(),
+                verdict,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for n, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:5], widths[1:5], strict=True)]
+        cells += [row[5].ljust(widths[5]), row[6]]
+        print("  ".join(cells).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths[:6]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--events", type=int, default=1_000_000, help="trace entries in the file (default 1M)")
+    size.add_argument("--quick", action="store_true", help=f"use {QUICK_EVENTS:,} events")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per command; the median time is used")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
+    parser.add_argument("--check-goals", action="store_true", help="exit 1 when a goal is missed")
+    parser.add_argument(
+        "--output", type=Path, default=BENCH / "results" / "latest.json", help="where to write JSON results"
+    )
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    events = QUICK_EVENTS if args.quick else args.events
+
+    path = ensure_file(events)
+    warm_page_cache(path)
+    cli = snapanalyze_command()
+    file_arg = str(path)
+    results = [
+        Result("pickle.load", [sys.executable, "-c", PICKLE_LOAD, file_arg], Goal()),
+        Result("peaks", [*cli, "peaks", file_arg, "--format", "json"], Goal(1.25, 1.5)),
+        Result("attribute", [*cli, "attribute", file_arg, "--format", "json"], Goal(1.5, None)),
+    ]
+    size_mib = path.stat().st_size / 2**20
+    print(f"file: {path.relative_to(REPO)} ({size_mib:.0f} MiB, {events:,} events); {args.repeat} runs each")
+    # Round-robin over the commands, so that a slow spell of the machine hits every command alike.
+    for i in range(args.repeat):
+        print(f"  round {i + 1}/{args.repeat}:", end="", flush=True)
+        for result in results:
+            if result.status == "ok":
+                run_once(result, args.timeout, check_json=result.name != "pickle.load")
+                print(f" {result.name} {result.runs[-1].wall_s:.2f} s", end="", flush=True)
+        print()
+    for result in results:
+        summarize(result)
+    base = results[0]
+    for result in results[1:]:
+        compare(result, base)
+
+    print()
+    print_table(results)
+    failed = False
+    for r in results:
+        if r.status == "not available":
+            print(f"\n{r.note}")
+        elif r.status == "failed":
+            failed = True
+            print(f"\n{r.name} FAILED ({r.note}): {shlex.join(r.argv)}")
+            if r.runs and r.runs[-1].stderr_tail:
+                print(r.runs[-1].stderr_tail)
+    missed = [r.name for r in results if r.meets_goal is False]
+
+    doc: dict[str, Any] = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "file": {"path": str(path.relative_to(REPO)), "bytes": path.stat().st_size, "events": events},
+        "repeat": args.repeat,
+        "results": [asdict(r) for r in results],
+        "failed": failed,
+        "goals_missed": missed,
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nresults written to {args.output}")
+    return 1 if failed or (args.check_goals and missed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
