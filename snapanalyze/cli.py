@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import click
@@ -20,6 +21,8 @@ from .analyze.rules import load_rules
 from .analyze.summary import summarize
 from .errors import SnapanalyzeError, UsageError
 from .load import load
+from .load.convert import convert_plan
+from .load.parquet import write_tables
 from .replay import replay
 from .report import text
 from .report.documents import attribution_document, peaks_document
@@ -47,18 +50,25 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
+def _input(func: Any) -> Any:
+    """FILE plus --rank/--tag for run directories."""
+    func = click.option("--tag", default=None, help="Snapshot tag in a run directory (default: final).")(func)
+    func = click.option("--rank", type=int, default=None, help="Rank in a run directory.")(func)
+    return click.argument("file", type=click.Path(dir_okay=True, path_type=str))(func)
+
+
 def _emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=False, default=str))
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@_input
 @click.option("--top", default=5, show_default=True, type=click.IntRange(1), help="Peaks per device.")
 @click.option("--device", type=int, default=None, help="Only this device.")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def peaks(file: str, top: int, device: int | None, fmt: str) -> None:
+def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | None, fmt: str) -> None:
     """Baseline, top peaks and trace window of each device."""
-    timeline = replay(load(file))
+    timeline = replay(load(file, rank, tag))
     if device is not None and device not in timeline.devices:
         raise UsageError(f"{file}: no device {device} (devices: {sorted(timeline.devices)})")
     df = find_peaks(timeline, top=top, device=device)
@@ -95,11 +105,11 @@ def _peaks_table(doc: dict[str, Any], problems: list[str]) -> str:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@_input
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def summary(file: str, fmt: str) -> None:
+def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
     """What the file holds: format, torch version (inferred), devices, events, optional parts."""
-    facts = summarize(load(file))
+    facts = summarize(load(file, rank, tag))
     if fmt == "json":
         _emit_json(facts)
         return
@@ -145,7 +155,7 @@ def _summary_table(f: dict[str, Any]) -> str:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@_input
 @click.option("--at", "at", default="peak", show_default=True,
               help="Instant per device: peak, peak:N (Nth peak), event:I, time:T (µs since the epoch).")
 @click.option("--device", type=int, default=None, help="Only this device.")
@@ -155,11 +165,11 @@ def _summary_table(f: dict[str, Any]) -> str:
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
               show_default=True, help="csv prints one row per live block.")
 @click.option("--explain", is_flag=True, help="Show which rule fired on which frame.")
-def attribute(file: str, at: str, device: int | None, rules_file: str | None, top: int, fmt: str,
+def attribute(file: str, rank: int | None, tag: str | None, at: str, device: int | None, rules_file: str | None, top: int, fmt: str,
               explain: bool) -> None:
     """Attribute every live byte at a peak (or another instant) to a category."""
     rules = load_rules(rules_file)
-    result = attribute_blocks(load(file), at=at, rules=rules, device=device)
+    result = attribute_blocks(load(file, rank, tag), at=at, rules=rules, device=device)
     if fmt == "csv":
         click.echo(result.blocks.to_csv(index=False), nl=False)
         return
@@ -195,6 +205,27 @@ def _attribution_table(doc: dict[str, Any], top: int, explain: bool) -> str:
     for note in doc["notes"]:
         out.append(f"note: {note}")
     return "\n".join(out)
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str), default=None,
+              help="Run directory to write (default: convert a run directory in place).")
+@click.option("--rank", type=int, default=None, help="Rank of a single input file (default: from a rank=N "
+              "parent directory, else 0).")
+@click.option("--tag", default=None, help="Tag of a single input file (default: from snapshot-<tag>.pickle, "
+              "else the file name).")
+@click.option("--force", is_flag=True, help="Replace tables that already exist.")
+def convert(inputs: tuple[str, ...], output: str | None, rank: int | None, tag: str | None, force: bool) -> None:
+    """Turn snapshot pickles into a Parquet run directory (RUN/rank=N/tag=T/*.parquet)."""
+    jobs = convert_plan(inputs, output, rank, tag, force)
+    for source, target in jobs:
+        started = time.perf_counter()
+        snapshot = load(source)
+        write_tables(snapshot, target, force=force)
+        n = sum(len(t) for t in snapshot.traces.values())
+        click.echo(f"{source} → {target} ({n:,} events, {len(snapshot.interner.stacks):,} stacks, "
+                   f"{time.perf_counter() - started:.2f} s)")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -60,6 +60,7 @@ class DeviceTrace:
     compile_context: np.ndarray | None = None
     compile_context_names: tuple[str, ...] = ()
     device_free: dict[int, int] = field(default_factory=dict)  # event index -> bytes free, for oom entries
+    stack_ids: np.ndarray | None = None  # already-interned stack ids (runs read from Parquet), else None
 
     def __len__(self) -> int:
         return len(self.action)
@@ -108,12 +109,16 @@ class Snapshot:
     # -- frames, resolved lazily -------------------------------------------------------------------
     def event_stack_ids(self, device: int, indices: np.ndarray) -> np.ndarray:
         """Stack id of each given event of `device` (−1 where the event carries no frames)."""
-        frames = self.trace(device).frames
-        intern = self.interner.intern
+        trace = self.trace(device)
+        if trace.stack_ids is not None:
+            return trace.stack_ids[np.asarray(indices, dtype=np.int64)]
+        frames, intern = trace.frames, self.interner.intern
         return np.fromiter((intern(frames[i]) for i in indices), dtype=np.int64, count=len(indices))
 
     def block_stack_ids(self, rows: np.ndarray) -> np.ndarray:
         """Stack id of each given row of `blocks` (−1 where the block carries no frames)."""
+        if "stack_id" in self.blocks.columns:
+            return self.blocks["stack_id"].to_numpy()[np.asarray(rows, dtype=np.int64)]
         intern = self.interner.intern
         return np.fromiter((intern(self.block_frames[i]) for i in rows), dtype=np.int64, count=len(rows))
 
@@ -127,26 +132,23 @@ class Snapshot:
     @cached_property
     def events(self) -> pd.DataFrame:
         """All devices' trace entries as one DataFrame (see the module docstring). Interns every stack."""
-        parts = []
-        for device in sorted(self.traces):
-            t = self.traces[device]
-            n = len(t)
-            parts.append(pd.DataFrame({
-                "device": np.full(n, device, dtype=np.int64),
-                "index": np.arange(n, dtype=np.int64),
-                "action": pd.Categorical.from_codes(t.action, categories=list(t.action_names)),
-                "addr": t.addr,
-                "size": t.size,
-                "stream": t.stream,
-                "time_us": pd.array(t.time_us if t.time_us is not None else [None] * n, dtype="Int64"),
-                "stack_id": self.event_stack_ids(device, np.arange(n)),
-                "user_metadata": _decode(t.user_metadata, t.user_metadata_names, n),
-                "compile_context": _decode(t.compile_context, t.compile_context_names, n),
-            }))
-        if not parts:
-            return pd.DataFrame({c: [] for c in ("device", "index", "action", "addr", "size", "stream",
-                                                 "time_us", "stack_id", "user_metadata", "compile_context")})
-        return pd.concat(parts, ignore_index=True)
+        parts = [self._events_of(d, self.traces[d]) for d in sorted(self.traces)]
+        return pd.concat(parts, ignore_index=True) if parts else self._events_of(0, _empty_trace(0))
+
+    def _events_of(self, device: int, t: DeviceTrace) -> pd.DataFrame:
+        n = len(t)
+        return pd.DataFrame({
+            "device": np.full(n, device, dtype=np.int64),
+            "index": np.arange(n, dtype=np.int64),
+            "action": pd.Categorical.from_codes(t.action, categories=list(t.action_names)),
+            "addr": t.addr,
+            "size": t.size,
+            "stream": t.stream,
+            "time_us": pd.array(t.time_us if t.time_us is not None else [None] * n, dtype="Int64"),
+            "stack_id": self.event_stack_ids(device, np.arange(n)),
+            "user_metadata": _decode(t.user_metadata, t.user_metadata_names, n),
+            "compile_context": _decode(t.compile_context, t.compile_context_names, n),
+        })
 
     @property
     def ooms(self) -> pd.DataFrame:
@@ -174,9 +176,9 @@ class Snapshot:
 
 
 def _decode(codes: np.ndarray | None, names: tuple[str, ...], n: int) -> pd.Categorical:
-    if codes is None:
-        return pd.Categorical([None] * n)
-    return pd.Categorical.from_codes(codes, categories=list(names)) if names else pd.Categorical([None] * n)
+    if codes is None or not names:
+        return pd.Categorical([None] * n, categories=pd.Index([], dtype=object))
+    return pd.Categorical.from_codes(codes, categories=list(names))
 
 
 def _empty_trace(device: int) -> DeviceTrace:

@@ -4,9 +4,9 @@ Contract: `replay(snapshot)` returns a Timeline whose per-device curves hold, af
 device's trace, the bytes that were live:
 - `active`: Σ requested (unrounded) bytes of live blocks — exact. A block is live from its `alloc` to its
   `free_completed` (or its `free_requested` where `skip_actions` dropped the completion; a completion
-  still pending at the snapshot, the block `active_pending_free` in segments, keeps it live). Blocks live before
-  the window began count from the start: (a) a free whose address had no earlier alloc (size from the free
-  entry), (b) an active block in `segments` that no alloc in the window created (its requested size).
+  still pending at the snapshot, the block `active_pending_free` in segments, keeps it live). Blocks live
+  before the window began count from the start: (a) a free whose address had no earlier alloc (size from
+  the free entry), (b) an active block in `segments` that no alloc in the window created (its requested size).
 - `reserved`: Σ segment bytes — exact: Σ total_size of the device's segments minus the net of the segment
   events, then segment_alloc/map (+) and segment_free/unmap (−) in order.
 - `allocated_est`: Σ block sizes as the allocator rounds them, falling at `free_requested` — an ESTIMATE
@@ -205,8 +205,9 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     })
 
     problems = []
-    mismatch = live_end & ((span_block < 0) | (span_size != np.where(
-        span_block >= 0, blocks["requested_size"].to_numpy()[np.maximum(span_block, 0)], span_size)))
+    all_req = blocks["requested_size"].to_numpy()
+    known_req = all_req[np.maximum(span_block, 0)] if len(all_req) else span_size  # no blocks at all
+    mismatch = live_end & ((span_block < 0) | (span_size != np.where(span_block >= 0, known_req, span_size)))
     for i in np.flatnonzero(mismatch)[:5]:
         problems.append(f"device {device}: block at 0x{int(span_addr[i]):x} ({int(span_size[i])} bytes) is "
                         "live at the end of the trace but not active with that size in segments")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 Frame = tuple[str, int, str]  # (filename, line, name)
@@ -57,6 +58,24 @@ class StackInterner:
         self._stack_by_list[id(frames)] = sid
         self._keepalive.append(frames)
         return sid
+
+    @classmethod
+    def from_tables(cls, frames: pd.DataFrame, stacks: pd.DataFrame) -> StackInterner:
+        """An interner pre-filled from `frames_table()` / `stacks_table()` output (e.g. read from Parquet)."""
+        new = cls()
+        new.frames = list(zip(frames["filename"].astype(str), frames["line"].astype(int),
+                              frames["name"].astype(str)))
+        new._frame_by_value = {f: i for i, f in enumerate(new.frames)}
+        ordered = stacks.sort_values(["stack_id", "depth"], kind="stable")
+        ids = ordered["stack_id"].to_numpy()
+        fids = ordered["frame_id"].to_numpy()
+        bounds = np.flatnonzero(np.diff(ids)) + 1 if len(ids) else np.zeros(0, dtype=np.int64)
+        count = int(ids.max()) + 1 if len(ids) else 0
+        new.stacks = [()] * count
+        for sid, part in zip(ids[np.concatenate([[0], bounds])] if len(ids) else [], np.split(fids, bounds)):
+            new.stacks[int(sid)] = tuple(int(f) for f in part)
+        new._stack_by_key = {key: i for i, key in enumerate(new.stacks)}
+        return new
 
     def frames_table(self) -> pd.DataFrame:
         """Columns: frame_id, filename, line, name."""

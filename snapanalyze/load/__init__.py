@@ -1,7 +1,9 @@
-"""Loading: any snapshot file (or, later, run directory) → a columnar Snapshot.
+"""Loading: any snapshot file or run directory → a columnar Snapshot.
 
-Contract: `load(path)` is the single entry point; it reads the container safely (`safe_pickle`) and
-columnarises it (`columns`), raising BadInputError with the file name and the problem otherwise.
+Contract: `load(path, rank=None, tag=None)` is the single entry point. A file is read safely
+(`safe_pickle`) and columnarised (`columns`); a directory is a run (`runs`): the chosen rank's converted
+Parquet tables (`parquet`) are read when present, else its pickle. Problems raise BadInputError (the file
+and what is wrong with it) or UsageError (an ambiguous choice in a run).
 """
 
 from __future__ import annotations
@@ -10,11 +12,18 @@ from pathlib import Path
 
 from ..model import Snapshot
 from .columns import to_snapshot
+from .parquet import read_tables
+from .runs import resolve
 from .safe_pickle import read_raw
 
 
-def load(path: str | Path) -> Snapshot:
-    """Load a snapshot file: pickle (plain or gzip), torch.save zip, or JSON."""
+def load(path: str | Path, rank: int | None = None, tag: str | None = None) -> Snapshot:
+    """Load a snapshot: pickle (plain or gzip), torch.save zip, JSON, or one snapshot of a run directory."""
+    if Path(path).is_dir():
+        chosen = resolve(path, rank, tag)
+        if chosen.is_dir():
+            return read_tables(chosen)
+        path = chosen
     raw, container = read_raw(path)
     return to_snapshot(raw, str(path), container)
 

@@ -47,7 +47,9 @@ def _interned(values: list[Any]) -> tuple[np.ndarray, tuple[str, ...]]:
 
 
 def _trace(device: int, entries: list[dict[str, Any]]) -> DeviceTrace:
-    names = _column(entries, "action", None)
+    names = [e["action"] for e in entries]
+    if not all(isinstance(a, str) for a in names):
+        raise TypeError("a trace entry's 'action' is not a string")
     table: dict[str, int] = dict(ACTION_CODE)
     codes = [table.setdefault(a, len(table)) for a in names]
     action = np.array(codes, dtype=np.int16) if codes else np.zeros(0, dtype=np.int16)

@@ -1,0 +1,146 @@
+"""Columnar snapshot tables on disk: write a Snapshot as Parquet, read it back as the same Snapshot.
+
+Contract: `write_tables(snapshot, directory)` writes the tables named in `schema.SNAPSHOT_TABLES` plus
+`snapshot.json` into `directory` atomically (a temporary sibling directory renamed into place) and refuses
+to replace an existing one unless `force=True`; `read_tables(directory)` returns a Snapshot whose replay,
+peaks and attribution equal those of the original pickle. Stacks are stored interned (frames + stacks
+tables, a stack_id per event and block), so reading never touches a frame dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import schema
+from ..errors import BadInputError, UsageError
+from ..model import ACTION_CODE, DeviceTrace, Format, Snapshot
+from ..stacks import StackInterner
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **schema.metadata()})
+    pq.write_table(table, path, compression="zstd")
+
+
+def write_tables(snapshot: Snapshot, directory: str | Path, force: bool = False) -> Path:
+    """Write `snapshot` as Parquet tables into `directory` (see the module docstring)."""
+    target = Path(directory)
+    if target.exists() and not force:
+        raise UsageError(f"{target}: already exists (use --force to replace it)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        events = snapshot.events.copy()
+        events["device_free"] = pd.array([None] * len(events), dtype="Int64")
+        for device, trace in snapshot.traces.items():
+            for index, free in trace.device_free.items():
+                events.loc[(events["device"] == device) & (events["index"] == index), "device_free"] = free
+        _write(pa.Table.from_pandas(events, schema=schema.EVENTS, preserve_index=False),
+               staging / "events.parquet")
+        blocks = snapshot.blocks.copy()
+        blocks["stack_id"] = snapshot.block_stack_ids(np.arange(len(blocks)))
+        for name, df in (("segments", snapshot.segments), ("blocks", blocks),
+                         ("annotations", snapshot.annotations)):
+            _write(pa.Table.from_pandas(df, preserve_index=False), staging / f"{name}.parquet")
+        _write(pa.Table.from_pandas(snapshot.frames_table(), schema=schema.FRAMES, preserve_index=False),
+               staging / "frames.parquet")
+        _write(pa.Table.from_pandas(snapshot.stacks_table(), schema=schema.STACKS, preserve_index=False),
+               staging / "stacks.parquet")
+        meta = {"schema_version": schema.SCHEMA_VERSION, "source": snapshot.source,
+                "format": dataclasses.asdict(snapshot.format), "allocator_settings": snapshot.allocator_settings,
+                "trace_devices": sorted(snapshot.traces),
+                "action_names": {str(d): list(t.action_names) for d, t in snapshot.traces.items()}}
+        (staging / "snapshot.json").write_text(json.dumps(meta, indent=1, default=str))
+        if target.exists():
+            old = target.with_name(f".{target.name}.replaced")
+            os.replace(target, old)
+            os.replace(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _read(directory: Path, name: str) -> pd.DataFrame:
+    path = directory / f"{name}.parquet"
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise BadInputError(directory, f"incomplete snapshot tables: {name}.parquet is missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise BadInputError(path, f"unreadable Parquet file ({exc})") from None
+    version = (table.schema.metadata or {}).get(b"schema_version", b"0").decode()
+    if version != str(schema.SCHEMA_VERSION):
+        raise BadInputError(path, f"schema version {version}, this snapanalyze reads {schema.SCHEMA_VERSION}: "
+                            "convert the pickle again")
+    return table.to_pandas()
+
+
+def _codes(column: pd.Series, table: dict[str, int] | None = None) -> tuple[np.ndarray, tuple[str, ...]]:
+    cat = column.astype("category")
+    names = [str(c) for c in cat.cat.categories]
+    if table is None:
+        return cat.cat.codes.to_numpy().astype(np.int32), tuple(names)
+    mapping = np.array([table.setdefault(n, len(table)) for n in names] or [0], dtype=np.int16)
+    return mapping[cat.cat.codes.to_numpy()], tuple(table)
+
+
+def read_tables(directory: str | Path) -> Snapshot:
+    """The Snapshot stored in `directory` by `write_tables`."""
+    directory = Path(directory)
+    try:
+        meta: dict[str, Any] = json.loads((directory / "snapshot.json").read_text())
+    except FileNotFoundError:
+        raise BadInputError(directory, "not a converted snapshot: snapshot.json is missing") from None
+    except ValueError as exc:
+        raise BadInputError(directory / "snapshot.json", f"damaged ({exc})") from None
+    events = _read(directory, "events")
+    traces: dict[int, DeviceTrace] = {}
+    for device, ev in events.groupby("device", sort=True):
+        ev = ev.sort_values("index", kind="stable")
+        table = dict(ACTION_CODE)
+        for name in meta.get("action_names", {}).get(str(device), []):
+            table.setdefault(name, len(table))
+        action, names = _codes(ev["action"], table)
+        times = ev["time_us"]
+        um = ev["user_metadata"]
+        cc = ev["compile_context"]
+        um_codes, um_names = _codes(um) if um.notna().any() else (None, ())
+        cc_codes, cc_names = _codes(cc) if cc.notna().any() else (None, ())
+        frees = ev[ev["device_free"].notna()]
+        traces[int(device)] = DeviceTrace(
+            device=int(device), action=action, addr=ev["addr"].to_numpy(dtype=np.uint64),
+            size=ev["size"].to_numpy(dtype=np.int64), stream=ev["stream"].to_numpy(dtype=np.int64),
+            time_us=None if times.isna().all() else times.to_numpy(dtype=np.int64, na_value=0),
+            frames=[], action_names=names, user_metadata=um_codes, user_metadata_names=um_names,
+            compile_context=cc_codes, compile_context_names=cc_names,
+            device_free={int(i): int(f) for i, f in zip(frees["index"], frees["device_free"])},
+            stack_ids=ev["stack_id"].to_numpy(dtype=np.int64))
+    segments = _read(directory, "segments")
+    blocks = _read(directory, "blocks")
+    for df, cols in ((segments, ("address",)), (blocks, ("segment_address", "address"))):
+        for c in cols:
+            df[c] = df[c].astype(np.uint64)
+    annotations = _read(directory, "annotations")
+    annotations["time_us"] = annotations["time_us"].astype("Int64")
+    fmt = meta["format"]
+    return Snapshot(
+        source=str(directory), traces=traces, segments=segments, blocks=blocks, block_frames=[],
+        annotations=annotations, allocator_settings=meta.get("allocator_settings"),
+        format=Format(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fmt.items()}),
+        interner=StackInterner.from_tables(_read(directory, "frames"), _read(directory, "stacks")),
+    )
