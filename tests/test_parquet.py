@@ -1,0 +1,61 @@
+"""Converted Parquet tables give the same answers as the pickle they came from, carry their schema
+version, are written atomically and never replace existing tables without force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from snapanalyze import BadInputError, UsageError, attribute, find_peaks, load, replay
+from snapanalyze.load.parquet import read_tables, write_tables
+from snapanalyze.report.documents import attribution_document, peaks_document
+
+REAL = Path(__file__).parent.parent / "fixtures" / "real"
+
+
+def _answers(snapshot):
+    timeline = replay(snapshot)
+    peaks = peaks_document(timeline, find_peaks(timeline, top=5))
+    attributed = attribution_document(attribute(snapshot, timeline=timeline), explain=True)
+    for doc in (peaks, attributed):
+        doc.pop("source")
+    return peaks, attributed
+
+
+@pytest.mark.parametrize("path", sorted(REAL.glob("*.pickle")), ids=lambda p: p.name)
+def test_tables_answer_exactly_like_the_pickle(tmp_path, path):
+    original = load(path)
+    write_tables(original, tmp_path / "t")
+    assert _answers(read_tables(tmp_path / "t")) == _answers(load(path))
+
+
+def test_events_table_has_schema_version_and_units(tmp_path):
+    write_tables(load(REAL / "cs336-step-user-metadata-t2.11.pickle"), tmp_path / "t")
+    table = pq.read_table(tmp_path / "t" / "events.parquet")
+    assert table.schema.metadata[b"schema_version"] == b"1"
+    assert {"time_us", "size", "addr", "stack_id", "user_metadata"} <= set(table.column_names)
+    assert str(table.schema.field("addr").type) == "uint64"
+
+
+def test_existing_tables_are_kept_without_force(tmp_path):
+    snap = load(REAL / "cs336-forward-fp32-t2.6.pickle")
+    write_tables(snap, tmp_path / "t")
+    before = (tmp_path / "t" / "events.parquet").read_bytes()
+    with pytest.raises(UsageError, match="already exists"):
+        write_tables(load(REAL / "cs336-forward-bf16-t2.6.pickle"), tmp_path / "t")
+    assert (tmp_path / "t" / "events.parquet").read_bytes() == before
+    write_tables(load(REAL / "cs336-forward-bf16-t2.6.pickle"), tmp_path / "t", force=True)
+    assert (tmp_path / "t" / "events.parquet").read_bytes() != before
+    assert [p.name for p in tmp_path.iterdir()] == ["t"]          # no staging leftovers
+
+
+def test_damaged_tables_are_a_clear_error(tmp_path):
+    write_tables(load(REAL / "cs336-forward-fp32-t2.6.pickle"), tmp_path / "t")
+    (tmp_path / "t" / "blocks.parquet").write_bytes(b"not parquet")
+    with pytest.raises(BadInputError, match="blocks.parquet: unreadable Parquet file"):
+        read_tables(tmp_path / "t")
+    (tmp_path / "t" / "segments.parquet").unlink()
+    with pytest.raises(BadInputError, match="segments.parquet is missing"):
+        read_tables(tmp_path / "t")
