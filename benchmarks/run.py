@@ -9,6 +9,10 @@ Linux):
   pickle.load  ``python -c "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))" FILE`` (the baseline)
   peaks        ``snapanalyze peaks FILE --format json``
   attribute    ``snapanalyze attribute FILE --format json`` (skipped, with a note, while it does not exist)
+  peaks (run)  ``snapanalyze peaks RUN --format json`` on the same snapshot converted to Parquet once
+               (``snapanalyze convert FILE -o RUN``, not timed); its speed-up over ``peaks`` on the pickle
+               is printed (goal: >= 10x), both for the CLI (wall time, interpreter start and imports
+               included) and in process (load + replay + find_peaks after imports, the analysis itself)
 
 It prints a table (median wall time, the largest max RSS of the repeats, both as ratios to the baseline, and
 the goals: peaks <= 1.25x time and <= 1.5x RSS, attribute <= 1.5x time) and writes the same results as JSON to
@@ -133,6 +137,40 @@ def ensure_file(events: int) -> Path:
     return path
 
 
+def ensure_run(path: Path, cli: list[str]) -> Path:
+    """The snapshot converted to a Parquet run directory next to it (made once, not timed)."""
+    run = path.with_suffix(".run")
+    if not (run / "rank=0" / "tag=final" / "snapshot.json").exists():
+        print(f"converting {path.relative_to(REPO)} to {run.relative_to(REPO)} ...", flush=True)
+        cmd = [*cli, "convert", str(path), "-o", str(run), "--tag", "final", "--force"]
+        if subprocess.run(cmd, cwd=REPO).returncode != 0:
+            raise SystemExit(f"run: could not convert {path}")
+    return run
+
+
+INPROCESS = """
+import json, sys, time
+import snapanalyze as sa
+out = {}
+for name, source in (("pickle", sys.argv[1]), ("run", sys.argv[2])):
+    t = time.perf_counter()
+    sa.find_peaks(sa.replay(sa.load(source)), top=5)
+    out[name] = time.perf_counter() - t
+print(json.dumps(out))
+"""
+
+
+def inprocess_times(path: Path, run: Path, repeat: int) -> dict[str, float]:
+    """Median seconds of load + replay + find_peaks, after imports, from the pickle and from the run."""
+    samples: dict[str, list[float]] = {"pickle": [], "run": []}
+    for _ in range(repeat):
+        done = subprocess.run([sys.executable, "-c", INPROCESS, str(path), str(run)], cwd=REPO,
+                              capture_output=True, text=True, check=True)
+        for key, value in json.loads(done.stdout).items():
+            samples[key].append(value)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
 def warm_page_cache(path: Path) -> None:
     with open(path, "rb") as f:
         while f.read(1 << 24):
@@ -229,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         Result("pickle.load", [sys.executable, "-c", PICKLE_LOAD, file_arg], Goal()),
         Result("peaks", [*cli, "peaks", file_arg, "--format", "json"], Goal(1.25, 1.5)),
         Result("attribute", [*cli, "attribute", file_arg, "--format", "json"], Goal(1.5, None)),
+        Result("peaks (run)", [*cli, "peaks", str(ensure_run(path, cli)), "--format", "json"], Goal()),
     ]
     size_mib = path.stat().st_size / 2**20
     print(f"file: {path.relative_to(REPO)} ({size_mib:.0f} MiB, {events:,} events); {args.repeat} runs each")
@@ -258,6 +297,20 @@ def main(argv: list[str] | None = None) -> int:
             if r.runs and r.runs[-1].stderr_tail:
                 print(r.runs[-1].stderr_tail)
     missed = [r.name for r in results if r.meets_goal is False]
+    speedup = None
+    pickle_peaks, run_peaks = results[1], results[3]
+    if pickle_peaks.wall_s_median and run_peaks.wall_s_median:
+        speedup = pickle_peaks.wall_s_median / run_peaks.wall_s_median
+        verdict = "ok" if speedup >= 10 else "MISSED"
+        print(f"\npeaks from the Parquet run: {run_peaks.wall_s_median:.2f} s vs {pickle_peaks.wall_s_median:.2f} s "
+              f"from the pickle: {speedup:.1f}x faster (goal >= 10x) {verdict}")
+        if speedup < 10:
+            missed.append("peaks (run)")
+    library = inprocess_times(path, Path(run_peaks.argv[-3]), args.repeat)
+    library_speedup = library["pickle"] / library["run"]
+    print(f"in process (after imports): load + replay + find_peaks {library['pickle']:.2f} s from the pickle, "
+          f"{library['run']:.3f} s from the run: {library_speedup:.1f}x faster "
+          f"({'ok' if library_speedup >= 10 else 'MISSED'})")
 
     doc: dict[str, Any] = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -269,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         "results": [asdict(r) for r in results],
         "failed": failed,
         "goals_missed": missed,
+        "parquet_speedup": speedup,
+        "parquet_inprocess_s": library,
+        "parquet_inprocess_speedup": library_speedup,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(doc, indent=2) + "\n")
