@@ -165,8 +165,8 @@ def _summary_table(f: dict[str, Any]) -> str:
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
               show_default=True, help="csv prints one row per live block.")
 @click.option("--explain", is_flag=True, help="Show which rule fired on which frame.")
-def attribute(file: str, rank: int | None, tag: str | None, at: str, device: int | None, rules_file: str | None, top: int, fmt: str,
-              explain: bool) -> None:
+def attribute(file: str, rank: int | None, tag: str | None, at: str, device: int | None, rules_file: str | None,
+              top: int, fmt: str, explain: bool) -> None:
     """Attribute every live byte at a peak (or another instant) to a category."""
     rules = load_rules(rules_file)
     result = attribute_blocks(load(file, rank, tag), at=at, rules=rules, device=device)

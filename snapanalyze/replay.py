@@ -23,8 +23,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .model import (ACTIVE_STATES, ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ALLOC, SEGMENT_FREE,
-                    SEGMENT_MAP, SEGMENT_UNMAP, Snapshot)
+from .model import (
+    ACTIVE_STATES,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    Snapshot,
+)
 
 ORIGINS = ("trace", "before window, freed in trace", "before window, live throughout")
 

@@ -3,8 +3,9 @@
 Contract: `attribute(snapshot, at="peak", rules=None)` picks an instant per device (`peak`, `peak:N`,
 `event:I`, `time:T` with T in µs since the epoch), takes the blocks live right after it from the replay,
 and labels each with a primary category plus tags. Signals, strongest first: a private pool →
-`graph_capture` (unless lifecycle frames show a MemPool user: weights or KV cache kept in a pool); lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; `user_metadata` of the
-alloc entry naming another request than the one whose allocation made the peak → `concurrent_request`;
+`graph_capture` (unless lifecycle frames show a MemPool user: weights or KV cache kept in a pool);
+lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; `user_metadata` of the alloc entry
+naming another request than the one whose allocation made the peak → `concurrent_request`;
 then frame rules by category precedence (op categories: innermost meaningful frame wins); then shape
 heuristics, flagged `inferred`. Only the stacks of live blocks are ever resolved. The bytes of the per-block
 table sum exactly to the instant's active bytes.
@@ -311,9 +312,10 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
             shape = _shape_scores(size)
             if shape:
                 d = Decision("fallback_kernel", "shape.attention_scores",
-                             f"size fits batch·heads × L² × {shape[2]} bytes (e.g. {shape[0]} × {shape[1]}²) under an attention "
-                             "function: materialised attention scores (B·H·L·L), which fused kernels avoid "
-                             "(inferred from the size)", d.frame, ("attention",), inferred=True)
+                             f"size fits batch·heads × L² × {shape[2]} bytes (e.g. {shape[0]} × {shape[1]}²) "
+                             "under an attention function: materialised attention scores (B·H·L·L), "
+                             "which fused kernels avoid (inferred from the size)",
+                             d.frame, ("attention",), inferred=True)
         label = ""
         if frame_id >= 0:
             filename, line, name = frames[frame_id]

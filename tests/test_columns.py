@@ -1,0 +1,377 @@
+"""columns: every layout PyTorch writes becomes the same columnar Snapshot; unknown keys are ignored."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import (
+    BASE,
+    REAL_FILES,
+    SnapshotBuilder,
+    end_active_blocks,
+    frames_for,
+    real_ids,
+    write_gzip,
+    write_json,
+    write_pickle,
+    write_torch_zip,
+)
+
+from snapanalyze.errors import BadInputError
+from snapanalyze.load import load
+from snapanalyze.load.columns import to_snapshot
+from snapanalyze.model import ALLOC, FREE_COMPLETED, OOM, Snapshot
+
+MiB = 1024 * 1024
+
+
+def two_block_snapshot(**builder_kw: Any) -> dict[str, Any]:
+    b = SnapshotBuilder(**builder_kw)
+    b.segment(BASE, [(1024, 1000, "active_allocated"), (512, 100, "inactive"),
+                     (2 * MiB - 1536, 0, "inactive")])
+    b.alloc(BASE, 1000)
+    b.alloc(BASE + 1024, 100)
+    b.free(BASE + 1024, 100)
+    return b.build()
+
+
+def facts(s: Snapshot) -> dict[str, Any]:
+    """Everything a replay or summary reads, in comparable form."""
+    return {
+        "segments": s.segments.astype({"segment_type": str, "pool_id": str}).to_dict("records"),
+        "blocks": s.blocks.astype({"segment_type": str, "pool_id": str, "state": str}).to_dict("records"),
+        "traces": {d: (t.action_names[:10], t.action.tolist(), t.addr.tolist(), t.size.tolist(),
+                       t.stream.tolist(), None if t.time_us is None else t.time_us.tolist(), t.device_free)
+                   for d, t in s.traces.items()},
+        "devices": s.devices,
+    }
+
+
+# -- the real corpus ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", REAL_FILES, ids=real_ids(REAL_FILES))
+def test_every_real_file_loads_with_its_parts(path: Path, real_raw: dict[str, Any]) -> None:
+    raw = real_raw[path.name]
+    s = load(path)
+    assert s.source == str(path)
+    assert s.format.container == "pickle"
+    assert s.format.layout == "dict"
+    # Segments and blocks: one row each, addresses exact.
+    assert len(s.segments) == len(raw["segments"])
+    assert len(s.blocks) == sum(len(seg["blocks"]) for seg in raw["segments"])
+    assert s.segments["address"].dtype == np.uint64
+    assert [int(a) for a in s.segments["address"]] == [seg["address"] for seg in raw["segments"]]
+    assert int(s.segments["total_size"].sum()) == sum(seg["total_size"] for seg in raw["segments"])
+    # Blocks tile their segment: each segment's blocks start at its address and sum to its size.
+    for (_, seg_addr), grp in s.blocks.groupby(["device", "segment_address"], observed=True):
+        addrs = grp["address"].to_numpy().astype(np.int64)
+        sizes = grp["size"].to_numpy()
+        assert addrs[0] == int(seg_addr)
+        assert (np.diff(addrs) == sizes[:-1]).all()
+    # The trace, column by column.
+    for d, entries in enumerate(raw["device_traces"]):
+        t = s.trace(d)
+        assert len(t) == len(entries)
+        assert [t.action_names[c] for c in t.action] == [e["action"] for e in entries]
+        assert t.addr.tolist() == [e.get("addr", 0) for e in entries]
+        assert t.size.tolist() == [e["size"] for e in entries]
+        if entries and "time_us" in entries[0]:
+            assert t.time_us is not None and t.time_us.tolist() == [e["time_us"] for e in entries]
+        else:
+            assert t.time_us is None
+    # The active blocks are the ones the file says (address, requested size).
+    active = s.blocks[s.blocks["state"].isin(["active_allocated", "active_pending_free"])]
+    got = sorted(zip(active["address"].astype(int), active["requested_size"].astype(int), strict=True))
+    assert got == sorted(end_active_blocks(raw, 0).elements())
+
+
+def test_legacy_real_files_are_recognised() -> None:
+    s = load(next(p for p in REAL_FILES if p.name == "flexgen-oom-t2.0.pickle"))
+    assert s.format.legacy_block_history
+    assert s.format.block_keys == ("size", "requested_size", "state", "history")
+    assert s.trace(0).time_us is None
+
+
+# -- layouts ------------------------------------------------------------------------------------------------
+
+def test_bare_list_of_segments(tmp_path: Path) -> None:
+    snap = two_block_snapshot()
+    s = load(write_pickle(tmp_path / "list.pickle", snap["segments"]))
+    assert s.format.layout == "segment list"
+    assert not s.format.trace_included
+    assert s.traces == {}
+    assert s.devices == [0]
+    assert len(s.trace(0)) == 0
+    assert facts(s)["segments"] == facts(load(write_pickle(tmp_path / "d.pickle", snap)))["segments"]
+
+
+def test_empty_list_is_an_empty_snapshot(tmp_path: Path) -> None:
+    s = load(write_pickle(tmp_path / "e.pickle", []))
+    assert s.devices == []
+    assert len(s.segments) == 0 and len(s.blocks) == 0
+
+
+def _legacy_2_0(with_requested: bool) -> dict[str, Any]:
+    """torch 2.0: blocks without address; history lists instead of requested_size/frames; no pool id."""
+    seg_addr = BASE
+    sizes = [(2048, "active_allocated", 2000), (1024, "inactive", 1000), (4096, "active_allocated", 4000),
+             (2 * MiB - 7168, "inactive", 0)]
+    blocks, offset = [], seg_addr
+    for size, state, real in sizes:
+        block: dict[str, Any] = {"size": size, "state": state}
+        if real:
+            block["history"] = [{"addr": offset, "real_size": real // 2, "frames": frames_for("old")},
+                                {"addr": offset, "real_size": real, "frames": frames_for("new")}]
+        if with_requested:
+            block["requested_size"] = real
+        blocks.append(block)
+        offset += size
+    seg = {"device": 0, "address": seg_addr, "total_size": 2 * MiB, "allocated_size": 6144,
+           "active_size": 6144, "requested_size": 6000, "stream": 0, "segment_type": "small",
+           "blocks": blocks}
+    return {"segments": [seg], "device_traces": [[{"action": "snapshot", "addr": 0, "size": 6000,
+                                                   "stream": 0}]]}
+
+
+@pytest.mark.parametrize("with_requested", [False, True])
+def test_2_0_history_blocks_get_addresses_by_running_sum(tmp_path: Path, with_requested: bool) -> None:
+    s = load(write_pickle(tmp_path / "legacy.pickle", _legacy_2_0(with_requested)))
+    assert s.format.legacy_block_history
+    assert [int(a) for a in s.blocks["address"]] == [BASE, BASE + 2048, BASE + 3072, BASE + 7168]
+    active = s.blocks[s.blocks["state"] == "active_allocated"]
+    assert active["requested_size"].tolist() == [2000, 4000]
+    assert s.segments["pool_id"].astype(str).tolist() == ["0,0"]
+    assert not bool(s.segments["is_expandable"].iloc[0])
+    # The block's stack is its latest history entry's.
+    row = int(np.flatnonzero(s.blocks["requested_size"].to_numpy() == 4000)[0])
+    assert s.stack(int(s.block_stack_ids(np.array([row]))[0]))[0][2] == "new"
+
+
+def test_trace_without_time_us(tmp_path: Path) -> None:
+    s = load(write_pickle(tmp_path / "t.pickle", two_block_snapshot(times=False)))
+    assert s.trace(0).time_us is None
+    assert s.events["time_us"].isna().all()
+    assert len(s.trace(0)) == 4
+
+
+def test_entries_without_frames_key(tmp_path: Path) -> None:
+    snap = two_block_snapshot(frames=False)
+    assert all("frames" not in e for e in snap["device_traces"][0])
+    s = load(write_pickle(tmp_path / "f.pickle", snap))
+    assert s.trace(0).frames == [None] * 4
+    assert (s.events["stack_id"] == -1).all()
+    assert s.stack(-1) == []
+
+
+def test_frames_are_interned_by_value_and_identity(tmp_path: Path) -> None:
+    b = SnapshotBuilder()
+    shared = frames_for("forward", 7)
+    b.segment(BASE, [(2 * MiB, 0, "inactive")])
+    b.alloc(BASE, 10, frames=shared)
+    b.event("free_completed", BASE, 10, frames=shared)
+    b.alloc(BASE, 10, frames=frames_for("forward", 7))   # equal value, different objects
+    b.event("free_completed", BASE, 10, frames=frames_for("backward", 9))
+    s = load(write_pickle(tmp_path / "fr.pickle", b.build()))
+    ids = s.events["stack_id"].tolist()
+    assert ids[0] == ids[1] == ids[2] != ids[3]
+    assert s.stack(ids[0]) == [("/app/model.py", 7, "forward"), ("/app/train.py", 10, "main")]
+    assert len(s.frames_table()) == 3
+    assert s.stacks_table()["stack_id"].nunique() == 2
+
+
+def test_oom_entries_without_addr(tmp_path: Path) -> None:
+    b = SnapshotBuilder()
+    b.segment(BASE, [(2 * MiB, 0, "inactive")])
+    b.alloc(BASE, 100)
+    oom = b.event("oom", None, 20 * MiB, device_free=3 * MiB)
+    b.event("free_completed", BASE, 100)
+    assert "addr" not in oom
+    s = load(write_pickle(tmp_path / "oom.pickle", b.build()))
+    t = s.trace(0)
+    assert t.action[1] == OOM
+    assert t.device_free == {1: 3 * MiB}
+    ooms = s.ooms
+    assert ooms.to_dict("records") == [{"device": 0, "index": 1, "size": 20 * MiB, "stream": 0,
+                                        "device_free": 3 * MiB, "time_us": oom["time_us"]}]
+
+
+def test_private_pools_and_expandable(tmp_path: Path) -> None:
+    b = SnapshotBuilder()
+    b.segment(BASE, [(2 * MiB, 0, "inactive")])
+    b.segment(BASE + 2 * MiB, [(512, 512, "active_allocated"), (2 * MiB - 512, 0, "inactive")], pool=(0, 1))
+    b.segment(BASE + 4 * MiB, [(20 * MiB, 0, "inactive")], pool=(1, 0), expandable=True)
+    s = load(write_pickle(tmp_path / "p.pickle", b.build()))
+    assert s.segments["pool_id"].astype(str).tolist() == ["0,0", "0,1", "1,0"]
+    assert s.segments["is_expandable"].tolist() == [False, False, True]
+    assert s.blocks["pool_id"].astype(str).tolist() == ["0,0", "0,1", "0,1", "1,0"]
+    # JSON turns the pool tuple into a list; the column must read the same.
+    sj = load(write_json(tmp_path / "p.json", b.build()))
+    assert sj.segments["pool_id"].astype(str).tolist() == ["0,0", "0,1", "1,0"]
+
+
+def test_several_devices(tmp_path: Path) -> None:
+    b = SnapshotBuilder()
+    b.segment(BASE, [(2 * MiB, 0, "inactive")], device=0)
+    b.segment(BASE, [(1024, 1000, "active_allocated"), (2 * MiB - 1024, 0, "inactive")], device=1)
+    b.alloc(BASE, 64, device=0)
+    b.event("free_completed", BASE, 64, device=0)
+    b.alloc(BASE, 1000, device=1)
+    s = load(write_pickle(tmp_path / "two.pickle", b.build()))
+    assert s.devices == [0, 1]
+    assert len(s.trace(0)) == 2 and len(s.trace(1)) == 1
+    assert s.trace(1).action.tolist() == [ALLOC]
+    assert s.segments["device"].tolist() == [0, 1]
+    assert s.events.groupby("device").size().to_dict() == {0: 2, 1: 1}
+
+
+def test_devices_in_segments_only_still_count() -> None:
+    b = SnapshotBuilder()
+    b.segment(BASE, [(2 * MiB, 0, "inactive")], device=3)
+    s = to_snapshot(b.build(n_devices=0), "x", "pickle")
+    assert s.devices == [3]
+    assert len(s.trace(3)) == 0
+
+
+@pytest.mark.parametrize("traces", [[], [[]], [[], []]], ids=["none", "one empty", "two empty"])
+def test_empty_traces(tmp_path: Path, traces: list[Any]) -> None:
+    snap = two_block_snapshot()
+    snap["device_traces"] = traces
+    s = load(write_pickle(tmp_path / "e.pickle", snap))
+    assert s.format.trace_included
+    assert s.traces == {}
+    assert s.devices == [0]
+    assert len(s.events) == 0
+
+
+def _with_unknown_keys(snap: dict[str, Any]) -> dict[str, Any]:
+    snap = copy.deepcopy(snap)
+    snap["host_segments_v99"] = [{"weird": 1}]
+    snap["some_future_top_level"] = {"nested": [1, 2, 3]}
+    for seg in snap["segments"]:
+        seg["future_segment_field"] = ("a", 1)
+        for block in seg["blocks"]:
+            block["future_block_field"] = {"x": None}
+            for fr in block.get("frames") or []:
+                fr["column"] = 3
+    for entries in snap["device_traces"]:
+        for e in entries:
+            e["forward_frames"] = [{"filename": "f.py", "line": 1, "name": "g"}]
+            e["internal_metadata"] = {"k": "v"}
+            for fr in e.get("frames") or []:
+                fr["extra"] = True
+    return snap
+
+
+def test_unknown_keys_at_every_level_are_ignored(tmp_path: Path) -> None:
+    plain = two_block_snapshot()
+    s0 = load(write_pickle(tmp_path / "plain.pickle", plain))
+    s1 = load(write_pickle(tmp_path / "extra.pickle", _with_unknown_keys(plain)))
+    assert facts(s1) == facts(s0)
+    assert s1.events["stack_id"].tolist() == s0.events["stack_id"].tolist()
+    assert s1.stack(0) == s0.stack(0)
+    assert "forward_frames" in s1.format.entry_keys
+    assert "some_future_top_level" in s1.format.top_level_keys
+
+
+def test_unknown_actions_are_kept_and_named(tmp_path: Path) -> None:
+    snap = two_block_snapshot()
+    snap["device_traces"][0].insert(1, {"action": "future_thing", "addr": 5, "size": 1, "stream": 0,
+                                        "time_us": 1})
+    s = load(write_pickle(tmp_path / "u.pickle", snap))
+    t = s.trace(0)
+    assert t.action_names[t.action[1]] == "future_thing"
+    assert t.action[0] == ALLOC and t.action[-1] == FREE_COMPLETED
+
+
+def test_active_awaiting_free_is_active(tmp_path: Path) -> None:
+    from snapanalyze.replay import replay
+    b = SnapshotBuilder()
+    b.segment(BASE, [(1024, 1000, "active_awaiting_free"), (2 * MiB - 1024, 0, "inactive")])
+    tl = replay(load(write_pickle(tmp_path / "aw.pickle", b.build())))
+    assert tl[0].baseline_active == 1000
+
+
+@pytest.mark.parametrize("container", ["pickle", "gzip pickle", "gzip json", "torch.save zip", "json"])
+def test_every_container_gives_the_same_snapshot(tmp_path: Path, container: str) -> None:
+    snap = two_block_snapshot()
+    snap["segments"].append({**snap["segments"][0], "address": BASE + 2 * MiB, "segment_pool_id": (0, 1),
+                             "blocks": [{**blk, "address": blk["address"] + 2 * MiB}
+                                        for blk in snap["segments"][0]["blocks"]]})
+    reference = facts(load(write_pickle(tmp_path / "ref.pickle", snap)))
+    payload = {"pickle": lambda: pickle.dumps(snap), "gzip pickle": lambda: pickle.dumps(snap),
+               "gzip json": lambda: json.dumps(snap).encode(),
+               "torch.save zip": lambda: pickle.dumps(snap, 2),
+               "json": lambda: json.dumps(snap).encode()}[container]()
+    path = tmp_path / "file"
+    if container.startswith("gzip"):
+        write_gzip(path, payload)
+    elif container == "torch.save zip":
+        write_torch_zip(path, payload)
+    else:
+        path.write_bytes(payload)
+    s = load(path)
+    assert s.format.container == container
+    assert facts(s) == reference
+
+
+def test_user_metadata_compile_context_annotations_settings(tmp_path: Path) -> None:
+    b = SnapshotBuilder()
+    b.segment(BASE, [(2 * MiB, 0, "inactive")])
+    b.alloc(BASE, 10, user_metadata="step 1", compile_context="Torch-Compiled Region: 0/0")
+    b.event("free_completed", BASE, 10)
+    snap = b.build()
+    snap["external_annotations"] = [{"name": "optimizer", "stage": "START", "device": 0, "time_us": 5},
+                                    {"name": "optimizer", "stage": "END", "device": 0, "time_us": 9}]
+    s = load(write_pickle(tmp_path / "m.pickle", snap))
+    ev = s.events
+    assert ev["user_metadata"].tolist() == ["step 1", ""]
+    assert ev["compile_context"].tolist() == ["Torch-Compiled Region: 0/0", "N/A"]
+    assert s.annotations[["name", "stage"]].values.tolist() == [["optimizer", "START"], ["optimizer", "END"]]
+    assert s.annotations["time_us"].tolist() == [5, 9]
+    assert s.allocator_settings is not None and s.allocator_settings["max_split_size"] == -1
+
+
+# -- wrong shapes -------------------------------------------------------------------------------------------
+
+WRONG: dict[str, Any] = {
+    "an int": 42,
+    "a string": "segments",
+    "a dict without segments": {"device_traces": [], "allocator_settings": {}},
+    "a list of ints": [1, 2, 3],
+    "segments not a list": {"segments": {"address": 1}},
+    "segments of ints": {"segments": [1, 2]},
+    "a block without size": {"segments": [{"address": 1, "blocks": [{"state": "inactive"}]}]},
+    "device_traces not a list": {"segments": [], "device_traces": 7},
+    "trace of ints": {"segments": [], "device_traces": [[1, 2]]},
+    "an entry without action": {"segments": [], "device_traces": [[{"addr": 1, "size": 1, "stream": 0}]]},
+    "an action that is not a string": {"segments": [], "device_traces": [[{"action": 1, "addr": 1, "size": 1,
+                                                                            "stream": 0}]]},
+    "entry with a non-numeric size": {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1,
+                                                                           "size": "big", "stream": 0}]]},
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG))
+def test_wrong_shapes_raise_bad_input(tmp_path: Path, case: str) -> None:
+    path = write_pickle(tmp_path / "w.pickle", WRONG[case])
+    with pytest.raises(BadInputError) as info:
+        load(path)
+    assert info.value.path == str(path)
+    assert "snapshot" in info.value.problem or "trace" in info.value.problem
+    assert "\n" not in str(info.value)
+
+
+def test_segment_frame_of_dataframe_types() -> None:
+    s = to_snapshot(two_block_snapshot(), "mem", "pickle")
+    assert s.blocks["address"].dtype == np.uint64
+    assert s.blocks["segment_address"].dtype == np.uint64
+    assert isinstance(s.blocks["state"].dtype, pd.CategoricalDtype)
+    assert s.trace(0).addr.dtype == np.uint64
+    assert s.trace(0).size.dtype == np.int64
