@@ -79,10 +79,10 @@ def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[d
     need = max(1, int(span * min_prominence))
     rmq = _RangeMin(curve)
     g = global_peak_index(dt)
-    order = sorted(range(len(tops)), key=lambda k: (-int(heights[k]), int(tops[k])))
+    order = np.lexsort((tops, -heights))                      # highest first, earliest first on ties
     accepted: list[int] = []                                 # positions in curve, sorted
     chosen: list[int] = []
-    for k in order:
+    for k in order.tolist():
         if len(chosen) >= top:
             break
         pos = int(tops[k]) + 1

@@ -75,7 +75,7 @@ def write_tables(snapshot: Snapshot, directory: str | Path, force: bool = False)
     return target
 
 
-def _read(directory: Path, name: str) -> pd.DataFrame:
+def _read_arrow(directory: Path, name: str) -> pa.Table:
     path = directory / f"{name}.parquet"
     try:
         table = pq.read_table(path)
@@ -87,16 +87,27 @@ def _read(directory: Path, name: str) -> pd.DataFrame:
     if version != str(schema.SCHEMA_VERSION):
         raise BadInputError(path, f"schema version {version}, this snapanalyze reads {schema.SCHEMA_VERSION}: "
                             "convert the pickle again")
-    return table.to_pandas()
+    return table
 
 
-def _codes(column: pd.Series, table: dict[str, int] | None = None) -> tuple[np.ndarray, tuple[str, ...]]:
-    cat = column.astype("category")
-    names = [str(c) for c in cat.cat.categories]
-    if table is None:
-        return cat.cat.codes.to_numpy().astype(np.int32), tuple(names)
-    mapping = np.array([table.setdefault(n, len(table)) for n in names] or [0], dtype=np.int16)
-    return mapping[cat.cat.codes.to_numpy()], tuple(table)
+def _read(directory: Path, name: str) -> pd.DataFrame:
+    return _read_arrow(directory, name).to_pandas()
+
+
+def _numpy(column: pa.ChunkedArray, dtype: Any, fill: int = 0) -> np.ndarray:
+    return column.fill_null(fill).to_numpy().astype(dtype, copy=False)
+
+
+def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]] | None:
+    """(codes, names) of a dictionary-encoded string column; None when it is all null."""
+    if column.null_count == len(column):
+        return None
+    array = column.unify_dictionaries().combine_chunks() if column.num_chunks > 1 else column.chunk(0)
+    if not pa.types.is_dictionary(array.type):
+        array = array.dictionary_encode()
+    names = tuple("" if v is None else str(v) for v in array.dictionary.to_pylist())
+    codes = array.indices.fill_null(0).to_numpy().astype(np.int32, copy=False)
+    return codes, names
 
 
 def read_tables(directory: str | Path) -> Snapshot:
@@ -108,28 +119,39 @@ def read_tables(directory: str | Path) -> Snapshot:
         raise BadInputError(directory, "not a converted snapshot: snapshot.json is missing") from None
     except ValueError as exc:
         raise BadInputError(directory / "snapshot.json", f"damaged ({exc})") from None
-    events = _read(directory, "events")
+    events = _read_arrow(directory, "events")
     traces: dict[int, DeviceTrace] = {}
-    for device, ev in events.groupby("device", sort=True):
-        ev = ev.sort_values("index", kind="stable")
+    device_column = _numpy(events.column("device"), np.int64)
+    devices = np.unique(device_column).tolist()
+    for device in devices:
+        ev = events.filter(pa.array(device_column == device)) if len(devices) > 1 else events
+        index = _numpy(ev.column("index"), np.int64)
+        if len(index) and not (np.diff(index) > 0).all():
+            ev = ev.take(pa.array(np.argsort(index, kind="stable")))
+            index = np.sort(index)
         table = dict(ACTION_CODE)
         for name in meta.get("action_names", {}).get(str(device), []):
             table.setdefault(name, len(table))
-        action, names = _codes(ev["action"], table)
-        times = ev["time_us"]
-        um = ev["user_metadata"]
-        cc = ev["compile_context"]
-        um_codes, um_names = _codes(um) if um.notna().any() else (None, ())
-        cc_codes, cc_names = _codes(cc) if cc.notna().any() else (None, ())
-        frees = ev[ev["device_free"].notna()]
+        found = _dictionary(ev.column("action"))
+        if found is None:
+            raise BadInputError(directory / "events.parquet", "events without an action")
+        codes, names = found
+        mapping = np.array([table.setdefault(n, len(table)) for n in names] or [0], dtype=np.int16)
+        times = ev.column("time_us")
+        um = _dictionary(ev.column("user_metadata"))
+        cc = _dictionary(ev.column("compile_context"))
+        free = ev.column("device_free")
+        has_free = np.flatnonzero(free.is_valid().to_numpy(zero_copy_only=False))
+        free_values = _numpy(free, np.int64)
         traces[int(device)] = DeviceTrace(
-            device=int(device), action=action, addr=ev["addr"].to_numpy(dtype=np.uint64),
-            size=ev["size"].to_numpy(dtype=np.int64), stream=ev["stream"].to_numpy(dtype=np.int64),
-            time_us=None if times.isna().all() else times.to_numpy(dtype=np.int64, na_value=0),
-            frames=[], action_names=names, user_metadata=um_codes, user_metadata_names=um_names,
-            compile_context=cc_codes, compile_context_names=cc_names,
-            device_free={int(i): int(f) for i, f in zip(frees["index"], frees["device_free"])},
-            stack_ids=ev["stack_id"].to_numpy(dtype=np.int64))
+            device=int(device), action=mapping[codes], addr=_numpy(ev.column("addr"), np.uint64),
+            size=_numpy(ev.column("size"), np.int64), stream=_numpy(ev.column("stream"), np.int64),
+            time_us=None if times.null_count == len(times) else _numpy(times, np.int64),
+            frames=[], action_names=tuple(table),
+            user_metadata=um[0] if um else None, user_metadata_names=um[1] if um else (),
+            compile_context=cc[0] if cc else None, compile_context_names=cc[1] if cc else (),
+            device_free={int(index[i]): int(free_values[i]) for i in has_free},
+            stack_ids=_numpy(ev.column("stack_id"), np.int64, -1))
     segments = _read(directory, "segments")
     blocks = _read(directory, "blocks")
     for df, cols in ((segments, ("address",)), (blocks, ("segment_address", "address"))):

@@ -7,7 +7,7 @@ of already-formatted cells with right-aligned numeric columns. Nothing here prin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -28,7 +28,7 @@ def fmt_bytes(n: int | float | None) -> str:
 def fmt_time_us(t: int | None) -> str:
     if t is None:
         return "–"
-    return datetime.fromtimestamp(t / 1e6, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    return datetime.fromtimestamp(t / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
 
 
 def fmt_duration_us(d: int | None) -> str:
