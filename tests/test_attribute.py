@@ -96,12 +96,12 @@ def test_top_sites_by_frame_and_stack():
 
 def test_shape_heuristics():
     size = 8000 * 128256 * 4                            # also 4008 × 256000 × 4 and 32064 × 32000 × 4
-    assert _shape_logits(size) == (4008, 256000, 4)     # no hint: the largest vocabulary
+    assert _shape_logits(size, frozenset()) is None     # no live vocabulary weight: no guess
     hints = vocab_hints(np.array([128256 * 4096 * 2]))  # Llama-3-8B embedding weight is live
     assert 128256 in hints
     assert _shape_logits(size, hints) == (8000, 128256, 4)
-    assert _shape_logits(2**30) is None                 # powers of two are too ambiguous
-    assert _shape_logits(1000) is None
+    assert _shape_logits(2**30, frozenset({32768})) is None                 # powers of two are too ambiguous
+    assert _shape_logits(1000, hints) is None
     k, L, b = _shape_scores(4 * 16 * 1024 * 1024 * 4)
     assert k * L * L * b == 4 * 16 * 1024 * 1024 * 4 and 8 <= k <= 4096 and L >= 512
     assert _shape_scores(3 * 5 * 7 * 11) is None

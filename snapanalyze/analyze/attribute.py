@@ -5,7 +5,8 @@ Contract: `attribute(snapshot, at="peak", rules=None)` picks an instant per devi
 and labels each with a primary category plus tags. Signals, strongest first: a private pool →
 `graph_capture` (unless lifecycle frames show a MemPool user: weights or KV cache kept in a pool);
 lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; `user_metadata` of the alloc entry
-naming another request than the one whose allocation made the peak → `concurrent_request`;
+naming another request than the instant's main one (the request holding the most live bytes allocated in
+the window) → `concurrent_request`;
 then frame rules by category precedence (op categories: innermost meaningful frame wins); then shape
 heuristics, flagged `inferred`. Only the stacks of live blocks are ever resolved. The bytes of the per-block
 table sum exactly to the instant's active bytes.
@@ -25,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UsageError
-from ..model import ALLOC, Snapshot
+from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from .peaks import find_peaks, global_peak_index
 from .rules import RuleSet, load_rules
@@ -200,15 +201,13 @@ def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndar
     return out
 
 
-def _request_at(snapshot: Snapshot, device: int, index: int) -> str | None:
-    """The request (user_metadata) whose allocation made the instant: the last tagged alloc ≤ index."""
-    t = snapshot.trace(device)
-    if t.user_metadata is None or index < 0:
-        return None
-    names = t.user_metadata_names
-    tagged = np.flatnonzero((t.action[: index + 1] == ALLOC)
-                            & np.isin(t.user_metadata[: index + 1], [i for i, n in enumerate(names) if n]))
-    return names[t.user_metadata[tagged[-1]]] if len(tagged) else None
+def _main_request(metadata: np.ndarray, sizes: np.ndarray) -> str | None:
+    """The request at the instant: the one holding the most live bytes allocated in the window."""
+    totals: dict[str, int] = {}
+    for request, size in zip(metadata.tolist(), sizes.tolist()):
+        if request:
+            totals[request] = totals.get(request, 0) + int(size)
+    return max(totals, key=lambda r: (totals[r], r)) if totals else None
 
 
 def _shape_scores(size: int) -> tuple[int, int, int] | None:
@@ -225,31 +224,32 @@ def _shape_scores(size: int) -> tuple[int, int, int] | None:
     return None
 
 
-def _shape_logits(size: int, vocab_hints: frozenset[int] = frozenset()) -> tuple[int, int, int] | None:
-    """(tokens, vocab, bytes per element) for a ≥ 16 MiB size = T·V·b with a known vocab — or None.
+def _shape_logits(size: int, vocab_hints: frozenset[int]) -> tuple[int, int, int] | None:
+    """(tokens, vocab, bytes per element) for a ≥ 16 MiB size = T·V·b — or None.
 
-    Sizes often factor over several vocabularies; a vocabulary whose embedding or lm_head weight
-    (V × hidden) is live on the device wins, else the largest. Powers of two are refused: with
-    power-of-two vocabularies they match far too many tensors."""
+    V must be a known vocabulary whose embedding or lm_head weight (V × hidden) is live on the device
+    (`vocab_hints`): sizes factor over many vocabularies, and tokens × hidden activations look alike
+    otherwise. Among several, the largest V wins. Powers of two are refused as too ambiguous."""
     if size < (16 << 20) or size & (size - 1) == 0:
         return None
-    found = [(size // (v * b), v, b) for v in KNOWN_VOCABS for b in (4, 2)
+    found = [(size // (v * b), v, b) for v in vocab_hints for b in (4, 2)
              if size % (v * b) == 0 and size // (v * b) >= 16]
-    if not found:
-        return None
-    return max(found, key=lambda f: (f[1] in vocab_hints, f[1], f[2]))
+    return max(found, key=lambda f: (f[1], f[2])) if found else None
 
 
 def vocab_hints(sizes: np.ndarray) -> frozenset[int]:
-    """Known vocabularies V with a block of V × hidden × {2,4} bytes (hidden a multiple of 64, 256…32768)."""
-    hints = set()
-    for size in np.unique(sizes):
-        for v in KNOWN_VOCABS:
-            for b in (2, 4):
-                h, rest = divmod(int(size), v * b)
-                if not rest and 256 <= h <= 32768 and h % 64 == 0:
-                    hints.add(v)
-    return frozenset(hints)
+    """The vocabulary of the live embedding / lm_head weight, if one can be read off the weight sizes.
+
+    The largest weight block of a language model is its vocabulary matrix, V × hidden × {2,4} bytes with
+    hidden a multiple of 256; the largest known V that fits it wins. Power-of-two vocabularies are left
+    out (every power-of-two weight would fit them). Empty when nothing fits."""
+    if len(sizes) == 0:
+        return frozenset()
+    largest = int(np.max(sizes))
+    fits = [v for v in KNOWN_VOCABS if v & (v - 1) and any(
+        largest % (v * b) == 0 and 512 <= largest // (v * b) <= 32768 and (largest // (v * b)) % 256 == 0
+        for b in (2, 4))]
+    return frozenset({max(fits)}) if fits else frozenset()
 
 
 def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: _Decider) \
@@ -270,17 +270,19 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
     if t.user_metadata is not None and from_trace.any():
         names = np.array(t.user_metadata_names, dtype=object)
         metadata[from_trace] = names[t.user_metadata[alloc_index[from_trace]]]
-    request = _request_at(snapshot, device, index)
 
     decisions = [decider.decide(int(s)) for s in stack]
     sizes = live["size"].to_numpy()
+    request = _main_request(metadata, sizes)
     origin = live["origin"].astype(str).to_numpy()
     frames = snapshot.interner.frames
     rules = decider.rules
     generic_attention = [d.category == "attention" and rules.rules and d.rule.startswith("generic.")
                          for d in decisions]
-    hints = vocab_hints(sizes[origin != "trace"])
+    categories = np.array([d.category for d in decisions], dtype=object)
+    hints = vocab_hints(sizes[(categories == "weights") | ((origin != "trace") & (stack < 0))])
     scores_floor = max((int(s) for s, g in zip(sizes, generic_attention) if g), default=0) // 2
+    mlp_outputs = {int(sz) for sz, d in zip(sizes, decisions) if d.category == "mlp" and sz >= (1 << 20)}
     rows: list[tuple[Any, ...]] = []
     for i, d in enumerate(decisions):
         size = int(sizes[i])
@@ -300,14 +302,19 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
         elif d.category not in ("weights", "kv_cache", "graph_capture") and request and metadata[i] \
                 and metadata[i] != request:
             d = Decision("concurrent_request", "signal.user_metadata",
-                         f"allocated by {metadata[i]!r}; the allocation that made this instant was by "
-                         f"{request!r}", d.frame, tuple(x for x in (d.category, *d.tags) if x != "other"))
+                         f"allocated by {metadata[i]!r}; the request holding most of the live "
+                         f"transient bytes at this instant is {request!r}", d.frame,
+                         tuple(x for x in (metadata[i], d.category, *d.tags) if x != "other"))
         elif d.category == "other" and origin[i] == "trace":   # weights (V × hidden) are not transient
             shape = _shape_logits(size, hints)
             if shape:
                 d = Decision("logits", "shape.tokens_x_vocab",
-                             f"size = {shape[0]:,} tokens × {shape[1]:,} vocab × {shape[2]} bytes "
-                             "(inferred from the size alone)", d.frame, inferred=True)
+                             f"size = {shape[0]:,} tokens × {shape[1]:,} vocab × {shape[2]} bytes, a vocabulary "
+                             "whose weight is live (inferred from the size)", d.frame, inferred=True)
+            elif size % 2 == 0 and size // 2 in mlp_outputs:
+                d = Decision("mlp", "shape.gate_up_of_mlp",
+                             f"size = 2 × a live MLP activation output ({size // 2:,} bytes): the fused gate/up "
+                             "projection that feeds it (inferred from the size)", d.frame, inferred=True)
         elif generic_attention[i] and size >= scores_floor and size >= (8 << 20):
             shape = _shape_scores(size)
             if shape:
