@@ -14,7 +14,8 @@ table sum exactly to the instant's active bytes.
 `Attribution.blocks` columns: device, address, size (requested bytes), allocated_est, category, tags
 (comma-separated), rule, reason, frame (deciding or innermost meaningful frame, "file:line:function"),
 inferred, stack_id, user_metadata, pool, stream, origin, alloc_index.
-`Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str).
+`Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str, largest
+first), top_frame_bytes (their live bytes).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .rules import RuleSet, load_rules
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
                  "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index"]
-SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames"]
+SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes"]
 # Vocabulary sizes of common LLM families, for the tokens × vocab logits heuristic.
 KNOWN_VOCABS = (32000, 32001, 32064, 32256, 32768, 49152, 50257, 50272, 50280, 51200, 64000, 65024, 65536,
                 92544, 100352, 102400, 128000, 128256, 129280, 151646, 151936, 152064, 163840, 200064,
@@ -326,7 +327,8 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
         label = ""
         if frame_id >= 0:
             filename, line, name = frames[frame_id]
-            label = f"{short_path(filename)}:{line}:{name}" if is_python_frame(filename) else name
+            label = f"{short_path(filename)}:{line}:{name}" if is_python_frame(filename) else \
+                name.split("(", 1)[0] or name   # C++: drop the argument list
         rows.append((device, int(addr[i]), size, int(live["allocated_est"].iat[i]), d.category,
                      ",".join(d.tags), d.rule, d.reason, label, d.inferred, int(stack[i]), metadata[i],
                      pools[i], int(live["stream"].iat[i]), origin[i], int(alloc_index[i])))
@@ -345,7 +347,8 @@ def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
             rows.append({"device": int(device), "category": str(category), "bytes": int(part["size"].sum()),
                          "share": (float(part["size"].sum()) / total) if total else 0.0,
                          "blocks": len(part),
-                         "top_frames": [s or "(no frames)" for s in list(sites.index[:top])]})
+                         "top_frames": [s or "(no frames)" for s in list(sites.index[:top])],
+                         "top_frame_bytes": [int(b) for b in sites.to_numpy()[:top]]})
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     return df.sort_values(["device", "bytes", "category"], ascending=[True, False, True], kind="stable",
                           ignore_index=True)

@@ -72,7 +72,8 @@ def attribution_document(attribution: Any, explain: bool = False) -> dict[str, A
             "transient_bytes": instant.active_bytes - instant.baseline_active_bytes,
             "request": instant.request,
             "categories": [{"category": r.category, "bytes": int(r.bytes), "share": round(float(r.share), 6),
-                            "blocks": int(r.blocks), "top_frames": list(r.top_frames)}
+                            "blocks": int(r.blocks), "top_frames": list(r.top_frames),
+                            "top_frame_bytes": list(r.top_frame_bytes)}
                            for r in summary.itertuples()],
         }
         if explain:

@@ -1,0 +1,94 @@
+"""Atomic file writes: a reader sees either the previous complete file or the new complete file, never a torn one.
+
+`write_atomic` streams the content into a temporary file named ``.<final>.<pid>.<random>.tmp`` in the target's
+directory (same filesystem, so the rename is atomic), fsyncs it, then renames it over the target
+(``os.replace``). `write_new` does the same but never replaces an existing file: it links the finished
+temporary file to the first free name ``name_for(0)``, ``name_for(1)``, … (``os.link`` fails instead of
+overwriting), so two writers racing for one name both keep their data. A writer killed mid-way leaves at
+most a dot-named temporary file, which readers ignore; on any error the temporary file is removed and the
+error propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+Writer = Callable[[BinaryIO], None]
+
+_LINK_UNSUPPORTED = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+
+
+def _temp_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _write_temp(final: Path, write: Writer) -> Path:
+    tmp = _temp_path(final)
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike[str], write: Writer) -> Path:
+    """Write `path` through `write(file)` atomically, replacing any previous version; returns the path."""
+    final = Path(path)
+    tmp = _write_temp(final, write)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(final.parent)
+    return final
+
+
+def write_new(name_for: Callable[[int], str | os.PathLike[str]], write: Writer, *, limit: int = 100_000) -> Path:
+    """Write a new file at the first free path among ``name_for(0)``, ``name_for(1)``, …; never overwrites."""
+    first = Path(name_for(0))
+    tmp = _write_temp(first, write)
+    try:
+        for counter in itertools.count():
+            if counter >= limit:
+                raise FileExistsError(f"{first}: {limit} files of that name exist already")
+            target = Path(name_for(counter))
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                continue
+            except OSError as e:
+                if e.errno not in _LINK_UNSUPPORTED:
+                    raise
+                # No hard links on this filesystem: check, then rename (a narrow race, same-process only).
+                if target.exists():
+                    continue
+                os.replace(tmp, target)
+            _fsync_dir(target.parent)
+            return target
+        raise AssertionError("unreachable")
+    finally:
+        tmp.unlink(missing_ok=True)

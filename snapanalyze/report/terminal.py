@@ -1,0 +1,102 @@
+"""Terminal rendering of the analysis documents (the dicts of `documents`) as plain text.
+
+Contract: each `render_*` takes a JSON-ready document and returns the text a person reads in a terminal;
+nothing here analyses, prints or reads files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import text
+
+
+def render_peaks(doc: dict[str, Any], problems: list[str]) -> str:
+    out = [f"{doc['source']}"]
+    if not doc["devices"]:
+        out.append("  no devices: the snapshot holds no segments and no trace")
+    for d in doc["devices"]:
+        window = text.fmt_duration_us(d["window_us"])
+        out.append(f"\ndevice {d['device']}: {d['events']:,} events"
+                   + (f" over {window}" if d["window_us"] is not None else " (no timestamps)")
+                   + (f", from {text.fmt_time_us(d['first_time_us'])}" if d["first_time_us"] else ""))
+        out.append(f"  baseline (live when the window began): {text.fmt_bytes(d['baseline_active_bytes'])}"
+                   f" active, {text.fmt_bytes(d['baseline_reserved_bytes'])} reserved")
+        rows = []
+        for rank, p in enumerate(d["peaks"], start=1):
+            event = "baseline" if p["event_index"] < 0 else f"{p['event_index']:,}"
+            rows.append([str(rank), event, text.fmt_time_us(p["time_us"]), text.fmt_bytes(p["active_bytes"]),
+                         text.fmt_bytes(p["reserved_bytes"]), text.fmt_bytes(p["allocated_est_bytes"]),
+                         text.fmt_bytes(p["transient_bytes"]), text.fmt_duration_us(p["duration_us"])])
+        out.append(text.table(["peak", "event", "time", "active", "reserved", "allocated (est.)",
+                               "transient", "held"], rows, right=[True, True, False] + [True] * 5))
+    out.append("\nactive = Σ requested bytes live (exact); allocated (est.) = rounded block sizes, an estimate.")
+    if problems:
+        out.append("warning: the replay does not match the end state:\n  " + "\n  ".join(problems))
+    return "\n".join(out)
+
+
+def render_summary(f: dict[str, Any]) -> str:
+    v = f["torch_version"]
+    has = f["has"]
+    out = [f"{f['source']}",
+           f"  format: {f['container']}, {f['layout']}",
+           f"  torch: {v['range']} (inferred from: {'; '.join(v['evidence']) or 'nothing'})"]
+    for d in f["devices"]:
+        actions = ", ".join(f"{k} {n:,}" for k, n in d["actions"].items()) or "none"
+        span = text.fmt_duration_us(d["duration_us"]) if d["duration_us"] is not None else "no timestamps"
+        out += [f"  device {d['device']}: {d['events']:,} events ({actions})",
+                f"    window: {span}; ring buffer: {d['ring_buffer']}",
+                f"    end state: {d['segments']:,} segments, {text.fmt_bytes(d['reserved_bytes'])} reserved, "
+                f"{d['active_blocks']:,} active blocks; {d['events_with_frames']:,} events with frames"]
+    yes = {True: "yes", False: "no"}
+    out += [f"  frames: {yes[bool(has['frames'])]}; C++ frames: {yes[bool(has['cpp_frames'])]}; "
+            f"annotations: {has['annotations']}; user_metadata entries: {has['user_metadata_entries']}; "
+            f"compile_context: {yes[bool(has['compile_context'])]}",
+            f"  private pools: {', '.join(has['private_pools']) or 'none'}; expandable segments: "
+            f"{yes[bool(has['expandable_segments'])]}; legacy 2.0 blocks: {yes[bool(has['legacy_block_history'])]}"]
+    settings = f["allocator_settings"]
+    if settings:
+        shown = {k: val for k, val in settings.items() if k != "roundup_power2_divisions"}
+        divisions = {k: val for k, val in (settings.get("roundup_power2_divisions") or {}).items() if val}
+        out.append("  allocator settings: " + ", ".join(f"{k}={val!r}" for k, val in shown.items())
+                   + (f", roundup_power2_divisions={divisions}" if divisions else ""))
+    else:
+        out.append("  allocator settings: not recorded")
+    if f["ooms"]:
+        for o in f["ooms"]:
+            out.append(f"  OOM on device {o['device']} at event {o['index']:,}: request "
+                       f"{text.fmt_bytes(o['size'])}, device free {text.fmt_bytes(o['device_free'])}")
+    else:
+        out.append("  OOM entries: none")
+    if f["unknown_actions"]:
+        out.append(f"  unknown actions (ignored): {', '.join(f['unknown_actions'])}")
+    return "\n".join(out)
+
+
+def render_attribution(doc: dict[str, Any], top: int, explain: bool) -> str:
+    out = [doc["source"]]
+    for d in doc["devices"]:
+        p = d["peak"]
+        where = "before the first event" if p["event_index"] < 0 else f"event {p['event_index']:,}"
+        out.append(f"\ndevice {d['device']} at the {d['instant']} ({where}"
+                   + (f", {text.fmt_time_us(p['time_us'])}" if p["time_us"] else "") + ")")
+        out.append(f"  active {text.fmt_bytes(p['active_bytes'])} = baseline "
+                   f"{text.fmt_bytes(d['baseline_active_bytes'])} + transient {text.fmt_bytes(d['transient_bytes'])};"
+                   f" reserved {text.fmt_bytes(p['reserved_bytes'])}"
+                   + (f"; made by request {d['request']!r}" if d["request"] else ""))
+        rows = [[c["category"], text.fmt_bytes(c["bytes"]), text.fmt_share(c["share"]), f"{c['blocks']:,}",
+                 "; ".join(f"{site} ({text.fmt_bytes(n)})" for site, n in
+                           zip(c["top_frames"][:top], c["top_frame_bytes"][:top]))] for c in d["categories"]]
+        out.append(text.table(["category", "bytes", "share", "blocks", "top allocation sites"], rows,
+                              right=[False, True, True, True, False]))
+        if explain:
+            out.append("\n  why (rule → frame, largest first):")
+            for e in d["explain"]:
+                flag = " [inferred]" if e["inferred"] else ""
+                tags = f" tags={','.join(e['tags'])}" if e["tags"] else ""
+                out.append(f"  {text.fmt_bytes(e['bytes']):>10}  {e['category']}{tags} ← {e['rule']}{flag} "
+                           f"@ {e['frame'] or '(no frame)'}\n{'':14}{e['reason']}")
+    for note in doc["notes"]:
+        out.append(f"note: {note}")
+    return "\n".join(out)
