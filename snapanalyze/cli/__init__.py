@@ -35,4 +35,4 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
-from . import analyze, convert  # noqa: E402,F401  (register the commands)
+from . import analyze, compare, convert, report, run  # noqa: E402,F401  (register the commands)
