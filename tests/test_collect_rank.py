@@ -23,7 +23,9 @@ def test_detect_rank(env: dict[str, str], dist: tuple[int, int] | None, expected
     assert detect_rank(env, dist) == expected
 
 
-@pytest.mark.parametrize("env", [{"RANK": "one"}, {"RANK": "-1"}, {"WORLD_SIZE": "x"}, {"RANK": "4", "WORLD_SIZE": "4"}])
+@pytest.mark.parametrize(
+    "env", [{"RANK": "one"}, {"RANK": "-1"}, {"WORLD_SIZE": "x"}, {"RANK": "4", "WORLD_SIZE": "4"}]
+)
 def test_bad_environment_is_a_collector_error(env: dict[str, str]) -> None:
     with pytest.raises(CollectorError, match="RANK|WORLD_SIZE"):
         detect_rank(env)

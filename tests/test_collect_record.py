@@ -12,6 +12,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -33,7 +34,7 @@ def _no_recording_left() -> Iterator[None]:
         pytest.fail("a test left a recording running")
 
 
-def _meta(rank_path: Path, name: str = "meta.json") -> dict[str, object]:
+def _meta(rank_path: Path, name: str = "meta.json") -> dict[str, Any]:
     return json.loads((rank_path / name).read_text())
 
 
@@ -106,13 +107,13 @@ def test_a_recording_writes_every_file_of_its_rank(tmp_path: Path) -> None:
     assert meta["schema_version"] == layout.SCHEMA_VERSION
     assert (meta["rank"], meta["world_size"], meta["rank_source"], meta["host"]) == (0, 1, "default", "fake-host")
     assert meta["snapshots"] == ["snapshot-after-prefill.pickle", "snapshot-final.pickle"]
-    assert [d["index"] for d in meta["devices"]] == [0, 1]  # type: ignore[index, union-attr]
-    assert meta["devices"][0]["total_memory_bytes"] == 80 * GIB  # type: ignore[index]
-    assert meta["devices"][1]["nvml_name"] == "Fake GPU 1"  # type: ignore[index]
-    assert meta["versions"]["driver"] == "999.99"  # type: ignore[index]
-    assert meta["options"]["stacks"] == "python" and meta["options"]["max_entries"] == 1_000  # type: ignore[index]
-    assert isinstance(meta["start_time_us"], int) and meta["end_time_us"] > meta["start_time_us"]  # type: ignore[operator]
-    assert meta["nvml"]["enabled"] and meta["nvml"]["rows"] == len(rows)  # type: ignore[index]
+    assert [d["index"] for d in meta["devices"]] == [0, 1]
+    assert meta["devices"][0]["total_memory_bytes"] == 80 * GIB
+    assert meta["devices"][1]["nvml_name"] == "Fake GPU 1"
+    assert meta["versions"]["driver"] == "999.99"
+    assert meta["options"]["stacks"] == "python" and meta["options"]["max_entries"] == 1_000
+    assert isinstance(meta["start_time_us"], int) and meta["end_time_us"] > meta["start_time_us"]
+    assert meta["nvml"]["enabled"] and meta["nvml"]["rows"] == len(rows)
     assert meta["oom_observer"] is True
     assert not any(layout.is_temporary(p) for p in rdir.iterdir())
 
@@ -154,8 +155,8 @@ def test_oom_observer_dumps_before_the_exception_unwinds(tmp_path: Path) -> None
     assert [p.name for p in layout.snapshot_files(rdir)] == [
         "snapshot-final.pickle", "snapshot-oom-1.pickle", "snapshot-oom-2.pickle"]
     ooms = _meta(rdir)["ooms"]
-    assert [o["snapshot"] for o in ooms] == ["snapshot-oom-1.pickle", "snapshot-oom-2.pickle", None]  # type: ignore[union-attr, index]
-    assert ooms[0]["alloc_bytes"] == 2 * GIB and ooms[0]["device_free_bytes"] == 1 * GIB  # type: ignore[index]
+    assert [o["snapshot"] for o in ooms] == ["snapshot-oom-1.pickle", "snapshot-oom-2.pickle", None]
+    assert ooms[0]["alloc_bytes"] == 2 * GIB and ooms[0]["device_free_bytes"] == 1 * GIB
     cuda.trigger_oom()  # after the recording: the observer stays attached in torch but does nothing
     assert len(layout.snapshot_files(rdir)) == 3
 
@@ -193,8 +194,8 @@ def test_nvml_optional_warns_and_writes_no_nvml_file(tmp_path: Path) -> None:
     rdir = tmp_path / "rank=0"
     assert layout.nvml_parts(rdir) == [] and not (rdir / "nvml.parquet").exists()
     meta = _meta(rdir)
-    assert meta["nvml"]["enabled"] is False and "no driver" in meta["nvml"]["reason"]  # type: ignore[index, operator]
-    assert meta["versions"]["driver"] is None  # type: ignore[index]
+    assert meta["nvml"]["enabled"] is False and "no driver" in meta["nvml"]["reason"]
+    assert meta["versions"]["driver"] is None
     assert (rdir / "snapshot-final.pickle").exists()
 
 
@@ -287,9 +288,9 @@ def test_ranks_of_one_run_read_back_as_one_dataset(tmp_path: Path) -> None:
 
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="stacks"):
-        RecordOptions(stacks="cpp")  # type: ignore[arg-type]
+        RecordOptions(stacks="cpp")
     with pytest.raises(ValueError, match="nvml"):
-        RecordOptions(nvml="maybe")  # type: ignore[arg-type]
+        RecordOptions(nvml="maybe")
     with pytest.raises(ValueError, match="max_entries"):
         RecordOptions(max_entries=0)
 
