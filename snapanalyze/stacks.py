@@ -85,7 +85,9 @@ class StackInterner:
 
     def stacks_table(self) -> pd.DataFrame:
         """Long format, one row per frame of each stack: stack_id, depth (0 = innermost), frame_id."""
-        sids, depths, fids = [], [], []
+        sids: list[int] = []
+        depths: list[int] = []
+        fids: list[int] = []
         for sid, key in enumerate(self.stacks):
             sids.extend([sid] * len(key))
             depths.extend(range(len(key)))

@@ -71,7 +71,7 @@ def _candidates(dt: DeviceTimeline) -> tuple[np.ndarray, np.ndarray]:
     return top.astype(np.int64), until
 
 
-def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[dict[str, object]]:
+def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[dict[str, int | None]]:
     tops, until = _candidates(dt)
     curve = np.concatenate([[dt.baseline_active], dt.active]).astype(np.int64)   # position = index + 1
     heights = curve[tops + 1]

@@ -95,7 +95,7 @@ def summarize(s: Snapshot) -> dict[str, Any]:
     for d in s.devices:
         t = s.trace(d)
         n = len(t)
-        counts = Counter()
+        counts: Counter[str] = Counter()
         for code, k in zip(*np.unique(t.action, return_counts=True)):
             counts[t.action_names[int(code)]] = int(k)
         with_frames = sum(1 for fr in t.frames if fr)

@@ -65,7 +65,7 @@ def _trace(device: int, entries: list[dict[str, Any]]) -> DeviceTrace:
     if "compile_context" in first:
         compile_context, cc_names = _interned(_column(entries, "compile_context", ""))
     oom_code = ACTION_CODE["oom"]
-    device_free = {i: int(entries[i].get("device_free", 0)) for i in np.flatnonzero(action == oom_code)}
+    device_free = {int(i): int(entries[i].get("device_free", 0)) for i in np.flatnonzero(action == oom_code)}
     return DeviceTrace(
         device=device,
         action=action,
@@ -175,7 +175,8 @@ def _to_snapshot(raw: Any, source: str, container: str) -> Snapshot:
     if isinstance(raw, list):
         if raw and not all(isinstance(s, dict) and "address" in s for s in raw):
             raise BadInputError(source, "not a PyTorch memory snapshot: a list whose items are not segments")
-        layout, segments, traces_raw, top = "segment list", raw, None, ()
+        layout, segments, traces_raw = "segment list", raw, None
+        top: tuple[str, ...] = ()
         settings, annotations = None, None
     elif isinstance(raw, dict):
         if "segments" not in raw:

@@ -163,6 +163,6 @@ def read_tables(directory: str | Path) -> Snapshot:
     return Snapshot(
         source=str(directory), traces=traces, segments=segments, blocks=blocks, block_frames=[],
         annotations=annotations, allocator_settings=meta.get("allocator_settings"),
-        format=Format(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fmt.items()}),
+        format=Format(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fmt.items()}),  # type: ignore[arg-type]
         interner=StackInterner.from_tables(_read(directory, "frames"), _read(directory, "stacks")),
     )

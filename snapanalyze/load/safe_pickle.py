@@ -92,7 +92,7 @@ def _from_zip(file: Path, path: str) -> Any:
             if not names:
                 raise BadInputError(path, "a zip file without data.pkl: not a torch.save'd snapshot")
             with archive.open(names[0]) as member:
-                return _unpickle(io.BufferedReader(member), path)  # type: ignore[arg-type]
+                return _unpickle(member, path)
     except zipfile.BadZipFile as exc:
         raise BadInputError(path, f"damaged zip file ({exc})") from None
 
@@ -137,6 +137,6 @@ def _read_gzip(file: Path, name: str) -> tuple[Any, str]:
             head = inner.peek(8)[:8] if hasattr(inner, "peek") else b""
             if _sniff(head) == "json":
                 return _from_json(inner.read(), name), "gzip json"
-            return _unpickle(inner, name), "gzip pickle"
+            return _unpickle(inner, name), "gzip pickle"  # type: ignore[arg-type]
     except (OSError, EOFError) as exc:
         raise BadInputError(name, f"damaged gzip stream ({exc})") from None
