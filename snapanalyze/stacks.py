@@ -32,8 +32,12 @@ class StackInterner:
     def _frame_id(self, frame: Any) -> int:
         fid = self._frame_by_obj.get(id(frame))
         if fid is None:
-            value = (str(frame.get("filename", "")).replace("\\", "/"), int(frame.get("line", 0) or 0),
-                     str(frame.get("name", "")))
+            if isinstance(frame, dict):
+                line = frame.get("line", 0)
+                value = (str(frame.get("filename", "")).replace("\\", "/"),
+                         line if isinstance(line, int) else 0, str(frame.get("name", "")))
+            else:  # malformed input: keep it visible rather than fail late
+                value = ("??", 0, f"<malformed frame {str(frame)[:40]!r}>")
             fid = self._frame_by_value.get(value)
             if fid is None:
                 fid = len(self.frames)
@@ -44,7 +48,7 @@ class StackInterner:
         return fid
 
     def intern(self, frames: Any) -> int:
-        if not frames:
+        if not frames or not isinstance(frames, (list, tuple)):
             return -1
         sid = self._stack_by_list.get(id(frames))
         if sid is not None:

@@ -122,3 +122,16 @@ def test_scenario_categories_match_expected_answer(expected_path):
         rows = result.blocks[result.blocks["category"] == category]
         for tag in tags:
             assert rows["tags"].str.split(",").map(lambda t, tag=tag: tag in t).any(), (category, tag)
+
+
+def test_malformed_frames_are_shown_not_fatal(tmp_path):
+    import pickle
+
+    entries = [{"action": "alloc", "addr": 1, "size": 10, "stream": 0, "frames": "abc"},
+               {"action": "alloc", "addr": 2, "size": 30, "stream": 0,
+                "frames": [7, {"filename": "x.py", "line": "q", "name": "f"}]}]
+    path = tmp_path / "bad.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}))
+    result = attribute(load(path))
+    assert int(result.blocks["size"].sum()) == 40
+    assert set(result.blocks["frame"]) == {"", "x.py:0:f"}

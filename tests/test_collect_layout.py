@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -89,7 +91,10 @@ def test_write_new_never_overwrites(tmp_path: Path) -> None:
     def name(n: int) -> Path:
         return tmp_path / layout.snapshot_name("final", n)
 
-    paths = [write_new(name, lambda f, i=i: f.write(bytes([i]))) for i in range(3)]
+    def writer(i: int) -> Callable[[BinaryIO], object]:
+        return lambda f: f.write(bytes([i]))
+
+    paths = [write_new(name, writer(i)) for i in range(3)]
     assert [p.name for p in paths] == ["snapshot-final.pickle", "snapshot-final-1.pickle", "snapshot-final-2.pickle"]
     assert [p.read_bytes() for p in paths] == [b"\x00", b"\x01", b"\x02"]
     assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in paths)

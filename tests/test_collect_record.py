@@ -288,9 +288,9 @@ def test_ranks_of_one_run_read_back_as_one_dataset(tmp_path: Path) -> None:
 
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="stacks"):
-        RecordOptions(stacks="cpp")
+        RecordOptions(stacks="cpp")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="nvml"):
-        RecordOptions(nvml="maybe")
+        RecordOptions(nvml="maybe")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_entries"):
         RecordOptions(max_entries=0)
 
@@ -304,3 +304,18 @@ def test_start_failure_after_mkdir_leaves_no_directory(tmp_path: Path) -> None:
     with pytest.raises(CollectorError, match="allocator history"):
         collect.record(tmp_path / "run", _backends=fake_backends(BrokenHistory(), nvml))
     assert not (tmp_path / "run").exists() and nvml.closed and collect.active() is None
+
+
+def test_late_start_failure_removes_what_it_wrote(tmp_path: Path) -> None:
+    class BrokenObserver(FakeCuda):
+        def attach_oom_observer(self, fn: object) -> bool:
+            import time
+
+            time.sleep(0.05)  # the sampler has flushed a part or two by now
+            raise RuntimeError("fake torch failure")
+
+    cuda = BrokenObserver()
+    with pytest.raises(CollectorError, match="starting the recording.*fake torch failure"):
+        collect.record(tmp_path / "run", nvml_interval_ms=1, nvml_flush_rows=1, _backends=fake_backends(cuda))
+    assert not (tmp_path / "run").exists()
+    assert not cuda.history_enabled and collect.active() is None

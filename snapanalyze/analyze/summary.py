@@ -78,9 +78,10 @@ def _version_range(s: Snapshot) -> tuple[str, list[str]]:
 
 def _has_cpp_frames(s: Snapshot, sample: int = 200) -> bool:
     def cpp(frames: Any) -> bool:
-        return bool(frames) and any(str(fr.get("filename", "")) in ("??", "") or
-                                    str(fr.get("filename", "")).endswith((".cpp", ".cc", ".h", ".c"))
-                                    for fr in frames)
+        return isinstance(frames, list) and any(
+            isinstance(fr, dict) and (str(fr.get("filename", "")) in ("??", "")
+                                      or str(fr.get("filename", "")).endswith((".cpp", ".cc", ".h", ".c")))
+            for fr in frames)
     for t in s.traces.values():
         for fr in t.frames[:sample]:
             if cpp(fr):

@@ -359,13 +359,24 @@ class NvmlSampler:
                 delay = 0.0
             self._stop.wait(delay)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread, join it and flush what is buffered; warns (never raises) about sampling errors."""
+    def stop(self, timeout: float = 10.0, *, discard: bool = False) -> None:
+        """Stop the thread, join it and flush what is buffered; warns (never raises) about sampling errors.
+
+        With `discard` the buffered rows are dropped and the parts this sampler wrote are deleted (used when a
+        recording fails to start, so it leaves nothing behind).
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 warn(f"snapanalyze.collect: the NVML sampler did not stop within {timeout} s")
+        if discard:
+            with self._write_lock, self._buffer_lock:
+                self._buffer = []
+                for part in self.parts:
+                    part.unlink(missing_ok=True)
+                self.parts = []
+            return
         try:
             self.flush()
         except Exception as e:

@@ -142,7 +142,12 @@ class Recording:
                     f"a recording into {_current.run_dir} is already active in this process; allocator history "
                     "is process-wide, so stop that one first"
                 )
-            self._start()
+            try:
+                self._start()
+            except CollectorError:
+                raise
+            except Exception as e:
+                raise CollectorError(f"starting the recording into {self.run_dir} failed: {e!r}") from e
             self._state = "running"
             _current = self
         atexit.register(self._stop_at_exit)
@@ -190,7 +195,7 @@ class Recording:
             markers.set_active(self._markers)
         except BaseException:
             if self._sampler is not None:
-                self._sampler.stop()
+                self._sampler.stop(discard=True)
             if history_on:
                 try:
                     cuda.stop_history()
@@ -289,8 +294,11 @@ class Recording:
         with self._lock:
             if self._state not in ("running", "stopping"):
                 raise CollectorError(f"cannot dump {tag!r}: the recording into {self.run_dir} is not running")
-            path = self._dump_snapshot(tag)
-            self._refresh()
+            try:
+                path = self._dump_snapshot(tag)
+                self._refresh()
+            except Exception as e:
+                raise CollectorError(f"{self.rank_dir}: writing snapshot {tag!r} failed: {e!r}") from e
             return path
 
     def _dump_snapshot(self, tag: str) -> Path:
