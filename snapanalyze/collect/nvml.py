@@ -249,6 +249,7 @@ class NvmlSampler:
         self._thread: threading.Thread | None = None
         self._last_flush = time.monotonic()
         self._errors_in_a_row = 0
+        self._next_number: int | None = None
 
     # -- sampling -------------------------------------------------------------------------------------------
     def sample_once(self) -> list[NvmlSample]:
@@ -298,7 +299,9 @@ class NvmlSampler:
             self._last_flush = time.monotonic()
             if not rows:
                 return None
-            number = self._next_part_number()
+            if self._next_number is None:
+                self._next_number = self._first_free_number()
+            number = self._next_number
             try:
                 path = schemas.write_new_table(
                     samples_table(rows),
@@ -310,12 +313,13 @@ class NvmlSampler:
                     self._buffer[:0] = rows
                     self._bound_buffer()
                 raise
+            self._next_number = int(path.name[len(layout.NVML_PART_PREFIX): -len(".parquet")]) + 1
             self.parts.append(path)
             self.rows_written += len(rows)
             self.write_error = None
             return path
 
-    def _next_part_number(self) -> int:
+    def _first_free_number(self) -> int:
         existing = layout.nvml_parts(self.out_dir)
         if not existing:
             return 1
