@@ -1,14 +1,10 @@
-"""The on-disk layout of a run directory and the Arrow schemas of its Parquet tables.
+"""Arrow schemas of a converted snapshot's Parquet tables, and where they go in a run directory.
 
-Contract: a run directory is Hive-partitioned by rank so that `pyarrow.dataset` and DuckDB read every
-rank at once with a `rank` column:
-    RUN/rank=N/snapshot-<tag>.pickle      raw snapshots as dumped by the collector
-    RUN/rank=N/nvml.parquet, markers.parquet, meta.json   (collector)
-    RUN/rank=N/tag=<tag>/<table>.parquet   columnar tables of one snapshot (`snapanalyze convert`),
-                                            tables: events, segments, blocks, frames, stacks, annotations,
-                                            plus snapshot.json (format facts, allocator settings)
-Every Parquet file written here carries `schema_version` in its key/value metadata. Units are in the
-column names' meaning: bytes for sizes, µs since the Unix epoch for time_us.
+Contract: `snapanalyze convert` writes one snapshot as `RUN/rank=N/tag=<tag>/<table>.parquet` for the
+tables in SNAPSHOT_TABLES (events, segments, blocks, frames, stacks, annotations) plus `snapshot.json`
+(format facts, allocator settings), beside the collector's files (see `layout`). Every Parquet file
+carries `schema_version` (layout.SCHEMA_VERSION) in its key/value metadata. Units are in the column
+names' meaning: bytes for sizes, µs since the Unix epoch for time_us.
 """
 
 from __future__ import annotations
@@ -18,7 +14,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+from .layout import SCHEMA_VERSION, rank_dir
+
 SNAPSHOT_TABLES = ("events", "segments", "blocks", "frames", "stacks", "annotations")
 RANK_DIR = re.compile(r"^rank=(\d+)$")
 TAG_DIR = re.compile(r"^tag=(.+)$")
@@ -33,10 +30,6 @@ EVENTS = pa.schema([
 FRAMES = pa.schema([("frame_id", pa.int64()), ("filename", pa.string()), ("line", pa.int64()),
                     ("name", pa.string())])
 STACKS = pa.schema([("stack_id", pa.int64()), ("depth", pa.int64()), ("frame_id", pa.int64())])
-
-
-def rank_dir(run: str | Path, rank: int) -> Path:
-    return Path(run) / f"rank={rank}"
 
 
 def tag_dir(run: str | Path, rank: int, tag: str) -> Path:
