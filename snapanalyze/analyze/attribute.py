@@ -28,7 +28,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..model import Snapshot
-from ..replay import DeviceTimeline, Timeline, replay
+from ..replay import Timeline, replay
 from .peaks import find_peaks, global_peak_index
 from .rules import RuleSet, load_rules
 
@@ -75,6 +75,10 @@ class Attribution:
     summary: pd.DataFrame
     rules: RuleSet = field(repr=False)
     notes: tuple[str, ...] = ()
+
+    def _repr_html_(self) -> str:
+        from ..report.notebook import attribution_html
+        return attribution_html(self)
 
 
 def is_python_frame(filename: str) -> bool:
@@ -253,10 +257,9 @@ def vocab_hints(sizes: np.ndarray) -> frozenset[int]:
     return frozenset({max(fits)}) if fits else frozenset()
 
 
-def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: _Decider) \
+def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decider) \
         -> tuple[pd.DataFrame, str | None]:
-    device = dt.device
-    live = dt.live_at(index)
+    """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order."""
     alloc_index = live["alloc_index"].to_numpy()
     block_row = live["block_row"].to_numpy()
     stack = np.full(len(live), -1, dtype=np.int64)
@@ -334,7 +337,7 @@ def _device_blocks(snapshot: Snapshot, dt: DeviceTimeline, index: int, decider: 
                      pools[i], int(live["stream"].iat[i]), origin[i], int(alloc_index[i])))
     df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
     df["address"] = df["address"].astype(np.uint64)
-    return df.sort_values(["size", "address"], ascending=[False, True], kind="stable", ignore_index=True), request
+    return df, request
 
 
 def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
@@ -368,7 +371,9 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
     for d in devices:
         dt = timeline[d]
         index, label = _instant(timeline, d, at)
-        blocks, request = _device_blocks(snapshot, dt, index, decider)
+        blocks, request = _label(snapshot, d, dt.live_at(index), decider)
+        blocks = blocks.sort_values(["size", "address"], ascending=[False, True], kind="stable",
+                                    ignore_index=True)
         parts.append(blocks)
         instants[d] = Instant(d, index, label, dt.time_at(index), dt.active_at(index), dt.reserved_at(index),
                               dt.baseline_active, request)
@@ -381,6 +386,15 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
     return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks,
                        summary=summarize_blocks(blocks), rules=rules, notes=tuple(notes))
+
+
+def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,
+                    rules: RuleSet | None = None) -> pd.DataFrame:
+    """Label any set of block lifetimes of `device` (rows of `DeviceTimeline.lifetimes`, e.g. every block
+    of a window) with the same rules, signals and heuristics as `attribute`, one row each in their order
+    (columns as `Attribution.blocks`). Context signals (the main request, size hints) are taken over the
+    given set together, so a label can differ from `attribute` at one instant in rare cases."""
+    return _label(snapshot, device, lifetimes, _Decider(snapshot, rules or load_rules()))[0]
 
 
 def top_sites(attribution: Attribution, by: str = "frame", category: str | None = None,

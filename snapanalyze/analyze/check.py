@@ -1,0 +1,160 @@
+"""Gate a snapshot against memory limits, for CI: a device budget, per-category maxima, a transient maximum.
+
+Contract: `check(snapshot, budget=…, max_category={…}, max_transient=…)` returns a CheckResult with one row
+per limit and device: the budget against the peak of active bytes (or, with `metric="reserved"`, the
+highest reserved bytes); the transient (global peak − baseline) against `max_transient`; and each named
+category's highest live bytes anywhere in the trace (every block lifetime labelled as `attribute` labels
+it; never less than its bytes at the peak) against its maximum. `passed` is False when any row is over its
+limit, and `BudgetExceeded` (exit code 1, unlike the other errors' 2) is what the CLI raises then, after
+printing the result. `parse_bytes` reads sizes such as 70GiB, 512MiB, 1.5GB, 4096 (binary units are
+powers of 1024, decimal ones of 1000); `parse_limits` reads `category=size` pairs.
+
+`CheckResult.rows` columns: device, check ("budget" | "transient" | "category"), subject (what was measured,
+e.g. "peak active bytes" or the category), limit_bytes, actual_bytes, headroom_bytes (limit − actual),
+ok, at_peak_bytes (the subject's bytes at the global peak), event_index (of the global peak).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..errors import SnapanalyzeError, UsageError
+from ..model import Snapshot
+from ..replay import replay
+from .attribute import attribute
+from .capacity import category_levels, label_lifetimes
+from .peaks import global_peak_index
+from .rules import RuleSet, load_rules
+
+ROW_COLUMNS = ["device", "check", "subject", "limit_bytes", "actual_bytes", "headroom_bytes", "ok", "at_peak_bytes",
+               "event_index"]
+_UNITS = {"": 1, "b": 1,
+          "k": 1024, "kb": 1000, "kib": 1024, "m": 1024 ** 2, "mb": 1000 ** 2, "mib": 1024 ** 2,
+          "g": 1024 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3, "t": 1024 ** 4, "tb": 1000 ** 4, "tib": 1024 ** 4,
+          "pb": 1000 ** 5, "pib": 1024 ** 5}
+_SIZE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+class BudgetExceeded(SnapanalyzeError):
+    """A limit given to `check` was exceeded: exit code 1, so CI tells it apart from bad input (2)."""
+
+    exit_code = 1
+
+
+def parse_bytes(text: str | int) -> int:
+    """Bytes from "70GiB", "512 MiB", "1.5GB", "4096", "64k" (k/M/G/T alone are binary). Raises UsageError."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise UsageError(f"a size must be ≥ 0, got {text}")
+        return text
+    m = _SIZE.match(str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise UsageError(f"not a size: {text!r} (expected e.g. 70GiB, 512MiB, 1.5GB or a number of bytes)")
+    value = float(m.group(1).replace("_", "")) * _UNITS[unit]
+    if not math.isfinite(value):
+        raise UsageError(f"not a size: {text!r}")
+    return int(round(value))
+
+
+def parse_limits(items: Iterable[str]) -> dict[str, int]:
+    """`category=size` pairs → {category: bytes}. Raises UsageError on a malformed or repeated pair."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, sep, size = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"--max {item!r}: expected category=size, e.g. logits=4GiB")
+        if name in out:
+            raise UsageError(f"--max {name} is given twice")
+        out[name] = parse_bytes(size)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class CheckResult:
+    """The limits of one snapshot and how each device measured against them."""
+
+    source: str
+    rows: pd.DataFrame
+    metric: str
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows["ok"].all())
+
+    def failures(self) -> list[str]:
+        """One sentence per exceeded limit."""
+        out = []
+        for r in self.rows[~self.rows["ok"]].itertuples():
+            what = {"budget": f"{r.subject} {_human(r.actual_bytes)} exceed the budget",
+                    "transient": f"the transient at the peak ({_human(r.actual_bytes)}) exceeds --max-transient",
+                    "category": f"category {r.subject} reaches {_human(r.actual_bytes)}, over its maximum"}[r.check]
+            out.append(f"{self.source}: device {r.device}: {what} of {_human(r.limit_bytes)} "
+                       f"by {_human(r.actual_bytes - r.limit_bytes)}")
+        return out
+
+
+def check(snapshot: Snapshot, budget: int | None = None, max_category: dict[str, int] | None = None,
+          max_transient: int | None = None, metric: str = "active", rules: RuleSet | None = None,
+          device: int | None = None) -> CheckResult:
+    """Measure `snapshot` against the limits given (see the module docstring)."""
+    if budget is None and not max_category and max_transient is None:
+        raise UsageError("check: give at least one limit (--budget, --max category=size, --max-transient)")
+    if metric not in ("active", "reserved"):
+        raise UsageError(f"check: metric must be 'active' or 'reserved', got {metric!r}")
+    rules = rules or load_rules()
+    unknown = sorted(set(max_category or {}) - set(rules.categories))
+    if unknown:
+        raise UsageError(f"check: unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(rules.categories))})")
+    timeline = replay(snapshot)
+    devices = sorted(timeline.devices) if device is None else [device]
+    if device is not None and device not in timeline.devices:
+        raise UsageError(f"{snapshot.source}: no device {device} (devices: {sorted(timeline.devices)})")
+    if not devices:
+        raise UsageError(f"{snapshot.source}: no devices (no segments and no trace)")
+    rows = []
+    for d in devices:
+        dt = timeline[d]
+        index = global_peak_index(dt)
+        peak, base = dt.active_at(index), dt.baseline_active
+        if budget is not None:
+            if metric == "active":
+                actual, subject, at_peak = peak, "peak active bytes", peak
+            else:
+                actual = int(max(np.max(dt.reserved, initial=0), dt.baseline_reserved))
+                subject, at_peak = "highest reserved bytes", dt.reserved_at(index)
+            rows.append(_row(d, "budget", subject, budget, actual, at_peak, index))
+        if max_transient is not None:
+            rows.append(_row(d, "transient", "peak − baseline active bytes", max_transient, peak - base,
+                             peak - base, index))
+        if max_category:
+            summary = attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline).summary
+            at_peak_bytes = summary.set_index("category")["bytes"].to_dict()
+            levels = category_levels(label_lifetimes(snapshot, timeline, d, rules), 0, len(dt) - 1)
+            highest = levels.set_index("target")["max_bytes"].to_dict()
+            for category, limit in max_category.items():
+                at = int(at_peak_bytes.get(category, 0))
+                rows.append(_row(d, "category", category, limit, max(int(highest.get(category, 0)), at), at, index))
+    return CheckResult(source=snapshot.source, rows=pd.DataFrame(rows, columns=ROW_COLUMNS), metric=metric)
+
+
+def _human(n: int) -> str:
+    """Exact bytes with a binary-unit reading, for messages: 2,877,435,904 B (2.68 GiB)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            return f"{n:,} B ({n / scale:.2f} {unit})"
+    return f"{n:,} B"
+
+
+def _row(device: int, kind: str, subject: str, limit: int, actual: int, at_peak: int, index: int) -> dict[str, object]:
+    return {"device": device, "check": kind, "subject": subject, "limit_bytes": int(limit), "actual_bytes": int(actual),
+            "headroom_bytes": int(limit) - int(actual), "ok": int(actual) <= int(limit), "at_peak_bytes": int(at_peak),
+            "event_index": int(index)}

@@ -1,0 +1,324 @@
+"""Compare two snapshots (or runs): aligned peaks, and what changed at the peak by category and by stack.
+
+Contract: `diff(a, b)` attributes both snapshots at the same kind of instant — the global peak of each
+device both share, or, with `phase=NAME`, the peak inside that phase span of each — and compares them.
+Peaks are aligned globally and, for every phase both snapshots have (phases are `record_function`
+START/END spans from `Snapshot.annotations`; a name used n times becomes `name#1` … `name#n`), per phase.
+Per category and per stack it gives the bytes live at the instant in A and B, split into baseline (allocated
+before the window — the trace, or the phase — began) and transient (allocated inside it). A stack's identity
+across two files is the tuple of its frames' (filename, function) — line numbers are ignored, so an edit
+that only moves code changes nothing — never the stack id. Rows whose bytes are equal are "same"; `Diff`
+exposes only changed rows in `changes()`, so a snapshot diffed with itself has none.
+
+Phase helpers (also used by capacity): `phase_spans(snapshot)` → phase, name, occurrence, start_us, end_us
+(nullable: a span open at either end of the trace); `window_bounds(dt, start_us, end_us)` → the event
+indices inside; `window_peak(dt, first, last)` → the window's peak, baseline and transient.
+
+DataFrame columns:
+- `Diff.peaks`: device, scope ("global" | "phase"), phase, event_index_a/_b, active_bytes_a/_b,
+  baseline_bytes_a/_b, transient_bytes_a/_b, reserved_bytes_a/_b, delta_active_bytes, delta_baseline_bytes,
+  delta_transient_bytes, delta_reserved_bytes.
+- `Diff.categories`: device, category, bytes_a, bytes_b, delta_bytes, baseline_bytes_a/_b,
+  transient_bytes_a/_b, blocks_a, blocks_b.
+- `Diff.stacks`: device, stack (12 hex digits of the frames' hash), status (new | vanished | grew |
+  shrank | same), category_a, category_b, site (deciding frame of the largest block, from B when present),
+  frames (Python frames "file:function", innermost first, up to 8), bytes_a, bytes_b, delta_bytes,
+  transient_bytes_a/_b, blocks_a, blocks_b.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import UsageError
+from ..model import Snapshot
+from ..replay import DeviceTimeline, Timeline, replay
+from .attribute import Attribution, attribute, is_python_frame, short_path
+from .peaks import global_peak_index
+from .rules import RuleSet, load_rules
+
+PHASE_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
+PEAK_COLUMNS = ["device", "scope", "phase", "event_index_a", "event_index_b", "active_bytes_a", "active_bytes_b",
+                "baseline_bytes_a", "baseline_bytes_b", "transient_bytes_a", "transient_bytes_b",
+                "reserved_bytes_a", "reserved_bytes_b", "delta_active_bytes", "delta_baseline_bytes",
+                "delta_transient_bytes", "delta_reserved_bytes"]
+CATEGORY_COLUMNS = ["device", "category", "bytes_a", "bytes_b", "delta_bytes", "baseline_bytes_a", "baseline_bytes_b",
+                    "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b"]
+STACK_COLUMNS = ["device", "stack", "status", "category_a", "category_b", "site", "frames", "bytes_a", "bytes_b",
+                 "delta_bytes", "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b"]
+MAX_FRAMES = 8
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Phases and windows
+# ---------------------------------------------------------------------------------------------------------
+
+def phase_spans(snapshot: Snapshot, device: int | None = None) -> pd.DataFrame:
+    """`record_function` spans from the annotations (of `device` when the annotations name it), in start
+    order. START/END of one name pair up innermost first; an END without START starts before the trace
+    (start_us null), a START without END is still open (end_us null). Columns: PHASE_COLUMNS."""
+    ann = snapshot.annotations
+    if device is not None and len(ann) and "device" in ann.columns and (ann["device"] == device).any():
+        ann = ann[ann["device"] == device]
+    if len(ann) == 0:
+        return pd.DataFrame(columns=PHASE_COLUMNS)
+    ann = ann.sort_values("time_us", kind="stable")
+    open_: dict[str, list[int]] = {}
+    spans: list[tuple[str, int | None, int | None]] = []
+    for name, stage, time in zip(ann["name"].astype(str), ann["stage"].astype(str), ann["time_us"]):
+        t = None if pd.isna(time) else int(time)
+        if stage.upper() == "START":
+            open_.setdefault(name, []).append(len(spans))
+            spans.append((name, t, None))
+        elif stage.upper() == "END":
+            if open_.get(name):
+                i = open_[name].pop()
+                spans[i] = (name, spans[i][1], t)
+            else:
+                spans.append((name, None, t))
+    spans.sort(key=lambda s: (s[1] is not None, s[1] if s[1] is not None else (s[2] or 0)))
+    counts: dict[str, int] = {}
+    for name, _, _ in spans:
+        counts[name] = counts.get(name, 0) + 1
+    seen: dict[str, int] = {}
+    rows = []
+    for name, start, end in spans:
+        seen[name] = seen.get(name, 0) + 1
+        key = name if counts[name] == 1 else f"{name}#{seen[name]}"
+        rows.append({"phase": key, "name": name, "occurrence": seen[name], "start_us": start, "end_us": end})
+    df = pd.DataFrame(rows, columns=PHASE_COLUMNS)
+    for c in ("start_us", "end_us"):
+        df[c] = df[c].astype("Int64")
+    return df
+
+
+def window_bounds(dt: DeviceTimeline, start_us: int | None, end_us: int | None) -> tuple[int, int]:
+    """(first, last) event indices of `dt` with start_us ≤ time ≤ end_us (None: open); first > last when
+    no event falls inside. Raises UsageError when the trace has no timestamps."""
+    n = len(dt)
+    if start_us is None and end_us is None:
+        return 0, n - 1
+    if dt.time_us is None:
+        raise UsageError(f"device {dt.device}: the trace has no timestamps, so phases cannot be located in it")
+    first = 0 if start_us is None else int(np.searchsorted(dt.time_us, start_us, side="left"))
+    last = n - 1 if end_us is None else int(np.searchsorted(dt.time_us, end_us, side="right")) - 1
+    return first, last
+
+
+def window_peak(dt: DeviceTimeline, first: int, last: int) -> dict[str, Any]:
+    """The highest active bytes within events [first, last] (first occurrence), against the baseline: the
+    active bytes just before `first`. event_index is first − 1 when nothing rose above the baseline.
+    Returns event_index, time_us, active_bytes, baseline_active_bytes, transient_bytes, reserved_bytes."""
+    base = dt.active_at(first - 1)
+    index = first - 1
+    if last >= first:
+        i = int(np.argmax(dt.active[first:last + 1]))
+        if int(dt.active[first + i]) > base:
+            index = first + i
+    active = dt.active_at(index)
+    return {"event_index": index, "time_us": dt.time_at(index), "active_bytes": active,
+            "baseline_active_bytes": base, "transient_bytes": active - base, "reserved_bytes": dt.reserved_at(index)}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The diff
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class Diff:
+    """Two attributions at aligned instants and their differences (see the module docstring)."""
+
+    a: Attribution
+    b: Attribution
+    instant: str
+    peaks: pd.DataFrame
+    categories: pd.DataFrame
+    stacks: pd.DataFrame
+    notes: tuple[str, ...] = ()
+
+    def changes(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(categories, stacks) rows whose bytes differ between A and B."""
+        return (self.categories[self.categories["delta_bytes"] != 0].reset_index(drop=True),
+                self.stacks[self.stacks["status"] != "same"].reset_index(drop=True))
+
+    @property
+    def identical(self) -> bool:
+        """No category or stack changed and every aligned peak has the same active and reserved bytes."""
+        cats, stacks = self.changes()
+        p = self.peaks
+        return (len(cats) == 0 and len(stacks) == 0 and bool((p["delta_active_bytes"] == 0).all())
+                and bool((p["delta_reserved_bytes"] == 0).all()))
+
+
+def stack_identity(snapshot: Snapshot, stack_id: int) -> tuple[tuple[str, str], ...]:
+    """A stack as (filename, function) pairs, innermost first: comparable across files, lines ignored."""
+    return tuple((filename, name) for filename, _, name in snapshot.stack(stack_id))
+
+
+def stack_key(identity: tuple[tuple[str, str], ...]) -> str:
+    text = "\n".join(f"{f}\t{n}" for f, n in identity)
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+def _python_frames(identity: tuple[tuple[str, str], ...], rules: RuleSet) -> list[str]:
+    out = [f"{short_path(f)}:{n}" for f, n in identity if is_python_frame(f) and not rules.is_plumbing(f, n)]
+    return out[:MAX_FRAMES] if out else ["(no Python frames)" if identity else "(no frames)"]
+
+
+def _phase_first(timeline: Timeline, snapshot: Snapshot, device: int, phase: str | None) -> tuple[int, int]:
+    """(instant event index, first event of its window) for the global peak or a phase's peak."""
+    dt = timeline[device]
+    if phase is None:
+        return global_peak_index(dt), 0
+    spans = phase_spans(snapshot, device)
+    row = spans[spans["phase"] == phase]
+    if len(row) == 0:
+        raise UsageError(f"{snapshot.source}: no phase {phase!r} (phases: {', '.join(spans['phase']) or 'none'})")
+    start, end = row.iloc[0]["start_us"], row.iloc[0]["end_us"]
+    first, last = window_bounds(dt, None if pd.isna(start) else int(start), None if pd.isna(end) else int(end))
+    return window_peak(dt, first, last)["event_index"], first
+
+
+def _side(att: Attribution, device: int, first: int) -> pd.DataFrame:
+    """Live blocks of one side with their stack identity and whether they were allocated in the window."""
+    b = att.blocks[att.blocks["device"] == device]
+    snap = att.snapshot
+    ident = {int(s): stack_identity(snap, int(s)) for s in b["stack_id"].unique()}
+    out = b[["category", "frame", "size", "stack_id", "alloc_index"]].copy()
+    out["identity"] = [ident[int(s)] for s in out["stack_id"]]
+    out["transient"] = np.where(out["alloc_index"].to_numpy() >= first, out["size"].to_numpy(), 0)
+    return out
+
+
+def _category_table(device: int, a: pd.DataFrame, b: pd.DataFrame) -> list[dict[str, Any]]:
+    def agg(side: pd.DataFrame) -> pd.DataFrame:
+        return side.groupby("category").agg(bytes=("size", "sum"), transient=("transient", "sum"),
+                                             blocks=("size", "size"))
+
+    ga, gb = agg(a), agg(b)
+    rows = []
+    for cat in sorted(set(ga.index) | set(gb.index)):
+        ra = ga.loc[cat] if cat in ga.index else None
+        rb = gb.loc[cat] if cat in gb.index else None
+        ba, bb = (int(r["bytes"]) if r is not None else 0 for r in (ra, rb))
+        ta, tb = (int(r["transient"]) if r is not None else 0 for r in (ra, rb))
+        rows.append({"device": device, "category": cat, "bytes_a": ba, "bytes_b": bb, "delta_bytes": bb - ba,
+                     "baseline_bytes_a": ba - ta, "baseline_bytes_b": bb - tb, "transient_bytes_a": ta,
+                     "transient_bytes_b": tb, "blocks_a": int(ra["blocks"]) if ra is not None else 0,
+                     "blocks_b": int(rb["blocks"]) if rb is not None else 0})
+    return rows
+
+
+def _stack_table(device: int, a: pd.DataFrame, b: pd.DataFrame, rules: RuleSet) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    def agg(side: pd.DataFrame) -> dict[Any, dict[str, Any]]:
+        out: dict[Any, dict[str, Any]] = {}
+        for ident, part in side.groupby("identity", sort=False):
+            largest = part.sort_values("size", ascending=False, kind="stable").iloc[0]
+            out[ident] = {"bytes": int(part["size"].sum()), "transient": int(part["transient"].sum()),
+                          "blocks": len(part), "category": str(largest["category"]), "site": str(largest["frame"])}
+        return out
+
+    ga, gb = agg(a), agg(b)
+    for ident in set(ga) | set(gb):
+        ra, rb = ga.get(ident), gb.get(ident)
+        ba, bb = (r["bytes"] if r else 0 for r in (ra, rb))
+        status = ("new" if ra is None else "vanished" if rb is None else
+                  "grew" if bb > ba else "shrank" if bb < ba else "same")
+        rows.append({"device": device, "stack": stack_key(ident), "status": status,
+                     "category_a": ra["category"] if ra else None, "category_b": rb["category"] if rb else None,
+                     "site": (rb or ra or {}).get("site") or "(no frames)",
+                     "frames": _python_frames(ident, rules), "bytes_a": ba, "bytes_b": bb, "delta_bytes": bb - ba,
+                     "transient_bytes_a": ra["transient"] if ra else 0,
+                     "transient_bytes_b": rb["transient"] if rb else 0,
+                     "blocks_a": ra["blocks"] if ra else 0, "blocks_b": rb["blocks"] if rb else 0})
+    rows.sort(key=lambda r: (-abs(r["delta_bytes"]), -max(r["bytes_a"], r["bytes_b"]), r["stack"]))
+    return rows
+
+
+def _peak_row(device: int, scope: str, phase: str | None, pa: dict[str, Any], pb: dict[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {"device": device, "scope": scope, "phase": phase}
+    for side, p in (("a", pa), ("b", pb)):
+        row[f"event_index_{side}"] = p["event_index"]
+        row[f"active_bytes_{side}"] = p["active_bytes"]
+        row[f"baseline_bytes_{side}"] = p["baseline_active_bytes"]
+        row[f"transient_bytes_{side}"] = p["transient_bytes"]
+        row[f"reserved_bytes_{side}"] = p["reserved_bytes"]
+    for what in ("active", "baseline", "transient", "reserved"):
+        row[f"delta_{what}_bytes"] = row[f"{what}_bytes_b"] - row[f"{what}_bytes_a"]
+    return row
+
+
+def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None = None,
+         rules: RuleSet | None = None) -> Diff:
+    """Compare `b` against `a` at the global peak (or the peak of `phase`) of each shared device."""
+    rules = rules or load_rules()
+    ta, tb = replay(a), replay(b)
+    shared = sorted(set(ta.devices) & set(tb.devices))
+    if device is not None:
+        if device not in shared:
+            raise UsageError(f"device {device} is not in both snapshots (A: {sorted(ta.devices)}, "
+                             f"B: {sorted(tb.devices)})")
+        shared = [device]
+    if not shared:
+        raise UsageError(f"{a.source} and {b.source} share no device (A: {sorted(ta.devices)}, "
+                         f"B: {sorted(tb.devices)})")
+    notes: list[str] = []
+    peak_rows, cat_rows, stack_rows = [], [], []
+    instants_a, instants_b = {}, {}
+    for d in shared:
+        ia, fa = _phase_first(ta, a, d, phase)
+        ib, fb = _phase_first(tb, b, d, phase)
+        instants_a[d], instants_b[d] = (ia, fa), (ib, fb)
+        whole_a, whole_b = window_peak(ta[d], 0, len(ta[d]) - 1), window_peak(tb[d], 0, len(tb[d]) - 1)
+        peak_rows.append(_peak_row(d, "global", None, whole_a, whole_b))
+        sa, sb = phase_spans(a, d), phase_spans(b, d)
+        names_a, names_b = list(sa["phase"]), list(sb["phase"])
+        common = [p for p in names_a if p in set(names_b)]
+        if names_a != names_b and (names_a or names_b):
+            only_a = [p for p in names_a if p not in set(names_b)]
+            only_b = [p for p in names_b if p not in set(names_a)]
+            notes.append(f"device {d}: the phases differ (only in A: {', '.join(only_a) or '–'}; only in B: "
+                         f"{', '.join(only_b) or '–'}); aligned the {len(common)} both have")
+        for p in common:
+            wa = _window(ta[d], sa[sa["phase"] == p].iloc[0])
+            wb = _window(tb[d], sb[sb["phase"] == p].iloc[0])
+            peak_rows.append(_peak_row(d, "phase", p, wa, wb))
+    att_a = _attribute_at(a, ta, instants_a, rules)
+    att_b = _attribute_at(b, tb, instants_b, rules)
+    for d in shared:
+        side_a = _side(att_a, d, instants_a[d][1])
+        side_b = _side(att_b, d, instants_b[d][1])
+        cat_rows += _category_table(d, side_a, side_b)
+        stack_rows += _stack_table(d, side_a, side_b, rules)
+    label = "global peak" if phase is None else f"peak of phase {phase}"
+    return Diff(a=att_a, b=att_b, instant=label, peaks=pd.DataFrame(peak_rows, columns=PEAK_COLUMNS),
+                categories=pd.DataFrame(cat_rows, columns=CATEGORY_COLUMNS),
+                stacks=pd.DataFrame(stack_rows, columns=STACK_COLUMNS), notes=tuple(notes))
+
+
+def _window(dt: DeviceTimeline, span: pd.Series) -> dict[str, Any]:
+    start, end = span["start_us"], span["end_us"]
+    first, last = window_bounds(dt, None if pd.isna(start) else int(start), None if pd.isna(end) else int(end))
+    return window_peak(dt, first, last)
+
+
+def _attribute_at(snapshot: Snapshot, timeline: Timeline, instants: dict[int, tuple[int, int]],
+                  rules: RuleSet) -> Attribution:
+    """One attribution per device at its own event index, merged into one Attribution."""
+    parts = [attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline)
+             for d, (index, _) in sorted(instants.items())]
+    if len(parts) == 1:
+        return parts[0]
+    from .attribute import summarize_blocks
+
+    blocks = pd.concat([p.blocks for p in parts], ignore_index=True)
+    return Attribution(snapshot=snapshot, timeline=timeline,
+                       instants={d: i for p in parts for d, i in p.instants.items()}, blocks=blocks,
+                       summary=summarize_blocks(blocks), rules=rules,
+                       notes=tuple(n for p in parts for n in p.notes))

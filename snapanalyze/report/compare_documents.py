@@ -1,0 +1,135 @@
+"""JSON-ready documents for the comparison analyses: diff, capacity, check.
+
+Contract: `diff_document`, `capacity_document` and `check_document` turn a Diff, a Capacity (with an
+optional contract) and a CheckResult into plain dicts of str/int/float/bool/None/list/dict, in a fixed key
+order, with bytes as exact ints (fits' coefficients are floats: bytes per unit of the driver). Keys keep
+their meaning; new keys may be added. Nothing here analyses anything.
+
+- diff: {"a", "b", "instant", "identical", "peaks": [{device, scope, phase, a: {event_index, active_bytes,
+  baseline_bytes, transient_bytes, reserved_bytes}, b: {…}, delta: {active_bytes, baseline_bytes,
+  transient_bytes, reserved_bytes}}], "categories": [{device, category, a_bytes, b_bytes, delta_bytes,
+  a_baseline_bytes, b_baseline_bytes, a_transient_bytes, b_transient_bytes, a_blocks, b_blocks}],
+  "stacks": [{device, stack, status, category_a, category_b, site, frames, a_bytes, b_bytes, delta_bytes,
+  a_transient_bytes, b_transient_bytes, a_blocks, b_blocks}], "counts": {new, vanished, grew, shrank,
+  same}, "notes"} — categories and stacks list only changed rows unless `everything`.
+- capacity: {"driver", "model", "points": [{label, source, phase, device, shape, x, baseline_bytes,
+  peak_bytes, transient_bytes, reserved_bytes, categories: {target: {kind, baseline_bytes, peak_bytes,
+  transient_bytes}}}], "fits": [{target, kind, model, intercept_bytes, linear_bytes, quadratic_bytes,
+  max_rel_residual, points, from_x, to_x, jumped}], "jumps": [...], "drivers": [...], "contract", "notes"}.
+- check: {"source", "metric", "passed", "checks": [{device, check, subject, limit_bytes, actual_bytes,
+  headroom_bytes, ok, at_peak_bytes, event_index}], "failures": [str]}.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ..analyze.capacity import SHAPE_KEYS, Capacity
+from ..analyze.check import CheckResult
+from ..analyze.diff import Diff
+
+MODEL_TEXT = ("transient bytes = intercept + linear·t + quadratic·q with t = batch·x, q = batch·x², x the "
+              "driver's value per sequence; coefficients ≥ 0, fitted on relative residuals")
+
+
+def _plain(value: Any) -> Any:
+    if value is None or value is pd.NA:
+        return None
+    if isinstance(value, float) and value != value:  # NaN
+        return None
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _side(row: Any, s: str) -> dict[str, Any]:
+    return {"event_index": int(getattr(row, f"event_index_{s}")),
+            "active_bytes": int(getattr(row, f"active_bytes_{s}")),
+            "baseline_bytes": int(getattr(row, f"baseline_bytes_{s}")),
+            "transient_bytes": int(getattr(row, f"transient_bytes_{s}")),
+            "reserved_bytes": int(getattr(row, f"reserved_bytes_{s}"))}
+
+
+def diff_document(d: Diff, everything: bool = False) -> dict[str, Any]:
+    """The `diff --format json` document (see the module docstring)."""
+    cats, stacks = (d.categories, d.stacks) if everything else d.changes()
+    counts = {s: int((d.stacks["status"] == s).sum()) for s in ("new", "vanished", "grew", "shrank", "same")}
+    return {
+        "a": d.a.snapshot.source, "b": d.b.snapshot.source, "instant": d.instant, "identical": d.identical,
+        "peaks": [{"device": int(r.device), "scope": r.scope, "phase": _plain(r.phase), "a": _side(r, "a"),
+                   "b": _side(r, "b"),
+                   "delta": {"active_bytes": int(r.delta_active_bytes), "baseline_bytes": int(r.delta_baseline_bytes),
+                             "transient_bytes": int(r.delta_transient_bytes),
+                             "reserved_bytes": int(r.delta_reserved_bytes)}} for r in d.peaks.itertuples()],
+        "categories": [{"device": int(r.device), "category": r.category, "a_bytes": int(r.bytes_a),
+                        "b_bytes": int(r.bytes_b), "delta_bytes": int(r.delta_bytes),
+                        "a_baseline_bytes": int(r.baseline_bytes_a), "b_baseline_bytes": int(r.baseline_bytes_b),
+                        "a_transient_bytes": int(r.transient_bytes_a), "b_transient_bytes": int(r.transient_bytes_b),
+                        "a_blocks": int(r.blocks_a), "b_blocks": int(r.blocks_b)} for r in cats.itertuples()],
+        "stacks": [{"device": int(r.device), "stack": r.stack, "status": r.status, "category_a": _plain(r.category_a),
+                    "category_b": _plain(r.category_b), "site": r.site, "frames": list(r.frames),
+                    "a_bytes": int(r.bytes_a), "b_bytes": int(r.bytes_b), "delta_bytes": int(r.delta_bytes),
+                    "a_transient_bytes": int(r.transient_bytes_a), "b_transient_bytes": int(r.transient_bytes_b),
+                    "a_blocks": int(r.blocks_a), "b_blocks": int(r.blocks_b)} for r in stacks.itertuples()],
+        "counts": counts,
+        "notes": list(d.notes),
+    }
+
+
+def _fit_record(r: Any) -> dict[str, Any]:
+    return {"target": r.target, "kind": r.kind, "model": r.model, "intercept_bytes": float(r.intercept_bytes),
+            "linear_bytes": float(r.linear_bytes), "quadratic_bytes": float(r.quadratic_bytes),
+            "max_rel_residual": float(r.max_rel_residual), "points": int(r.points), "from_x": float(r.from_x),
+            "to_x": float(r.to_x), "jumped": bool(r.jumped)}
+
+
+def capacity_document(cap: Capacity, contract: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `capacity --format json` document (see the module docstring)."""
+    shapes = cap.sweep.shapes
+    xs = dict(zip(cap.points["label"], cap.points["x"]))
+    cats = cap.sweep.categories
+    extra = [c for c in shapes.columns if c not in ("label", "source", "phase", "device", *SHAPE_KEYS)
+             and c not in ("first_index", "last_index", "peak_event_index", "peak_time_us", "baseline_bytes",
+                           "peak_bytes", "transient_bytes", "reserved_bytes", "max_reserved_bytes")]
+    points = []
+    for r in shapes.to_dict("records"):
+        mine = cats[cats["label"] == r["label"]]
+        shape = {k: _plain(r[k]) for k in (*SHAPE_KEYS, *extra) if _plain(r[k]) is not None}
+        points.append({
+            "label": r["label"], "source": r["source"], "phase": _plain(r["phase"]), "device": int(r["device"]),
+            "shape": shape, "x": float(xs[r["label"]]), "peak_event_index": int(r["peak_event_index"]),
+            "baseline_bytes": int(r["baseline_bytes"]), "peak_bytes": int(r["peak_bytes"]),
+            "transient_bytes": int(r["transient_bytes"]), "reserved_bytes": int(r["reserved_bytes"]),
+            "max_reserved_bytes": int(r["max_reserved_bytes"]),
+            "categories": {c.target: {"kind": c.kind, "baseline_bytes": int(c.baseline_bytes),
+                                      "peak_bytes": int(c.peak_bytes), "transient_bytes": int(c.transient_bytes)}
+                           for c in mine.itertuples()},
+        })
+    return {
+        "driver": cap.driver, "model": MODEL_TEXT, "points": points,
+        "fits": [_fit_record(r) for r in cap.fits.itertuples()],
+        "jumps": [{"from_label": r.from_label, "to_label": r.to_label, "from_x": float(r.from_x),
+                   "to_x": float(r.to_x), "category": r.category, "how": r.how, "bytes_before": int(r.bytes_before),
+                   "bytes_after": int(r.bytes_after), "predicted_bytes": int(r.predicted_bytes),
+                   "total_before": int(r.total_before), "total_after": int(r.total_after),
+                   "total_predicted": int(r.total_predicted), "targets": list(r.targets)}
+                  for r in cap.jumps.itertuples()],
+        "drivers": [{"driver": r.driver, "model": r.model, "max_rel_residual": float(r.max_rel_residual),
+                     "score": float(r.score), "chosen": bool(r.chosen)} for r in cap.drivers.itertuples()],
+        "contract": contract,
+        "notes": list(cap.notes),
+    }
+
+
+def check_document(result: CheckResult) -> dict[str, Any]:
+    """The `check --format json` document (see the module docstring)."""
+    return {
+        "source": result.source, "metric": result.metric, "passed": result.passed,
+        "checks": [{"device": int(r.device), "check": r.check, "subject": r.subject, "limit_bytes": int(r.limit_bytes),
+                    "actual_bytes": int(r.actual_bytes), "headroom_bytes": int(r.headroom_bytes), "ok": bool(r.ok),
+                    "at_peak_bytes": int(r.at_peak_bytes), "event_index": int(r.event_index)}
+                   for r in result.rows.itertuples()],
+        "failures": result.failures(),
+    }
