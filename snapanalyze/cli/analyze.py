@@ -6,10 +6,12 @@ import click
 
 from ..analyze.attribute import attribute as attribute_blocks
 from ..analyze.peaks import find_peaks
+from ..analyze.phases import attribute_phase
 from ..analyze.rules import load_rules
 from ..analyze.summary import summarize
 from ..errors import UsageError
 from ..load import load
+from ..load.samples import markers_for
 from ..replay import replay
 from ..report.documents import attribution_document, peaks_document
 from ..report.terminal import render_attribution, render_peaks, render_summary
@@ -51,6 +53,9 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 @input_argument
 @click.option("--at", "at", default="peak", show_default=True,
               help="Instant per device: peak, peak:N (Nth peak), event:I, time:T (µs since the epoch).")
+@click.option("--phase", default=None,
+              help="Attribute the peak inside this phase (a marker, record_function or user_metadata span; NAME#K "
+                   "for its K-th occurrence) instead of --at.")
 @click.option("--device", type=int, default=None, help="Only this device.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="A TOML file of your own categories and rules, layered over the shipped packs.")
@@ -58,11 +63,17 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
               show_default=True, help="csv prints one row per live block.")
 @click.option("--explain", is_flag=True, help="Show which rule fired on which frame.")
-def attribute(file: str, rank: int | None, tag: str | None, at: str, device: int | None, rules_file: str | None,
-              top: int, fmt: str, explain: bool) -> None:
+def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str | None, device: int | None,
+              rules_file: str | None, top: int, fmt: str, explain: bool) -> None:
     """Attribute every live byte at a peak (or another instant) to a category."""
     rules = load_rules(rules_file)
-    result = attribute_blocks(load(file, rank, tag), at=at, rules=rules, device=device)
+    if phase is not None:
+        if at != "peak":
+            raise UsageError("--phase and --at choose the instant two ways: give one of them")
+        result = attribute_phase(load(file, rank, tag), phase, markers=markers_for(file, rank, tag), rules=rules,
+                                 device=device)
+    else:
+        result = attribute_blocks(load(file, rank, tag), at=at, rules=rules, device=device)
     if fmt == "csv":
         click.echo(result.blocks.to_csv(index=False), nl=False)
         return

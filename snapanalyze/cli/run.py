@@ -1,5 +1,87 @@
-"""Commands over a run directory's ranks and events: ranks, explain-oom."""
+"""Commands over a run directory's ranks and events: ranks, explain-oom, phases."""
 
 from __future__ import annotations
 
-from . import main  # noqa: F401
+import re
+
+import click
+
+from ..analyze.oom import explain_path
+from ..analyze.phases import phase_table
+from ..analyze.ranks import compare_ranks
+from ..analyze.rules import load_rules
+from ..errors import UsageError
+from ..load import load
+from ..load.samples import markers_for
+from ..report.run_documents import oom_document, phases_document, ranks_document
+from ..report.run_terminal import render_oom, render_phases, render_ranks
+from . import main
+from .common import FORMATS, emit_json, input_argument
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'40GiB', '80 GB', '42949672960' → bytes (decimal KB/MB/GB, binary KiB/MiB/GiB)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise UsageError(f"--capacity {text}: expected bytes or a size such as 40GiB or 80GB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@main.command()
+@click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=str))
+@click.option("--tag", default=None, help="Snapshot tag to compare (default: final, else a rank's only snapshot).")
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="A TOML file of your own categories and rules.")
+@click.option("--threshold", default=0.02, show_default=True, type=click.FloatRange(0),
+              help="An outlier's peak differs from the median rank's by more than this fraction (and 256 MiB).")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def ranks(run: str, tag: str | None, rules_file: str | None, threshold: float, fmt: str) -> None:
+    """One row per rank at its peak: NVML used, memory outside the allocator, top category; the outliers."""
+    comparison = compare_ranks(run, tag=tag, rules=load_rules(rules_file), threshold=threshold)
+    doc = ranks_document(comparison)
+    if fmt == "json":
+        emit_json(doc)
+        return
+    click.echo(render_ranks(doc))
+
+
+@main.command("explain-oom")
+@input_argument
+@click.option("--capacity", default=None, help="Device memory (e.g. 40GiB) when the file has no NVML/meta.json.")
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="A TOML file of your own categories and rules.")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def explain_oom(file: str, rank: int | None, tag: str | None, capacity: str | None, rules_file: str | None,
+                fmt: str) -> None:
+    """Why each allocation failed (fragmentation, live exhaustion, pressure from outside) — or that none did."""
+    items, problems = explain_path(file, rank=rank, tag=tag, rules=load_rules(rules_file),
+                                   capacity=parse_size(capacity) if capacity is not None else None)
+    doc = oom_document(items, problems, file)
+    if fmt == "json":
+        emit_json(doc)
+        return
+    click.echo(render_oom(doc))
+
+
+@main.command()
+@input_argument
+@click.option("--device", type=int, default=None, help="Only this device.")
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="A TOML file of your own categories and rules.")
+@click.option("--no-categories", is_flag=True, help="Skip attributing each phase's peak (faster).")
+@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+def phases(file: str, rank: int | None, tag: str | None, device: int | None, rules_file: str | None,
+           no_categories: bool, fmt: str) -> None:
+    """Before / peak / after of each phase (collector markers, record_function annotations, user_metadata)."""
+    snapshot = load(file, rank, tag)
+    table = phase_table(snapshot, markers=markers_for(file, rank, tag), rules=load_rules(rules_file),
+                        categories=not no_categories, device=device)
+    doc = phases_document(table, snapshot.source)
+    if fmt == "json":
+        emit_json(doc)
+        return
+    click.echo(render_phases(doc))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import gzip
-import io
 import json
 import pickle
 import zipfile

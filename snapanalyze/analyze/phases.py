@@ -1,0 +1,241 @@
+"""Phases: what each marked span of the workload (a prefill, a request, a record_function) did to memory.
+
+Contract: `spans(snapshot, markers)` lists the spans a run recorded, from three sources: the collector's
+markers (`load.samples`: kind "phase" or "request", µs bounds), the snapshot's `record_function`
+annotations (START/END pairs by name; the collector's own "phase:<name>" annotations are dropped when the
+markers hold that phase) and `user_metadata` (the events that carried one value, e.g. "req=A"; dropped when
+a request marker of that id exists). `phase_table(snapshot, …)` maps each span onto each device's trace and
+reports before (active bytes just before it began), peak (highest active bytes inside it), after (active
+bytes when it ended), the transient (peak − before), what it left behind (after − before) and, optionally,
+its top categories: the bytes allocated inside the span and still live at its peak, attributed. A span that
+began before the trace window's first event is `clipped` (its before is the window's start: the ring buffer
+may have dropped its first events); one without an end (still running when the markers were written, e.g.
+a process killed by its OOM) is `open` and runs to the last event.
+`phase_instant` picks the instant `attribute --phase NAME` attributes: the highest active bytes inside the
+named phase (across its occurrences, or the one chosen with NAME#K).
+
+`spans` columns: phase, occurrence (1-based, per phase name and kind), kind ("phase" | "request" |
+"annotation" | "metadata"), source ("markers" | "annotations" | "user_metadata"), device (nullable: markers
+span every device of the rank), start_us, end_us (nullable: open, or before the window), depth, attrs.
+`phase_table` columns: PHASE_COLUMNS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import UsageError
+from ..model import Snapshot
+from ..replay import DeviceTimeline, Timeline, replay
+from .attribute import Attribution, attribute
+from .rules import RuleSet
+
+SPAN_COLUMNS = ["phase", "occurrence", "kind", "source", "device", "start_us", "end_us", "depth", "attrs"]
+PHASE_COLUMNS = ["device", "phase", "occurrence", "kind", "source", "start_us", "end_us", "clipped", "open",
+                 "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us",
+                 "after_bytes", "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories",
+                 "top_category_bytes", "attrs"]
+PHASE_PREFIX = "phase:"   # the collector annotates collect.phase("x") as record_function "phase:x"
+
+
+def _annotation_spans(snapshot: Snapshot) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    ann = snapshot.annotations
+    if not len(ann):
+        return out
+    ann = ann.sort_values("time_us", kind="stable", na_position="first")
+    open_: dict[tuple[int, str], list[int | None]] = {}
+    for row in ann.itertuples(index=False):
+        key = (int(row.device), str(row.name))
+        t = None if row.time_us is pd.NA else int(row.time_us)
+        if str(row.stage).upper() == "START":
+            open_.setdefault(key, []).append(t)
+        elif str(row.stage).upper() == "END":
+            starts = open_.get(key)
+            start = starts.pop() if starts else None         # an END without START began before the window
+            out.append({"name": key[1], "device": key[0], "start_us": start, "end_us": t,
+                        "depth": len(starts or [])})
+    for (device, name), starts in open_.items():
+        out.extend({"name": name, "device": device, "start_us": s, "end_us": None, "depth": i}
+                   for i, s in enumerate(starts))
+    return out
+
+
+def _metadata_spans(snapshot: Snapshot) -> list[dict[str, Any]]:
+    out = []
+    for device in sorted(snapshot.traces):
+        t = snapshot.traces[device]
+        if t.user_metadata is None or not any(t.user_metadata_names):
+            continue
+        for code, value in enumerate(t.user_metadata_names):
+            if not value:
+                continue
+            idx = np.flatnonzero(t.user_metadata == code)
+            if not len(idx):
+                continue
+            times = t.time_us
+            out.append({"name": value, "device": device, "start_index": int(idx[0]), "end_index": int(idx[-1]),
+                        "start_us": int(times[idx[0]]) if times is not None else None,
+                        "end_us": int(times[idx[-1]]) if times is not None else None})
+    return out
+
+
+def spans(snapshot: Snapshot, markers: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every marked span (see the module docstring), in start order."""
+    rows: list[dict[str, Any]] = []
+    marker_phases: set[str] = set()
+    marker_requests: set[str] = set()
+    if markers is not None and len(markers):
+        for m in markers.itertuples(index=False):
+            kind = "request" if m.kind == "request" else "phase"
+            (marker_requests if kind == "request" else marker_phases).add(str(m.name))
+            rows.append({"phase": str(m.name), "kind": kind, "source": "markers", "device": None,
+                         "start_us": int(m.start_time_us),
+                         "end_us": None if m.end_time_us is pd.NA else int(m.end_time_us),
+                         "depth": int(m.depth), "attrs": dict(m.attrs) if isinstance(m.attrs, dict) else {}})
+    for a in _annotation_spans(snapshot):
+        name = a["name"]
+        if name.startswith(PHASE_PREFIX):
+            if name[len(PHASE_PREFIX):] in marker_phases:
+                continue
+            name = name[len(PHASE_PREFIX):]
+        rows.append({"phase": name, "kind": "annotation", "source": "annotations", "device": a["device"],
+                     "start_us": a["start_us"], "end_us": a["end_us"], "depth": a["depth"], "attrs": {}})
+    for s in _metadata_spans(snapshot):
+        value = s["name"]
+        if value.startswith("req=") and value[4:] in marker_requests:
+            continue
+        rows.append({"phase": value, "kind": "metadata", "source": "user_metadata", "device": s["device"],
+                     "start_us": s["start_us"], "end_us": s["end_us"], "depth": 0,
+                     "attrs": {"start_index": s["start_index"], "end_index": s["end_index"]}})
+    df = pd.DataFrame(rows, columns=[c for c in SPAN_COLUMNS if c != "occurrence"])
+    for c in ("device", "start_us", "end_us"):
+        df[c] = df[c].astype("Int64")
+    df["depth"] = df["depth"].astype("int64")
+    order = df["start_us"].fillna(np.iinfo(np.int64).min).to_numpy()
+    df = df.iloc[np.argsort(order, kind="stable")].reset_index(drop=True)
+    df.insert(1, "occurrence", (df.groupby(["phase", "kind"], sort=False).cumcount() + 1).astype("int64"))
+    return df
+
+
+def _window(dt: DeviceTimeline, span: Any) -> tuple[int, int, bool] | None:
+    """(start_index, end_index, clipped) of a span on one device's trace, or None when it misses the window."""
+    n = len(dt)
+    if span.source == "user_metadata":
+        return int(span.attrs["start_index"]), int(span.attrs["end_index"]), False
+    if dt.time_us is None or n == 0:
+        return None
+    first, last = int(dt.time_us[0]), int(dt.time_us[-1])
+    start = None if span.start_us is pd.NA else int(span.start_us)
+    end = None if span.end_us is pd.NA else int(span.end_us)
+    if (start is not None and start > last) or (end is not None and end < first):
+        return None
+    lo = 0 if start is None else int(np.searchsorted(dt.time_us, start, side="left"))
+    hi = n - 1 if end is None else int(np.searchsorted(dt.time_us, end, side="right")) - 1
+    return lo, hi, start is None or start < first
+
+
+def _measure(dt: DeviceTimeline, lo: int, hi: int) -> dict[str, int]:
+    before = dt.active_at(lo - 1)
+    if hi >= lo:
+        seg = dt.active[lo:hi + 1]
+        k = int(np.argmax(seg))
+        peak, peak_index = int(seg[k]), lo + k
+        if peak <= before:
+            peak, peak_index = before, lo - 1
+        reserved_peak = max(int(dt.reserved[lo:hi + 1].max()), dt.reserved_at(lo - 1))
+    else:
+        peak, peak_index, reserved_peak = before, lo - 1, dt.reserved_at(lo - 1)
+    after = dt.active_at(hi) if hi >= lo else before
+    return {"before_bytes": before, "peak_bytes": peak, "peak_index": peak_index, "after_bytes": after,
+            "transient_bytes": peak - before, "retained_bytes": after - before, "reserved_peak_bytes": reserved_peak}
+
+
+def _top_categories(snapshot: Snapshot, timeline: Timeline, device: int, lo: int, peak_index: int,
+                    rules: RuleSet | None, top: int) -> tuple[list[str], list[int]]:
+    if peak_index < lo:
+        return [], []
+    result = attribute(snapshot, at=f"event:{peak_index}", rules=rules, device=device, timeline=timeline)
+    b = result.blocks
+    inside = b[(b["alloc_index"] >= lo) & (b["alloc_index"] <= peak_index)]
+    totals = inside.groupby("category", sort=False)["size"].sum().sort_values(ascending=False, kind="stable")
+    return [str(c) for c in totals.index[:top]], [int(v) for v in totals.to_numpy()[:top]]
+
+
+def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: pd.DataFrame | None = None,
+                rules: RuleSet | None = None, categories: bool = True, top: int = 3,
+                device: int | None = None) -> pd.DataFrame:
+    """Before / peak / after of every span on every device it touches (columns PHASE_COLUMNS)."""
+    timeline = timeline or replay(snapshot)
+    table = spans(snapshot, markers)
+    rows = []
+    devices = [device] if device is not None else sorted(timeline.devices)
+    for span in table.itertuples(index=False):
+        for d in devices:
+            if d not in timeline.devices or (span.device is not pd.NA and int(span.device) != d):
+                continue
+            dt = timeline[d]
+            found = _window(dt, span)
+            if found is None:
+                continue
+            lo, hi, clipped = found
+            m = _measure(dt, lo, hi)
+            names: list[str] = []
+            sizes: list[int] = []
+            if categories:
+                names, sizes = _top_categories(snapshot, timeline, d, lo, m["peak_index"], rules, top)
+            rows.append({"device": d, "phase": span.phase, "occurrence": int(span.occurrence), "kind": span.kind,
+                         "source": span.source, "start_us": span.start_us, "end_us": span.end_us,
+                         "clipped": clipped, "open": span.end_us is pd.NA, "start_index": lo, "end_index": hi, **m,
+                         "peak_time_us": dt.time_at(m["peak_index"]), "top_categories": names,
+                         "top_category_bytes": sizes, "attrs": span.attrs})
+    df = pd.DataFrame(rows, columns=PHASE_COLUMNS)
+    for c in ("start_us", "end_us", "peak_time_us"):
+        df[c] = df[c].astype("Int64")
+    return df.sort_values(["device", "start_index", "end_index"], ascending=[True, True, False], kind="stable",
+                          ignore_index=True)
+
+
+def _parse_name(name: str) -> tuple[str, int | None]:
+    base, sep, k = name.rpartition("#")
+    if sep and k.isdigit() and base:
+        return base, int(k)
+    return name, None
+
+
+def phase_instant(snapshot: Snapshot, name: str, timeline: Timeline | None = None,
+                  markers: pd.DataFrame | None = None, device: int | None = None) -> tuple[int, int, pd.Series]:
+    """(device, event index, phase row) of the highest active bytes inside phase `name` ("NAME" or "NAME#K")."""
+    timeline = timeline or replay(snapshot)
+    table = phase_table(snapshot, timeline, markers, categories=False, device=device)
+    base, occurrence = _parse_name(name)
+    hits = table[table["phase"] == base]
+    if occurrence is not None:
+        hits = hits[hits["occurrence"] == occurrence]
+    if not len(hits):
+        known = sorted(set(table["phase"]))
+        shown = ", ".join(known[:20]) + (" …" if len(known) > 20 else "")
+        raise UsageError(f"{snapshot.source}: no phase {name!r} inside the trace window"
+                         + (f" (phases: {shown})" if known else
+                            " (no markers, record_function annotations or user_metadata spans found)"))
+    devices = sorted(set(int(d) for d in hits["device"]))
+    if len(devices) > 1:
+        raise UsageError(f"{snapshot.source}: phase {name!r} spans devices {devices}; choose one with --device")
+    best = hits.loc[hits["peak_bytes"].idxmax()]
+    return devices[0], int(best["peak_index"]), best
+
+
+def attribute_phase(snapshot: Snapshot, name: str, timeline: Timeline | None = None,
+                    markers: pd.DataFrame | None = None, rules: RuleSet | None = None,
+                    device: int | None = None) -> Attribution:
+    """`attribute` at the peak inside phase `name` (see `phase_instant`); the instant is labelled with the phase."""
+    timeline = timeline or replay(snapshot)
+    d, index, row = phase_instant(snapshot, name, timeline, markers, device)
+    result = attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline)
+    label = f"peak of phase {row['phase']!r} #{int(row['occurrence'])}"
+    instants = {k: dataclasses.replace(v, label=label) for k, v in result.instants.items()}
+    return dataclasses.replace(result, instants=instants)

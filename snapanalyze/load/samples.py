@@ -1,0 +1,291 @@
+"""Read what the collector wrote next to the snapshots of a run: NVML samples, markers and meta.json, all ranks.
+
+Contract: `read_run(path)` takes a run directory (``RUN/rank=N/…``, see `collect.layout`) or one ``rank=N``
+directory and returns a `RunSamples` holding, across every rank, the NVML series (`nvml`), the phase and
+request spans (`markers`) and the meta.json documents (`meta`), plus `problems`: one line per expected file
+that is missing (a rank without NVML parts, without markers or meta, a rank that meta.json's world size
+promises but the directory lacks). Missing files are reported, never fatal; a file that is present but is
+not what the collector writes raises BadInputError naming it. `pick_snapshots(path, tag, rank)` says which
+snapshot of each rank an analysis reads (``final`` unless told otherwise; ``oom-<n>`` first when asked) and
+reports each rank left without one; `markers_for(path, rank, tag)` gives the markers of the rank whose
+snapshot `load(path, rank, tag)` reads.
+
+DataFrame columns (units in the names: µs since the Unix epoch, bytes):
+- `nvml`: rank, device, time_us, used_bytes, free_bytes, total_bytes, process_used_bytes,
+  other_processes_used_bytes, torch_allocated_bytes, torch_reserved_bytes (the last four nullable Int64:
+  null = unknown), sorted by rank, device, time_us.
+- `markers`: rank, session, kind ("phase" | "request"), name, start_time_us, end_time_us (nullable: still
+  open when written), attrs (dict, parsed from the JSON column), thread_id, depth; in start order per rank.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..collect import layout
+from ..collect.schemas import MARKERS_SCHEMA, NVML_SCHEMA
+from ..errors import BadInputError
+from . import runs
+from .runs import RunEntry
+
+NVML_COLUMNS = ["rank", *NVML_SCHEMA.names]
+MARKER_COLUMNS = ["rank", "session", "kind", "name", "start_time_us", "end_time_us", "attrs", "thread_id", "depth"]
+_NULLABLE = ("process_used_bytes", "other_processes_used_bytes", "torch_allocated_bytes", "torch_reserved_bytes")
+
+
+@dataclass(frozen=True)
+class RunSamples:
+    """Everything but the snapshots of one run directory (see the module docstring)."""
+
+    run: Path
+    ranks: tuple[int, ...]                       # ranks with a rank=N directory
+    nvml: pd.DataFrame
+    markers: pd.DataFrame
+    meta: dict[int, list[dict[str, Any]]]        # rank → meta documents, by session
+    problems: tuple[str, ...] = ()
+    nvml_ranks: tuple[int, ...] = field(default=())   # ranks that have at least one NVML part
+
+    @property
+    def world_size(self) -> int | None:
+        """The world size meta.json states (the largest over ranks and sessions), or None."""
+        return _world_size(self.meta)
+
+    def nvml_of(self, rank: int, device: int | None = None) -> pd.DataFrame:
+        """The NVML rows of one rank (and device), in time order."""
+        rows = self.nvml[self.nvml["rank"] == rank]
+        if device is not None:
+            rows = rows[rows["device"] == device]
+        return rows.reset_index(drop=True)
+
+    def markers_of(self, rank: int) -> pd.DataFrame:
+        return self.markers[self.markers["rank"] == rank].reset_index(drop=True)
+
+    def capacity(self, rank: int, device: int) -> tuple[int | None, str]:
+        """Total memory of a rank's device and where it came from: NVML total, else meta.json, else unknown."""
+        rows = self.nvml_of(rank, device)
+        if len(rows):
+            return int(rows["total_bytes"].iloc[-1]), "NVML total"
+        for doc in reversed(self.meta.get(rank, [])):
+            for d in doc.get("devices") or []:
+                if isinstance(d, dict) and d.get("index") == device and isinstance(d.get("total_memory_bytes"), int):
+                    return int(d["total_memory_bytes"]), "meta.json total_memory_bytes"
+        return None, "unknown (no NVML samples and no meta.json device entry)"
+
+    def nvml_interval_ms(self, rank: int) -> float | None:
+        for doc in reversed(self.meta.get(rank, [])):
+            nv = doc.get("nvml") or {}
+            if isinstance(nv.get("interval_ms"), (int, float)):
+                return float(nv["interval_ms"])
+        return None
+
+
+def empty_nvml() -> pd.DataFrame:
+    return _nvml_frame(pa.Table.from_pylist([], schema=NVML_SCHEMA), 0).iloc[0:0]
+
+
+def empty_markers() -> pd.DataFrame:
+    return _markers_frame(pa.Table.from_pylist([], schema=MARKERS_SCHEMA), 0, 0).iloc[0:0]
+
+
+def _read_parquet(path: Path, schema: pa.Schema, what: str) -> pa.Table:
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise BadInputError(path, f"not a readable Parquet file ({exc})") from None
+    missing = [n for n in schema.names if n not in table.column_names]
+    if missing:
+        raise BadInputError(path, f"not {what} as the collector writes it: missing column(s) {', '.join(missing)}")
+    try:
+        return table.select(schema.names).cast(pa.schema([schema.field(n).with_nullable(True) for n in schema.names]))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise BadInputError(path, f"{what}: column types differ from the collector's schema ({exc})") from None
+
+
+def _nvml_frame(table: pa.Table, rank: int) -> pd.DataFrame:
+    df = pd.DataFrame({name: table.column(name).to_pylist() for name in NVML_SCHEMA.names})
+    for name in NVML_SCHEMA.names:
+        df[name] = df[name].astype("Int64" if name in _NULLABLE else "int64")
+    df.insert(0, "rank", pd.Series([rank] * len(df), dtype="int64"))
+    return df
+
+
+def _markers_frame(table: pa.Table, rank: int, session: int) -> pd.DataFrame:
+    cols = {name: table.column(name).to_pylist() for name in MARKERS_SCHEMA.names}
+    attrs = []
+    for text in cols["attrs"]:
+        try:
+            value = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            value = {"_raw": text}
+        attrs.append(value if isinstance(value, dict) else {"_value": value})
+    df = pd.DataFrame({
+        "rank": pd.Series([rank] * len(attrs), dtype="int64"),
+        "session": pd.Series([session] * len(attrs), dtype="int64"),
+        "kind": pd.Series(cols["kind"], dtype=object),
+        "name": pd.Series(cols["name"], dtype=object),
+        "start_time_us": pd.Series(cols["start_time_us"], dtype="int64"),
+        "end_time_us": pd.Series(cols["end_time_us"], dtype="Int64"),
+        "attrs": pd.Series(attrs, dtype=object),
+        "thread_id": pd.Series(cols["thread_id"], dtype="int64"),
+        "depth": pd.Series(cols["depth"], dtype="int64"),
+    })
+    return df
+
+
+def read_nvml(rank_path: str | Path, rank: int) -> pd.DataFrame:
+    """Every NVML part of one rank directory as one DataFrame (columns in the module docstring)."""
+    parts = [_nvml_frame(_read_parquet(p, NVML_SCHEMA, "an NVML part"), rank)
+             for p in layout.nvml_parts(rank_path)]
+    if not parts:
+        return empty_nvml()
+    df = pd.concat(parts, ignore_index=True)
+    return df.sort_values(["device", "time_us"], kind="stable", ignore_index=True)
+
+
+def read_markers(rank_path: str | Path, rank: int) -> pd.DataFrame:
+    """Every markers file (all sessions) of one rank directory, in start order."""
+    frames = []
+    for path in layout.session_files(rank_path, "markers"):
+        session = int(path.stem.partition("-")[2] or 0)
+        frames.append(_markers_frame(_read_parquet(path, MARKERS_SCHEMA, "a markers file"), rank, session))
+    if not frames:
+        return empty_markers()
+    df = pd.concat(frames, ignore_index=True)
+    return df.sort_values(["start_time_us", "session"], kind="stable", ignore_index=True)
+
+
+def read_meta(rank_path: str | Path) -> list[dict[str, Any]]:
+    """The meta.json documents of one rank directory, by session."""
+    docs = []
+    for path in layout.session_files(rank_path, "meta"):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadInputError(path, f"not a readable meta.json ({exc})") from None
+        if not isinstance(doc, dict):
+            raise BadInputError(path, "not a meta.json document (expected a JSON object)")
+        docs.append(doc)
+    return docs
+
+
+def rank_directories(path: str | Path) -> dict[int, Path]:
+    """The rank=N directories of a run, or {N: path} when `path` is itself one rank directory."""
+    root = Path(path)
+    if not root.is_dir():
+        raise BadInputError(root, "not a run directory")
+    own = layout.parse_rank_dir(root)
+    if own is not None:
+        return {own: root}
+    return layout.rank_dirs(root)
+
+
+def rank_of(path: str | Path) -> int | None:
+    """The rank whose directory holds `path` (a rank=N directory or anything below it), or None."""
+    found = rank_path(path)
+    return None if found is None else layout.parse_rank_dir(found)
+
+
+def read_run(path: str | Path) -> RunSamples:
+    """NVML samples, markers and meta of every rank of a run (see the module docstring)."""
+    dirs = rank_directories(path)
+    root = Path(path)
+    if layout.parse_rank_dir(root) is not None:
+        root = root.parent
+    nvml: list[pd.DataFrame] = []
+    markers: list[pd.DataFrame] = []
+    meta: dict[int, list[dict[str, Any]]] = {}
+    problems: list[str] = []
+    nvml_ranks: list[int] = []
+    for rank, rdir in dirs.items():
+        docs = read_meta(rdir)
+        meta[rank] = docs
+        if not docs:
+            problems.append(f"rank {rank}: no meta.json in {rdir} (device capacity and options unknown)")
+        samples = read_nvml(rdir, rank)
+        if len(samples):
+            nvml.append(samples)
+            nvml_ranks.append(rank)
+        else:
+            reason = next((d.get("nvml", {}).get("reason") for d in reversed(docs)
+                           if isinstance(d.get("nvml"), dict) and d["nvml"].get("reason")), None)
+            problems.append(f"rank {rank}: no nvml-part-*.parquet in {rdir}"
+                            + (f" (the collector said: {reason})" if reason else "")
+                            + ": NVML used and memory outside the allocator are unknown for this rank")
+        marks = read_markers(rdir, rank)
+        if len(marks):
+            markers.append(marks)
+        elif not layout.session_files(rdir, "markers"):
+            problems.append(f"rank {rank}: no markers.parquet in {rdir} (no collector phases or requests)")
+    world = _world_size(meta)
+    if world is not None and layout.parse_rank_dir(Path(path)) is None:
+        problems += [f"rank {r}: no rank={r} directory although meta.json says world_size {world}"
+                     for r in range(world) if r not in dirs]
+    return RunSamples(
+        run=root, ranks=tuple(dirs),
+        nvml=pd.concat(nvml, ignore_index=True) if nvml else empty_nvml(),
+        markers=pd.concat(markers, ignore_index=True) if markers else empty_markers(),
+        meta=meta, problems=tuple(problems), nvml_ranks=tuple(nvml_ranks))
+
+
+def _world_size(meta: dict[int, list[dict[str, Any]]]) -> int | None:
+    sizes = [int(d["world_size"]) for docs in meta.values() for d in docs if isinstance(d.get("world_size"), int)]
+    return max(sizes) if sizes else None
+
+
+def pick_snapshots(path: str | Path, tag: str | None = None, rank: int | None = None,
+                   prefer_oom: bool = False) -> tuple[list[RunEntry], list[str]]:
+    """Which snapshot(s) of each rank an analysis reads, and a problem line for each rank left without one.
+
+    `tag` picks that tag; otherwise `prefer_oom` picks every ``oom-<n>`` snapshot of a rank that has any,
+    then ``final``, then a rank's only snapshot; a rank with several others is reported (choose with --tag)."""
+    found = runs.entries(path)
+    dirs = rank_directories(path)
+    wanted = sorted(set(dirs) | {e.rank for e in found}) if rank is None else [rank]
+    chosen: list[RunEntry] = []
+    problems: list[str] = []
+    for r in wanted:
+        mine = [e for e in found if e.rank == r]
+        tags = ", ".join(e.tag for e in mine)
+        if tag is not None:
+            pick = [e for e in mine if e.tag == tag]
+            if not pick:
+                problems.append(f"rank {r}: no snapshot tagged {tag!r}" + (f" (has: {tags})" if mine else ""))
+        elif not mine:
+            problems.append(f"rank {r}: no snapshot in {dirs.get(r, Path(path) / f'rank={r}')}")
+            pick = []
+        elif prefer_oom and any(e.tag.startswith(layout.OOM_TAG_PREFIX) for e in mine):
+            pick = [e for e in mine if e.tag.startswith(layout.OOM_TAG_PREFIX)]
+        elif any(e.tag == layout.FINAL_TAG for e in mine):
+            pick = [e for e in mine if e.tag == layout.FINAL_TAG]
+        elif len(mine) == 1:
+            pick = mine
+        else:
+            problems.append(f"rank {r}: several snapshots ({tags}) and none tagged 'final'; choose one with --tag")
+            pick = []
+        chosen.extend(pick)
+    return chosen, problems
+
+
+def rank_path(path: str | Path) -> Path | None:
+    """The ``rank=N`` directory that is `path` or holds it, or None outside a run."""
+    p = Path(path)
+    return next((c for c in (p, *p.parents) if layout.parse_rank_dir(c) is not None), None)
+
+
+def markers_for(path: str | Path, rank: int | None = None, tag: str | None = None) -> pd.DataFrame:
+    """The markers of the rank whose snapshot `load(path, rank, tag)` reads (empty for a file outside a run)."""
+    p = Path(path)
+    target = runs.resolve(p, rank, tag) if p.is_dir() else p
+    found = rank_path(target)
+    if found is None:
+        return empty_markers()
+    owner = layout.parse_rank_dir(found)
+    assert owner is not None
+    return read_markers(found, owner)

@@ -1,0 +1,104 @@
+"""JSON-ready documents for the run-level analyses: ranks, OOM explanations, phases.
+
+Contract: each function turns one analysis result (`analyze.ranks.RankComparison`, the `(explanations,
+problems)` of `analyze.oom.explain_path`, a `analyze.phases.phase_table` DataFrame) into plain dicts of
+str/int/float/bool/None/list/dict; bytes stay exact integers, times are µs since the Unix epoch. Keys keep
+their meaning once published; new keys may be added. `problems` lists what was missing (reported, not fatal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from .documents import _plain
+
+
+def _record(row: pd.Series | dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k in keys:
+        v = row[k]
+        if isinstance(v, list):
+            out[k] = [_plain(x) for x in v]
+        elif isinstance(v, dict):
+            out[k] = {str(a): _plain(b) for a, b in v.items()}
+        else:
+            out[k] = _plain(v)
+    return out
+
+
+def ranks_document(comparison: Any) -> dict[str, Any]:
+    """`snapanalyze ranks --format json`: one entry per rank (and device) at its peak, outliers, problems."""
+    cats = comparison.categories
+    ranks = []
+    for _, r in comparison.table.iterrows():
+        mine = cats[(cats["rank"] == r["rank"]) & (cats["device"] == r["device"])]
+        ranks.append({
+            "rank": int(r["rank"]), "device": int(r["device"]), "tag": r["tag"], "source": r["source"],
+            "peak": {"event_index": int(r["event_index"]), "time_us": _plain(r["time_us"]),
+                     "duration_us": _plain(r["duration_us"]), "active_bytes": int(r["active_bytes"]),
+                     "reserved_bytes": int(r["reserved_bytes"])},
+            "nvml_used_bytes": _plain(r["nvml_used_bytes"]), "nvml_used_measured": bool(r["nvml_used_measured"]),
+            "outside_bytes": _plain(r["outside_bytes"]),
+            "outside": {"basis": r["outside_basis"], "uncertain": bool(r["outside_uncertain"]),
+                        "note": r["outside_note"]},
+            "top_category": r["top_category"], "top_category_bytes": _plain(r["top_category_bytes"]),
+            "difference_bytes": int(r["difference_bytes"]), "outlier": bool(r["outlier"]),
+            "categories": [{"category": c.category, "bytes": int(c.bytes), "share": round(float(c.share), 6)}
+                           for c in mine.itertuples()],
+        })
+    outliers = []
+    diffs = comparison.differences
+    for _, r in comparison.table[comparison.table["outlier"]].iterrows():
+        mine = diffs[(diffs["rank"] == r["rank"]) & (diffs["device"] == r["device"])]
+        outliers.append({"rank": int(r["rank"]), "device": int(r["device"]),
+                         "difference_bytes": int(r["difference_bytes"]),
+                         "categories": [{"category": d.category, "bytes": int(d.bytes),
+                                         "median_bytes": int(d.median_bytes),
+                                         "difference_bytes": int(d.difference_bytes),
+                                         "share_of_difference": round(float(d.share_of_difference), 6)}
+                                        for d in mine.itertuples()]})
+    return {"run": str(comparison.run), "median_rank": comparison.median_rank,
+            "median_device": comparison.median_device, "ranks": ranks, "outliers": outliers,
+            "problems": list(comparison.problems)}
+
+
+OOM_KEYS = ["device", "index", "time_us", "stream", "request_bytes", "device_free_bytes", "active_bytes",
+            "allocated_bytes", "reserved_bytes", "reserved_free_bytes", "largest_free_block_bytes",
+            "largest_free_block_any_bytes", "free_blocks", "pool", "segment_type", "exact", "state_source",
+            "capacity_bytes",
+            "capacity_source", "outside_bytes", "outside_source", "own_outside_bytes", "other_processes_bytes",
+            "outside_growth_bytes", "shortfall_bytes", "split_segments", "verdict", "why", "advice"]
+
+
+def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str, Any]:
+    """`snapanalyze explain-oom --format json`: per snapshot, its `ooms` (with the categories live at each)
+    or its `no_oom` statement per device, and the run's problems."""
+    snapshots = []
+    for item in items:
+        e = item.explanation
+        ooms = []
+        for _, row in e.ooms.iterrows():
+            rec = _record(row, OOM_KEYS)
+            c = e.categories[(e.categories["device"] == row["device"]) & (e.categories["index"] == row["index"])]
+            rec["categories"] = [{"category": x.category, "bytes": int(x.bytes), "share": round(float(x.share), 6),
+                                  "blocks": int(x.blocks), "window_bytes": int(x.window_bytes)}
+                                 for x in c.itertuples()]
+            ooms.append(rec)
+        no_oom = [_record(n, list(n)) for n in e.no_oom]
+        snapshots.append({"rank": item.rank, "tag": item.tag, "path": str(item.path), "ooms": ooms,
+                          "no_oom": no_oom, "notes": list(e.notes)})
+    return {"source": source, "snapshots": snapshots, "problems": list(problems)}
+
+
+PHASE_KEYS = ["device", "phase", "occurrence", "kind", "source", "start_us", "end_us", "clipped", "open",
+              "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us", "after_bytes",
+              "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories", "top_category_bytes",
+              "attrs"]
+
+
+def phases_document(table: pd.DataFrame, source: str, problems: list[str] | None = None) -> dict[str, Any]:
+    """`snapanalyze phases --format json`: one record per span and device (columns of `phase_table`)."""
+    return {"source": source, "phases": [_record(r, PHASE_KEYS) for _, r in table.iterrows()],
+            "problems": list(problems or [])}

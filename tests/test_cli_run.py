@@ -1,0 +1,187 @@
+"""CLI over runs: `ranks`, `explain-oom`, `phases` and `attribute --phase` — tables, JSON numbers, and exit codes:
+0 with a warning for a missing rank or NVML file, 2 with one line for input that cannot be analysed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from snapanalyze.cli import main
+from snapanalyze.cli.run import parse_size
+from snapanalyze.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "fixtures" / "runs"
+SCENARIOS = ROOT / "fixtures" / "scenarios"
+TP2 = RUNS / "tp2_vision_encoder"
+
+
+def run(*args: object) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def expected(name: str) -> dict:
+    return json.loads((RUNS / f"{name}.expected.json").read_text())
+
+
+@pytest.fixture()
+def tp2(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(TP2, tmp_path / "run"))
+
+
+def test_ranks_table() -> None:
+    result = run("ranks", TP2)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == str(TP2)
+    header = lines[1]
+    for column in ("rank", "peak time", "active", "reserved", "NVML used", "outside alloc.", "top category"):
+        assert column in header
+    assert lines[3].split()[0] == "0" and "(est.)" in lines[3] and "OUTLIER" not in lines[3]
+    assert lines[4].split()[0] == "1" and lines[4].rstrip().endswith("OUTLIER") and "(est.)" not in lines[4]
+    assert "rank 1 (device 0) peaks 3.53 GiB above the median rank" in result.stdout
+    assert "vision_encoder   4.07 GiB          0 B    +4.07 GiB" in result.stdout
+    assert "the peak held 4 µs" in result.stdout and "warning" not in result.stdout
+
+
+def test_ranks_json() -> None:
+    result = run("ranks", TP2, "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    exp = expected("tp2_vision_encoder")
+    assert doc["median_rank"] == 0 and doc["problems"] == []
+    for r in doc["ranks"]:
+        e = exp["ranks"][str(r["rank"])]
+        assert r["peak"] == {**e["peak"], "duration_us": e["duration_us"]}
+        assert r["nvml_used_bytes"] == e["nvml"]["nvml_used_bytes"] and r["outside_bytes"] == e["nvml"]["outside_bytes"]
+        assert {c["category"]: c["bytes"] for c in r["categories"]} == e["categories"]
+    assert [r["outlier"] for r in doc["ranks"]] == [False, True]
+    (o,) = doc["outliers"]
+    assert o["rank"] == 1 and o["categories"][0]["category"] == "vision_encoder"
+    assert o["categories"][0]["difference_bytes"] == exp["ranks"]["1"]["categories"]["vision_encoder"]
+
+
+def test_ranks_with_a_missing_rank_is_reported_not_fatal(tp2: Path) -> None:
+    (tp2 / "rank=1" / "snapshot-final.pickle").unlink()
+    result = run("ranks", tp2)
+    assert result.exit_code == 0, result.output
+    assert f"warning: rank 1: no snapshot in {tp2 / 'rank=1'}" in result.stdout
+    doc = json.loads(run("ranks", tp2, "--format", "json").stdout)
+    assert [r["rank"] for r in doc["ranks"]] == [0] and doc["problems"] == [f"rank 1: no snapshot in {tp2 / 'rank=1'}"]
+
+
+def test_ranks_with_a_missing_nvml_file_is_reported_not_fatal(tp2: Path) -> None:
+    (tp2 / "rank=0" / "nvml-part-00001.parquet").unlink()
+    result = run("ranks", tp2)
+    assert result.exit_code == 0, result.output
+    assert "warning: rank 0: no nvml-part-*.parquet" in result.stdout
+    row0 = result.stdout.splitlines()[3]
+    assert row0.split()[0] == "0" and "–" in row0
+    doc = json.loads(run("ranks", tp2, "--format", "json").stdout)
+    assert doc["ranks"][0]["nvml_used_bytes"] is None and doc["ranks"][1]["nvml_used_bytes"] is not None
+
+
+def test_ranks_without_any_snapshot_is_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "rank=0").mkdir()
+    result = run("ranks", tmp_path)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"snapanalyze: error: {tmp_path}: no rank has a snapshot to compare")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_explain_oom_fragmentation() -> None:
+    path = SCENARIOS / "oom_fragmentation.pickle"
+    result = run("explain-oom", path, "--capacity", "40GiB")
+    assert result.exit_code == 0, result.output
+    assert "verdict FRAGMENTATION" in result.stdout
+    assert "expandable_segments:True" in result.stdout and "max_split_size_mb:256" in result.stdout
+    assert "outside the allocator      720.00 MiB  capacity − reserved − device free at the failure" in result.stdout
+    doc = json.loads(run("explain-oom", path, "--capacity", "42949672960", "--format", "json").stdout)
+    (o,) = doc["snapshots"][0]["ooms"]
+    exp = json.loads((SCENARIOS / "oom_fragmentation.expected.json").read_text())["oom"]
+    assert (o["request_bytes"], o["device_free_bytes"], o["reserved_free_bytes"], o["largest_free_block_bytes"]) == \
+        (exp["size"], exp["device_free"], exp["reserved_free_bytes"], exp["largest_free_block"])
+    assert o["outside_bytes"] == 754_974_720 and o["verdict"] == "fragmentation"
+    assert o["categories"] == [{"category": "weights", "bytes": exp["active_bytes"], "share": 1.0, "blocks": 138,
+                                "window_bytes": 2_264_924_160}]
+
+
+def test_explain_oom_live_exhaustion_and_unknown_capacity() -> None:
+    result = run("explain-oom", SCENARIOS / "oom_live_exhaustion.pickle")
+    assert result.exit_code == 0, result.output
+    assert "verdict LIVE EXHAUSTION" in result.stdout and "a smaller KV cache" in result.stdout
+    assert "unknown: no NVML samples or meta.json (give the run directory, or --capacity)" in result.stdout
+
+
+def test_explain_oom_on_runs() -> None:
+    result = run("explain-oom", RUNS / "oom_other_process")
+    assert result.exit_code == 0, result.output
+    assert "rank 0: " in result.stdout and "snapshot-oom-1.pickle" in result.stdout
+    assert "verdict OUTSIDE PRESSURE" in result.stdout and "other processes (NVML)     7.12 GiB" in result.stdout
+    result = run("explain-oom", RUNS / "admission_rejected")
+    assert result.exit_code == 0, result.output
+    assert "no allocation failure was recorded; the rejected request req-3" in result.stdout
+    doc = json.loads(run("explain-oom", TP2, "--format", "json").stdout)
+    assert [s["rank"] for s in doc["snapshots"]] == [0, 1] and all(s["ooms"] == [] for s in doc["snapshots"])
+    assert all(s["no_oom"][0]["message"].startswith("no allocation failure was recorded") for s in doc["snapshots"])
+
+
+def test_explain_oom_with_a_missing_nvml_file_or_rank(tp2: Path) -> None:
+    (tp2 / "rank=1" / "nvml-part-00001.parquet").unlink()
+    result = run("explain-oom", tp2)
+    assert result.exit_code == 0, result.output
+    assert "warning: rank 1: no nvml-part-*.parquet" in result.stdout
+    assert "allocator reserved only" in result.stdout             # rank 1's peak without NVML
+    result = run("explain-oom", tp2, "--rank", "3")
+    assert result.exit_code == 2 and "no snapshot to explain" in result.stderr
+
+
+def test_explain_oom_bad_input() -> None:
+    result = run("explain-oom", SCENARIOS / "oom_fragmentation.pickle", "--capacity", "forty")
+    assert result.exit_code == 2
+    assert result.stderr == "snapanalyze: error: --capacity forty: expected bytes or a size such as 40GiB or 80GB\n"
+    result = run("explain-oom", ROOT / "README.md")
+    assert result.exit_code == 2 and result.stderr.startswith("snapanalyze: error: ")
+
+
+def test_phases_command() -> None:
+    result = run("phases", TP2, "--rank", "1")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if line.lstrip().startswith("0  prefill #1"))
+    assert "vision_encoder 4.07 GiB" in row
+    doc = json.loads(run("phases", TP2, "--rank", "0", "--format", "json", "--no-categories").stdout)
+    exp = expected("tp2_vision_encoder")["ranks"]["0"]["phases"]
+    mine = [(p["phase"], p["peak_bytes"], p["before_bytes"]) for p in doc["phases"] if p["source"] == "markers"]
+    assert sorted(mine) == sorted((p["phase"], p["peak_bytes"], p["before_bytes"]) for p in exp)
+    assert all(p["top_categories"] == [] for p in doc["phases"])
+
+
+def test_attribute_phase() -> None:
+    result = run("attribute", TP2, "--rank", "0", "--phase", "prefill#2", "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    (d,) = doc["devices"]
+    assert d["instant"] == "peak of phase 'prefill' #2" and d["peak"]["event_index"] == 502
+    plain = json.loads(run("attribute", TP2, "--rank", "0", "--at", "event:502", "--format", "json").stdout)
+    assert d["categories"] == plain["devices"][0]["categories"] and d["peak"] == plain["devices"][0]["peak"]
+    table = run("attribute", TP2, "--rank", "1", "--phase", "prefill")
+    assert table.exit_code == 0 and "at the peak of phase 'prefill' #1 (event 437" in table.stdout
+    assert "vision_encoder" in table.stdout
+
+
+def test_attribute_phase_errors() -> None:
+    result = run("attribute", TP2, "--rank", "0", "--phase", "prefill", "--at", "peak:2")
+    assert result.exit_code == 2 and "--phase and --at" in result.stderr
+    result = run("attribute", TP2, "--rank", "0", "--phase", "warmup")
+    assert result.exit_code == 2 and "no phase 'warmup' inside the trace window (phases: decode" in result.stderr
+
+
+def test_parse_size() -> None:
+    assert parse_size("40GiB") == 40 << 30 and parse_size("80 GB") == 80 * 10**9
+    assert parse_size("1.5 MiB") == 3 << 19 and parse_size("42949672960") == 42949672960
+    with pytest.raises(UsageError):
+        parse_size("40 parsecs")

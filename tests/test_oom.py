@@ -1,0 +1,213 @@
+"""Why an allocation failed: the numbers at each oom entry against the generators' answers, the three verdicts,
+the advice they lead to, estimates when the oom is not the last word, and the statement when nothing failed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from conftest import BASE, SnapshotBuilder
+
+from snapanalyze import load, replay
+from snapanalyze.analyze.oom import OOM_COLUMNS, explain_oom, explain_path, rejected_requests
+from snapanalyze.load.columns import to_snapshot
+from snapanalyze.load.samples import read_run
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "fixtures" / "scenarios"
+RUNS = ROOT / "fixtures" / "runs"
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def scenario(name: str) -> tuple[object, dict]:
+    return load(SCENARIOS / f"{name}.pickle"), json.loads((SCENARIOS / f"{name}.expected.json").read_text())
+
+
+def check_numbers(row: pd.Series, exp: dict) -> None:
+    assert row["index"] == exp["event_index"]
+    assert row["request_bytes"] == exp["size"]
+    assert row["device_free_bytes"] == exp["device_free"]
+    assert row["active_bytes"] == exp["active_bytes"]
+    assert row["allocated_bytes"] == exp["allocated_bytes"]
+    assert row["reserved_bytes"] == exp["reserved_bytes"]
+    assert row["reserved_free_bytes"] == exp["reserved_free_bytes"]
+    assert row["largest_free_block_any_bytes"] == exp["largest_free_block"]
+    assert row["verdict"] == exp["verdict"]
+
+
+def test_fragmentation() -> None:
+    snap, exp = scenario("oom_fragmentation")
+    result = explain_oom(snap, capacity=40 * GiB)
+    assert list(result.ooms.columns) == OOM_COLUMNS and len(result.ooms) == 1 and result.no_oom == []
+    row = result.ooms.iloc[0]
+    check_numbers(row, exp["oom"])
+    assert row["exact"] and row["state_source"].startswith("end state")
+    assert row["largest_free_block_bytes"] == 260 * MiB < row["request_bytes"]
+    assert row["request_bytes"] <= row["reserved_free_bytes"] + row["device_free_bytes"]
+    # 40 GiB − reserved − device free: the generator's note says 754,974,720 B outside the allocator
+    assert row["outside_bytes"] == 754_974_720 and row["capacity_source"] == "given"
+    assert row["why"].startswith("allocation failure from fragmentation: the 1.96 GiB request")
+    assert "largest usable: 260.00 MiB" in row["why"] and "2.91 GiB would have covered it" in row["why"]
+    advice = row["advice"]
+    assert advice[0].startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert advice[1].startswith("max_split_size_mb:256") and row["split_segments"] == 8
+    assert result.categories[["category", "bytes"]].values.tolist() == [["weights", exp["oom"]["active_bytes"]]]
+
+
+def test_live_exhaustion() -> None:
+    snap, exp = scenario("oom_live_exhaustion")
+    result = explain_oom(snap)
+    row = result.ooms.iloc[0]
+    check_numbers(row, exp["oom"])
+    assert row["largest_free_block_bytes"] == 0          # the only free block is small-pool slack
+    assert row["shortfall_bytes"] == 33_554_432 - 1_430_528 - 13_631_488
+    assert row["capacity_bytes"] is pd.NA and row["outside_bytes"] is pd.NA
+    assert row["capacity_source"].startswith("unknown")
+    assert row["why"].startswith("live memory exhaustion: the device could not give the 32.00 MiB request")
+    assert row["advice"][0].startswith("a smaller KV cache") and "kv_cache holds 8.47 GiB" in row["advice"][0]
+    assert row["advice"][-1] == "free at least 17.64 MiB of live memory before this allocation"
+    cats = dict(zip(result.categories["category"], result.categories["bytes"]))
+    assert cats == exp["categories"]         # the failure is right after the peak: the same blocks are live
+    assert dict(zip(result.categories["category"], result.categories["window_bytes"])) == \
+        {"weights": 0, "kv_cache": exp["categories"]["kv_cache"]}
+
+
+def test_pressure_from_another_process() -> None:
+    exp = json.loads((RUNS / "oom_other_process.expected.json").read_text())
+    items, problems = explain_path(RUNS / "oom_other_process")
+    assert problems == [] and [(i.rank, i.tag) for i in items] == [(0, "oom-1")]
+    row = items[0].explanation.ooms.iloc[0]
+    want = exp["ranks"]["0"]["oom"]
+    check_numbers(row, want)
+    others = exp["ranks"]["0"]["nvml"]["other_processes_bytes"]
+    assert row["other_processes_bytes"] == others and row["own_outside_bytes"] == 420 * MiB
+    assert row["capacity_bytes"] == 24_152_899_584 and row["capacity_source"] == "NVML total"
+    assert row["outside_bytes"] == row["capacity_bytes"] - row["reserved_bytes"] - row["device_free_bytes"] \
+        == others + 420 * MiB
+    assert row["shortfall_bytes"] > 0 and others >= row["shortfall_bytes"]
+    assert row["why"].startswith("pressure from outside the allocator")
+    assert "other processes held 7.12 GiB on the device at the failure" in row["why"]
+    assert row["advice"][0].startswith("give this process the device to itself")
+
+
+def test_idle_nvml_alone_never_decides() -> None:
+    """Samples from long before the failure show another process; none near the failure: no outside verdict."""
+    exp = json.loads((RUNS / "oom_other_process.expected.json").read_text())
+    snap = load(RUNS / "oom_other_process")
+    nvml = read_run(RUNS / "oom_other_process").nvml_of(0)
+    early = nvml[nvml["time_us"] < exp["oom_time_us"] - 2_000_000].copy()
+    early["other_processes_used_bytes"] = pd.array([8 * GiB] * len(early), dtype="Int64")
+    early["used_bytes"] += 8 * GiB
+    row = explain_oom(snap, nvml=early).ooms.iloc[0]
+    assert row["verdict"] == "live_exhaustion" and row["other_processes_bytes"] is pd.NA
+    # with the samples near the failure, but nobody else on the device, it is live exhaustion as well
+    alone = nvml.assign(other_processes_used_bytes=pd.array([0] * len(nvml), dtype="Int64"))
+    alone["used_bytes"] = alone["process_used_bytes"].astype("int64")
+    row = explain_oom(snap, nvml=alone).ooms.iloc[0]
+    assert row["verdict"] == "live_exhaustion" and row["other_processes_bytes"] == 0
+    assert row["outside_growth_bytes"] == 0
+
+
+def _oom_then_more(builder: SnapshotBuilder, with_later_free: bool) -> object:
+    """A 20 MiB segment: 8 MiB live, a 6 MiB hole, 6 MiB live; a 10 MiB request fails. With `with_later_free`
+    the last block is freed after the failure, so the end state shows one merged 12 MiB free block."""
+    live, hole, tail = 8 * MiB, 6 * MiB, 6 * MiB
+    if with_later_free:
+        a, _ = builder.segment(BASE, [(live, live, "active_allocated"), (hole + tail, 0, "inactive")])
+    else:
+        a, _, _ = builder.segment(BASE, [(live, live, "active_allocated"), (hole, 0, "inactive"),
+                                         (tail, tail, "active_allocated")])
+    h, c = BASE + live, BASE + live + hole
+    builder.event("segment_alloc", BASE, live + hole + tail)
+    builder.alloc(a, live)
+    builder.alloc(h, hole)
+    builder.alloc(c, tail)
+    builder.free(h, hole)
+    builder.event("oom", None, 10 * MiB, device_free=2 * MiB)
+    if with_later_free:
+        builder.free(c, tail)
+    return to_snapshot(builder.build(), "synthetic.pickle", "pickle")
+
+
+def test_exact_when_last_and_estimated_otherwise(builder: SnapshotBuilder) -> None:
+    exact = explain_oom(_oom_then_more(builder, False)).ooms.iloc[0]
+    assert exact["exact"] and exact["largest_free_block_bytes"] == 6 * MiB
+    assert exact["reserved_free_bytes"] == 6 * MiB and exact["verdict"] == "live_exhaustion"
+    later = _oom_then_more(SnapshotBuilder(), True)
+    assert replay(later).check_invariants() == []
+    est = explain_oom(later)
+    row = est.ooms.iloc[0]
+    assert not row["exact"] and row["state_source"].startswith("estimated")
+    # the replay lays the live blocks of the failure into the segment: the same 6 MiB hole, not the later 12 MiB
+    assert row["largest_free_block_bytes"] == 6 * MiB and row["reserved_free_bytes"] == 6 * MiB
+    assert est.notes and est.notes[0].startswith("estimated")
+
+
+def test_fragmentation_in_small_steps(builder: SnapshotBuilder) -> None:
+    """Two 6 MiB holes in one segment, 10 MiB requested, 1 MiB free on the device: fragmentation."""
+    a, h1, b, h2 = builder.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated"), (6 * MiB, 6 * MiB, "inactive"),
+                                          (4 * MiB, 4 * MiB, "active_allocated"), (6 * MiB, 6 * MiB, "inactive")])
+    builder.event("oom", None, 10 * MiB, device_free=1 * MiB)
+    row = explain_oom(to_snapshot(builder.build(), "f.pickle", "pickle")).ooms.iloc[0]
+    assert row["verdict"] == "fragmentation" and row["reserved_free_bytes"] == 12 * MiB
+    assert "more than the request by itself" in row["why"]
+
+
+def test_a_free_block_that_fits_is_unexplained(builder: SnapshotBuilder) -> None:
+    builder.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated"), (16 * MiB, 16 * MiB, "inactive")])
+    builder.event("oom", None, 10 * MiB, device_free=0)
+    row = explain_oom(to_snapshot(builder.build(), "u.pickle", "pickle")).ooms.iloc[0]
+    assert row["verdict"] == "unexplained" and row["largest_free_block_bytes"] == 16 * MiB
+    # on another stream the same block could not serve it: fragmentation, not a contradiction
+    b2 = SnapshotBuilder()
+    b2.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated"), (16 * MiB, 16 * MiB, "inactive")], stream=7)
+    b2.event("oom", None, 10 * MiB, device_free=0)
+    row = explain_oom(to_snapshot(b2.build(), "s.pickle", "pickle")).ooms.iloc[0]
+    assert row["verdict"] == "fragmentation" and row["largest_free_block_bytes"] == 0
+    assert row["largest_free_block_any_bytes"] == 16 * MiB
+
+
+def test_no_oom_with_a_rejected_request() -> None:
+    exp = json.loads((RUNS / "admission_rejected.expected.json").read_text())["ranks"]["0"]
+    items, problems = explain_path(RUNS / "admission_rejected")
+    e = items[0].explanation
+    assert len(e.ooms) == 0 and problems == []
+    n = e.no_oom[0]
+    assert n["capacity_bytes"] == exp["capacity_bytes"] and n["capacity_source"] == "NVML total"
+    assert n["nvml_used_bytes"] == exp["nvml"]["nvml_used_bytes"]
+    assert n["headroom_bytes"] == exp["capacity_bytes"] - exp["nvml"]["nvml_used_bytes"]
+    assert n["peak_index"] == exp["peak"]["event_index"]
+    assert n["message"].startswith("no allocation failure was recorded; the rejected request req-3 (prompt of 40,000 "
+                                   "tokens exceeds max_model_len 32,768) was refused by an admission limit")
+    assert "the peak stayed 12.48 GiB below capacity (44.99 GiB" in n["message"]
+    assert [r["name"] for r in n["rejected_requests"]] == ["req-3"]
+
+
+def test_no_oom_and_no_capacity() -> None:
+    snap = load(SCENARIOS / "kv_weights_baseline.pickle")
+    n = explain_oom(snap).no_oom[0]
+    assert n["headroom_bytes"] is None and n["nvml_used_bytes"] is None
+    assert n["message"].startswith("no allocation failure was recorded; any rejected request was refused")
+    assert "capacity is unknown" in n["message"]
+    n = explain_oom(snap, capacity=80 * GiB).no_oom[0]
+    assert n["headroom_bytes"] == 80 * GiB - replay(snap)[0].reserved_at(n["peak_index"])
+    assert "allocator reserved only" in n["message"]
+
+
+def test_rejected_requests_conventions() -> None:
+    m = pd.DataFrame([
+        {"kind": "request", "name": "a", "start_time_us": 1, "attrs": {"rejected": True}},
+        {"kind": "request", "name": "b", "start_time_us": 2, "attrs": {"status": "Aborted", "error": "too long"}},
+        {"kind": "request", "name": "c", "start_time_us": 3, "attrs": {"status": "finished"}},
+        {"kind": "phase", "name": "d", "start_time_us": 4, "attrs": {"rejected": True}},
+    ])
+    assert rejected_requests(m).to_dict("records") == [{"name": "a", "time_us": 1, "reason": ""},
+                                                       {"name": "b", "time_us": 2, "reason": "too long"}]
+
+
+def test_a_pickle_inside_a_run_reads_its_rank_samples() -> None:
+    items, problems = explain_path(RUNS / "oom_other_process" / "rank=0" / "snapshot-oom-1.pickle")
+    assert items[0].rank == 0 and problems == []
+    assert items[0].explanation.ooms.iloc[0]["verdict"] == "outside_pressure"
