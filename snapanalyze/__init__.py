@@ -1,23 +1,38 @@
 """snapanalyze: explain GPU memory peaks from PyTorch allocator snapshots.
 
-Public API: `load` a snapshot into a columnar Snapshot, `replay` it into a Timeline of exact curves,
-`find_peaks` on it, `attribute` the live bytes at an instant to categories, `top_sites` to drill down,
-`load_rules` to extend the rules, `summarize` to see what a file holds. Importing this package never
-imports torch.
+Public API: `load` a snapshot (or a run directory) into a columnar Snapshot, `replay` it into a Timeline
+of exact curves, `find_peaks` on it, `attribute` the live bytes at an instant to categories, `top_sites`
+to drill down, `load_rules` to extend the rules, `summarize` to see what a file holds; for runs
+`read_run`, `compare_ranks`, `phase_table`, `attribute_phase`, `outside_at_peaks`, `explain_oom`; to
+compare `diff`, `capacity`, `check`. Collecting lives in `snapanalyze.collect`. Importing this package
+never imports torch.
 """
 
-from .analyze.attribute import Attribution, attribute, top_sites
+from .analyze.attribute import Attribution, attribute, label_lifetimes, top_sites
+from .analyze.capacity import Capacity, capacity, capacity_contract, fit_capacity, measure_sweep, sweep_points
+from .analyze.check import BudgetExceeded, CheckResult, check
+from .analyze.diff import Diff, diff
+from .analyze.oom import OomExplanation, explain_oom, explain_path
+from .analyze.outside import join_samples, outside_at_peaks
 from .analyze.peaks import find_peaks
+from .analyze.phases import attribute_phase, phase_table
+from .analyze.ranks import RankComparison, compare_ranks
 from .analyze.rules import RuleSet, load_rules
 from .analyze.summary import summarize
 from .errors import BadInputError, RulesError, SnapanalyzeError, UnsafePickleError, UsageError
 from .load import load
+from .load.samples import RunSamples, read_run
 from .model import Snapshot
 from .replay import Timeline, replay
+from .units import parse_bytes
 
 __all__ = [
-    "load", "replay", "find_peaks", "attribute", "top_sites", "load_rules", "summarize",
-    "Snapshot", "Timeline", "Attribution", "RuleSet",
-    "SnapanalyzeError", "BadInputError", "UnsafePickleError", "UsageError", "RulesError",
+    "load", "replay", "find_peaks", "attribute", "label_lifetimes", "top_sites", "load_rules", "summarize",
+    "read_run", "compare_ranks", "phase_table", "attribute_phase", "outside_at_peaks", "join_samples",
+    "explain_oom", "explain_path", "diff", "capacity", "sweep_points", "measure_sweep", "fit_capacity",
+    "capacity_contract", "check", "parse_bytes",
+    "Snapshot", "Timeline", "Attribution", "RuleSet", "RunSamples", "RankComparison", "OomExplanation",
+    "Diff", "Capacity", "CheckResult",
+    "SnapanalyzeError", "BadInputError", "UnsafePickleError", "UsageError", "RulesError", "BudgetExceeded",
 ]
 __version__ = "0.1.0"

@@ -16,8 +16,6 @@ ok, at_peak_bytes (the subject's bytes at the global peak), event_index (of the 
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -27,6 +25,7 @@ import pandas as pd
 from ..errors import SnapanalyzeError, UsageError
 from ..model import Snapshot
 from ..replay import replay
+from ..units import parse_bytes  # noqa: F401  (part of this module's API)
 from .attribute import attribute
 from .capacity import category_levels, label_lifetimes
 from .peaks import global_peak_index
@@ -34,33 +33,13 @@ from .rules import RuleSet, load_rules
 
 ROW_COLUMNS = ["device", "check", "subject", "limit_bytes", "actual_bytes", "headroom_bytes", "ok", "at_peak_bytes",
                "event_index"]
-_UNITS = {"": 1, "b": 1,
-          "k": 1024, "kb": 1000, "kib": 1024, "m": 1024 ** 2, "mb": 1000 ** 2, "mib": 1024 ** 2,
-          "g": 1024 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3, "t": 1024 ** 4, "tb": 1000 ** 4, "tib": 1024 ** 4,
-          "pb": 1000 ** 5, "pib": 1024 ** 5}
-_SIZE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
+
 
 
 class BudgetExceeded(SnapanalyzeError):
     """A limit given to `check` was exceeded: exit code 1, so CI tells it apart from bad input (2)."""
 
     exit_code = 1
-
-
-def parse_bytes(text: str | int) -> int:
-    """Bytes from "70GiB", "512 MiB", "1.5GB", "4096", "64k" (k/M/G/T alone are binary). Raises UsageError."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise UsageError(f"a size must be ≥ 0, got {text}")
-        return text
-    m = _SIZE.match(str(text))
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise UsageError(f"not a size: {text!r} (expected e.g. 70GiB, 512MiB, 1.5GB or a number of bytes)")
-    value = float(m.group(1).replace("_", "")) * _UNITS[unit]
-    if not math.isfinite(value):
-        raise UsageError(f"not a size: {text!r}")
-    return int(round(value))
 
 
 def parse_limits(items: Iterable[str]) -> dict[str, int]:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import units
 from ..errors import BadInputError
 from ..load import load
 from ..load.samples import RunSamples, pick_snapshots, rank_of, rank_path, read_run
@@ -87,15 +88,8 @@ CATEGORY_ADVICE = {
     "workspace": "smaller library workspaces (CUBLAS_WORKSPACE_CONFIG, engine workspace limits)",
 }
 def fmt_bytes(n: int | None) -> str:
-    """Binary units with two decimals, for the sentences of `why` and `advice` (analysis never imports report)."""
-    if n is None:
-        return "unknown"
-    value, sign = abs(float(n)), "-" if n < 0 else ""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    """Binary units for the sentences of `why` and `advice`; None is "unknown"."""
+    return units.fmt_bytes(n, none="unknown")
 
 
 UNKNOWN_CAPACITY = "unknown: no NVML samples or meta.json (give the run directory, or --capacity)"

@@ -1,48 +1,14 @@
-"""Plain-text rendering for terminals: byte units, aligned tables. Pure functions returning strings.
+"""Plain-text rendering for terminals: aligned tables (and the unit formatters of `units`, re-exported).
 
-Contract: `fmt_bytes` formats binary units (B, KiB, MiB, GiB, TiB) with two decimals; `table` renders rows
-of already-formatted cells with right-aligned numeric columns. Nothing here prints.
+Contract: `table` renders rows of already-formatted cells with right-aligned numeric columns. Nothing here
+prints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "–"
-    value = float(n)
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    for unit in _UNITS:
-        if value < 1024 or unit == _UNITS[-1]:
-            return f"{sign}{int(value)} {unit}" if unit == "B" else f"{sign}{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def fmt_time_us(t: int | None) -> str:
-    if t is None:
-        return "–"
-    return datetime.fromtimestamp(t / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
-
-
-def fmt_duration_us(d: int | None) -> str:
-    if d is None:
-        return "–"
-    if d < 1000:
-        return f"{d} µs"
-    if d < 1_000_000:
-        return f"{d / 1000:.2f} ms"
-    return f"{d / 1e6:.3f} s"
-
-
-def fmt_share(x: float) -> str:
-    return f"{100 * x:.1f}%"
+from ..units import fmt_bytes, fmt_duration_us, fmt_share, fmt_time_us  # noqa: F401  (re-exported)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
