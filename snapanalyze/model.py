@@ -169,6 +169,10 @@ class Snapshot:
         """Every stack interned so far, long format: stack_id, depth (0 = innermost), frame_id."""
         return self.interner.stacks_table()
 
+    def _repr_html_(self) -> str:
+        from .report.notebook import snapshot_html
+        return snapshot_html(self)
+
     def __repr__(self) -> str:
         n = sum(len(t) for t in self.traces.values())
         return (f"<Snapshot {self.source!r}: {len(self.devices)} device(s), {n:,} events, "

@@ -99,6 +99,10 @@ class Timeline:
         """Problems found proving the replay against the end state (empty when it holds)."""
         return [p for d in self.devices.values() for p in d.problems]
 
+    def _repr_html_(self) -> str:
+        from .report.notebook import timeline_html
+        return timeline_html(self)
+
 
 def _first_per_span(mask: np.ndarray, span_id: np.ndarray, order: np.ndarray, n_spans: int) -> np.ndarray:
     pos = np.flatnonzero(mask)

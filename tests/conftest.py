@@ -302,3 +302,11 @@ def builder() -> SnapshotBuilder:
 def real_raw() -> dict[str, Any]:
     """Raw builtins of every corpus file, read once per session (keyed by file name)."""
     return {p.name: read_fixture_raw(p) for p in REAL_FILES}
+
+
+# -- options ----------------------------------------------------------------------------------------------
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="Rewrite the golden files under tests/golden/ from the current output instead of "
+                          "comparing against them.")

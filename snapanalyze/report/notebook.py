@@ -1,0 +1,70 @@
+"""Notebook display: compact HTML summary tables for a Snapshot, a Timeline and an Attribution.
+
+Contract: `snapshot_html`, `timeline_html` and `attribution_html` return a small HTML fragment (a heading
+line and one table, rendered from `templates/notebook/` with every value escaped) that Jupyter shows for
+the object through its `_repr_html_`. They never include plotly.js or a figure (plots are `snapanalyze.plots`
+functions that return Figures), read only what the object already holds — no replay, no attribution — and
+stay small whatever the trace size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..analyze.peaks import global_peak_index
+from ..model import ACTIVE_STATES, Snapshot
+from ..replay import Timeline
+from .templating import render
+
+
+def _window_us(time_us: np.ndarray | None) -> int | None:
+    if time_us is None or len(time_us) == 0:
+        return None
+    return int(time_us[-1]) - int(time_us[0])
+
+
+def snapshot_html(snapshot: Snapshot) -> str:
+    """Source, container, and per device: events, window, segments, reserved bytes, active blocks, OOMs."""
+    segments, blocks, ooms = snapshot.segments, snapshot.blocks, snapshot.ooms
+    rows = []
+    for device in snapshot.devices:
+        trace = snapshot.trace(device)
+        on_device = segments["device"].to_numpy() == device
+        active = (blocks["device"].to_numpy() == device) & blocks["state"].isin(ACTIVE_STATES).to_numpy()
+        rows.append({"device": device, "events": len(trace), "window": _window_us(trace.time_us),
+                     "segments": int(on_device.sum()),
+                     "reserved": int(segments["total_size"].to_numpy()[on_device].sum()),
+                     "active_blocks": int(active.sum()),
+                     "ooms": int((ooms["device"].to_numpy() == device).sum()) if len(ooms) else 0})
+    return str(render("notebook/snapshot.html.j2", source=snapshot.source, container=snapshot.format.container,
+                      rows=rows))
+
+
+def timeline_html(timeline: Timeline) -> str:
+    """Per device: events, baseline, the global peak of active bytes and where, maximum reserved, replay check."""
+    rows = []
+    for device, dt in sorted(timeline.devices.items()):
+        n = len(dt)
+        peak_index = global_peak_index(dt)
+        peak = dt.active_at(peak_index)
+        rows.append({"device": device, "events": n, "window": _window_us(dt.time_us),
+                     "baseline": dt.baseline_active, "peak": peak, "peak_index": peak_index,
+                     "allocated_est": dt.allocated_est_at(peak_index),
+                     "max_reserved": max(int(dt.reserved.max()) if n else 0, dt.baseline_reserved),
+                     "problems": len(dt.problems)})
+    return str(render("notebook/timeline.html.j2", source=timeline.snapshot.source, rows=rows))
+
+
+def attribution_html(attribution: Any, top: int = 1) -> str:
+    """Per device: the instant (label, event, active and reserved bytes), then bytes per category with the
+    `top` allocation sites of each, and the attribution's notes."""
+    devices = []
+    for device, instant in sorted(attribution.instants.items()):
+        summary = attribution.summary[attribution.summary["device"] == device]
+        devices.append({"instant": instant, "rows": [
+            {"category": r.category, "bytes": int(r.bytes), "share": float(r.share), "blocks": int(r.blocks),
+             "sites": list(zip(r.top_frames, r.top_frame_bytes))[:top]} for r in summary.itertuples()]})
+    return str(render("notebook/attribution.html.j2", source=attribution.snapshot.source, devices=devices,
+                      notes=list(attribution.notes)))

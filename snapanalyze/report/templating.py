@@ -1,0 +1,36 @@
+"""The jinja2 environment every HTML fragment of snapanalyze is rendered with.
+
+Contract: `environment()` returns one shared Environment over `report/templates/` with autoescaping on for
+every template (so any text from a snapshot — frame names, file paths, metadata — is escaped), undefined
+names raising, and the display filters: `bytes` (binary units), `int` (thousands separators), `share` (a
+percentage) and `duration` (µs in the unit that reads best), formatted as the terminal shows them.
+`render(name, **values)` renders one template to Markup.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from ..units import fmt_bytes, fmt_duration_us, fmt_share
+
+
+def _int(value: Any) -> str:
+    return f"{int(value):,}"
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.PackageLoader("snapanalyze.report", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters.update({"bytes": fmt_bytes, "int": _int, "share": fmt_share, "duration": fmt_duration_us})
+    return env
+
+
+def render(name: str, **values: Any) -> Markup:
+    """Template `name` (relative to report/templates) rendered with `values`, as safe Markup."""
+    return Markup(environment().get_template(name).render(**values))

@@ -1,0 +1,131 @@
+"""`snapanalyze report`: writes one HTML file atomically, never replaces one without --force, passes its
+options through, reports a rank of a run directory, and shows progress only on a terminal."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import snapanalyze.cli.report as cli_report
+from snapanalyze.cli import main
+from snapanalyze.cli.progress import Progress
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+FIXTURE = SCENARIOS / "oom_fragmentation.pickle"
+
+
+def run(*args: object) -> Result:
+    """The CLI; `report` gets few category samples unless the test sets them (they only cost time here)."""
+    argv = [str(a) for a in args]
+    if argv[0] == "report" and "--samples" not in argv:
+        argv += ["--samples", "4"]
+    return CliRunner().invoke(main, argv)
+
+
+def test_writes_one_html_file_and_says_so(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    result = run("report", FIXTURE, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"wrote {out} (") and result.stdout.rstrip().endswith("MB)")
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "The peak on device 0 was 36.70 GiB" in page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]     # no temporary file left
+    assert result.stderr == ""                                                # not a terminal: no progress
+
+
+def test_refuses_to_replace_without_force(tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    out.write_text("keep me")
+    result = run("report", FIXTURE, "-o", out)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"snapanalyze: error: {out}: exists already; pass --force to replace it"
+    assert out.read_text() == "keep me"
+    assert run("report", FIXTURE, "-o", out, "--force").exit_code == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_failure_midway_leaves_the_old_file_and_no_partial_one(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "report.html"
+    out.write_text("previous report")
+
+    def failing_replace(src: str, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli_report.os, "replace", failing_replace)
+    result = run("report", FIXTURE, "-o", out, "--force")
+    assert result.exit_code != 0
+    assert out.read_text() == "previous report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]     # the temporary file is gone
+
+
+def test_bad_input_and_missing_directory_are_one_line_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(b"not a pickle")
+    result = run("report", bad, "-o", tmp_path / "r.html")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and str(bad) in result.stderr
+    result = run("report", FIXTURE, "-o", tmp_path / "missing" / "r.html")
+    assert result.exit_code == 2 and "does not exist" in result.stderr
+    result = run("report", FIXTURE, "-o", tmp_path / "r.html", "--at", "peak:99")
+    assert result.exit_code == 2 and "peak(s)" in result.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_options_reach_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    result = run("report", SCENARIOS / "concurrent_requests.pickle", "-o", out, "--redact-paths",
+                 "--at", "event:700", "--at", "peak", "--samples", "4", "--top", "2")
+    assert result.exit_code == 0, result.output
+    page = out.read_text(encoding="utf-8")
+    assert "At event 700 on device 0" in page and 'id="instant-d0-p1"' in page
+    assert str(SCENARIOS) not in page and "srv/scoring" not in page
+
+
+def test_a_rank_of_a_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for rank, name in ((0, "oom_fragmentation"), (1, "prompt_logprobs_logits")):
+        (run_dir / f"rank={rank}").mkdir(parents=True)
+        shutil.copy(SCENARIOS / f"{name}.pickle", run_dir / f"rank={rank}" / "snapshot-final.pickle")
+    out = tmp_path / "r.html"
+    result = run("report", run_dir, "--rank", "1", "-o", out)
+    assert result.exit_code == 0, result.output
+    page = out.read_text(encoding="utf-8")
+    assert "1 device, 619 events, rank 1" in page and "71.52 GiB" in page
+    ambiguous = run("report", run_dir, "-o", tmp_path / "x.html")
+    assert ambiguous.exit_code == 2 and "--rank" in ambiguous.stderr
+
+
+def test_progress_is_shown_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class OnTerminal(Progress):
+        def __init__(self) -> None:
+            super().__init__(enabled=True)
+
+    monkeypatch.setattr(cli_report, "Progress", OnTerminal)
+    result = run("report", FIXTURE, "-o", tmp_path / "r.html")
+    assert result.exit_code == 0
+    for step in ("loading…", "replaying…", "attributing…", "rendering…", "writing…"):
+        assert f"snapanalyze: {step}" in result.stderr
+    assert result.stderr.endswith("\r\033[K")          # the line is erased at the end
+    assert "snapanalyze:" not in result.stdout
+
+
+def test_progress_writes_nothing_when_piped() -> None:
+    class Pipe(io.StringIO):
+        def isatty(self) -> bool:
+            return False
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    piped, tty = Pipe(), Tty()
+    for stream in (piped, tty):
+        p = Progress(stream=stream)
+        p.step("loading")
+        p.done()
+    assert piped.getvalue() == ""
+    assert tty.getvalue().startswith("\r\033[Ksnapanalyze: loading… 0.0 s")

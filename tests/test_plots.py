@@ -1,0 +1,199 @@
+"""Plots: figures carry exact peaks, bounded point counts, escaped text, and icicles whose boxes add up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+from conftest import SnapshotBuilder, write_pickle
+
+from snapanalyze import attribute, find_peaks, load, replay
+from snapanalyze.analyze.over_time import categories_over_time
+from snapanalyze.plots import (
+    GiB,
+    categories_figure,
+    compare_figure,
+    cpp_symbol,
+    envelope_indices,
+    frame_label,
+    icicle_figure,
+    time_axis,
+    timeline_figure,
+)
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+MiB = 1 << 20
+BASE = 0x7F00_0000_0000
+
+
+def long_trace(tmp_path: Path, n_pairs: int = 6000, spike_at: int = 4321) -> Path:
+    """n_pairs alloc/free pairs of 1 MiB, with one 512 MiB allocation held across a single pair."""
+    b = SnapshotBuilder(frames=False)
+    for i in range(n_pairs):
+        if i == spike_at:
+            b.alloc(BASE + (1 << 32), 512 * MiB)
+        b.alloc(BASE, MiB)
+        b.free(BASE, MiB)
+        if i == spike_at:
+            b.free(BASE + (1 << 32), 512 * MiB)
+    return write_pickle(tmp_path / "long.pickle", b.build(n_devices=1))
+
+
+# -- envelope -----------------------------------------------------------------------------------------------
+
+def test_envelope_keeps_short_series_whole() -> None:
+    assert envelope_indices(np.arange(10), 5).tolist() == list(range(10))
+
+
+def test_envelope_keeps_every_spike_and_dip_exactly() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.integers(100, 200, size=100_003)
+    values[12_345] = 10_000
+    values[99_999] = -5
+    idx = envelope_indices(values, 500)
+    assert len(idx) <= 2 * 500 + 2
+    assert {12_345, 99_999, 0, 100_002} <= set(idx.tolist())
+    assert np.all(np.diff(idx) > 0)
+    # each bucket's extremes survive: the envelope's max over any bucket equals the data's
+    width = -(-len(values) // 500)
+    for k in (0, 123, -(-len(values) // width) - 1):
+        lo, hi = k * width, min(len(values), (k + 1) * width)
+        kept = idx[(idx >= lo) & (idx < hi)]
+        assert values[kept].max() == values[lo:hi].max() and values[kept].min() == values[lo:hi].min()
+
+
+# -- timeline -----------------------------------------------------------------------------------------------
+
+def test_timeline_figure_is_bounded_and_keeps_the_peak_exact(tmp_path: Path) -> None:
+    snap = load(long_trace(tmp_path))
+    timeline = replay(snap)
+    peaks = find_peaks(timeline, top=3)
+    fig = timeline_figure(timeline, 0, peaks, max_points=400)
+    curves = {t.name: t for t in fig.data}
+    assert set(curves) == {"active (exact)", "reserved (exact)", "allocated (estimate)", "peaks"}
+    active = curves["active (exact)"]
+    assert len(active.y) <= 400 + 2 + len(peaks)       # envelope, the baseline point, the peaks
+    assert len(timeline[0]) > 10 * len(active.y)
+    top = int(peaks["active_bytes"].iloc[0])
+    assert top == 513 * MiB
+    assert np.max(active.y) == top / GiB                  # the spike is drawn at its exact height
+    assert list(curves["peaks"].y)[0] == top / GiB
+    assert int(peaks["event_index"].iloc[0]) in set(np.asarray(active.customdata).tolist())
+    assert fig.layout.xaxis.title.text == "time into the window (s)"
+
+
+def test_timeline_without_timestamps_uses_the_event_index(tmp_path: Path) -> None:
+    b = SnapshotBuilder(times=False)
+    b.alloc(BASE, MiB)
+    b.free(BASE, MiB)
+    timeline = replay(load(write_pickle(tmp_path / "nt.pickle", b.build(n_devices=1))))
+    assert time_axis(timeline[0]).title == "event index"
+    fig = timeline_figure(timeline, 0)
+    assert list(fig.data[-1].x) == [-1.0, 0.0, 1.0, 2.0]
+
+
+def test_oom_entries_are_marked_where_they_happened() -> None:
+    snap = load(SCENARIOS / "oom_fragmentation.pickle")
+    timeline = replay(snap)
+    fig = timeline_figure(timeline, 0, find_peaks(timeline), snap.ooms)
+    oom = next(t for t in fig.data if t.name == "OOM")
+    assert list(oom.y) == [timeline[0].active_at(66) / GiB]
+    assert "1.96 GiB request failed" in oom.hovertext[0]
+
+
+def test_figures_do_not_depend_on_plotlys_default_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = load(SCENARIOS / "oom_fragmentation.pickle")
+    timeline = replay(snap)
+    first = timeline_figure(timeline, 0).to_json()
+    monkeypatch.setattr(pio.templates, "default", "ggplot2")
+    assert timeline_figure(timeline, 0).to_json() == first
+
+
+# -- categories and comparisons -----------------------------------------------------------------------------
+
+def test_categories_figure_stacks_one_trace_per_category_in_the_given_order() -> None:
+    snap = load(SCENARIOS / "prompt_logprobs_logits.pickle")
+    timeline = replay(snap)
+    series = categories_over_time(snap, timeline, samples=6)
+    fig = categories_figure(series, timeline, 0, order=["kv_cache", "weights"], marks=[(598, "peak 1")])
+    names = [t.name for t in fig.data]
+    assert names[:2] == ["kv_cache", "weights"] and set(names) == set(series["category"])
+    assert all(t.stackgroup == "categories" for t in fig.data)
+    total = sum(np.asarray(t.y) for t in fig.data)
+    expected = [timeline[0].active_at(int(i)) / GiB for i in sorted(series["event_index"].unique())]
+    assert np.allclose(total, expected)
+    assert [a.text for a in fig.layout.annotations] == ["peak 1"]
+
+
+def test_compare_figure_shows_both_instants_per_category() -> None:
+    snap = load(SCENARIOS / "prompt_logprobs_logits.pickle")
+    timeline = replay(snap)
+    a = attribute(snap, at="peak:2", timeline=timeline)
+    b = attribute(snap, at="peak", timeline=timeline)
+    fig = compare_figure(a, b, 0, labels=("before", "peak"))
+    assert [t.name for t in fig.data] == ["before", "peak"]
+    logits = list(fig.data[1].y).index("logits")
+    assert fig.data[1].x[logits] == pytest.approx(10_260_736_520 / GiB)
+    assert fig.data[0].x[list(fig.data[0].y).index("logits")] == 0
+
+
+# -- icicle -------------------------------------------------------------------------------------------------
+
+def _tree(fig: go.Figure) -> dict[str, tuple[str, str, int]]:
+    ic = fig.data[0]
+    return {i: (p, lab, int(v)) for i, p, lab, v in zip(ic.ids, ic.parents, ic.labels, ic.values)}
+
+
+def test_icicle_boxes_add_up_and_follow_categories() -> None:
+    snap = load(SCENARIOS / "prompt_logprobs_logits.pickle")
+    result = attribute(snap)
+    tree = _tree(icicle_figure(result, 0))
+    root = [i for i, (p, _, _) in tree.items() if p == ""]
+    assert len(root) == 1 and tree[root[0]][2] == result.instants[0].active_bytes
+    cats = {lab.strip("[]"): v for i, (p, lab, v) in tree.items() if p == root[0]}
+    assert cats == dict(zip(result.summary["category"], result.summary["bytes"].astype(int)))
+    for node, (_, _, value) in tree.items():
+        children = [v for p, _, v in tree.values() if p == node]
+        assert sum(children) <= value
+
+
+def test_icicle_hides_plumbing_and_escapes_frame_names(tmp_path: Path) -> None:
+    b = SnapshotBuilder()
+    frames = [{"filename": "/app/ops.py", "line": 3, "name": "<b>bold</b>"},
+              {"filename": "/usr/lib/python3/site-packages/torch/nn/modules/module.py", "line": 1,
+               "name": "_call_impl"},
+              {"filename": "/app/main.py", "line": 9, "name": "main"}]
+    b.alloc(BASE, 4 * MiB, frames=frames)
+    snap = load(write_pickle(tmp_path / "p.pickle", b.build(n_devices=1)))
+    fig = icicle_figure(attribute(snap), 0)
+    labels = " ".join(fig.data[0].labels) + " ".join(fig.data[0].customdata)
+    assert "_call_impl" not in labels
+    assert "&lt;b&gt;bold&lt;/b&gt;" in labels and "<b>bold</b>" not in labels
+    assert "main (/app/main.py:9)" in labels
+
+
+def test_icicle_stays_bounded_with_many_stacks(tmp_path: Path) -> None:
+    b = SnapshotBuilder()
+    for i in range(600):
+        frames = [{"filename": f"/app/layer{i}.py", "line": i, "name": f"op{i}"},
+                  {"filename": "/app/main.py", "line": 1, "name": "main"}]
+        b.alloc(BASE + i * 2 * MiB, MiB + i * 512, frames=frames)
+    snap = load(write_pickle(tmp_path / "many.pickle", b.build(n_devices=1)))
+    result = attribute(snap)
+    fig = icicle_figure(result, 0, max_nodes=50)
+    tree = _tree(fig)
+    assert len(tree) <= 50 + 5
+    folded = [v for _, lab, v in tree.values() if lab.endswith("smaller)")]
+    assert folded and sum(folded) > 0
+    root = next(i for i, (p, _, _) in tree.items() if p == "")
+    assert tree[root][2] == int(result.blocks["size"].sum())
+
+
+def test_frame_labels() -> None:
+    assert frame_label(("/x/site-packages/vllm/a.py", 3, "f")) == "f (vllm/a.py:3)"
+    assert frame_label(("??", 0, "at::native::mm(at::Tensor const&, at::Tensor const&)")) == "at::native::mm"
+    assert cpp_symbol("at::cuda::(anonymous namespace)::getHandle()") == "at::cuda::(anonymous namespace)::getHandle"
+    assert cpp_symbol("plain_symbol") == "plain_symbol"

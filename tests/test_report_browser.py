@@ -1,0 +1,141 @@
+"""The HTML report in a real headless Chromium: it renders every figure, logs no error, fetches nothing,
+and hostile frame names cannot run script.
+
+Uses Debian's chromium (/usr/bin/chromium, `apt-get install chromium`) through Playwright; Playwright's own
+browser download is never needed. Skipped with the reason when chromium is absent — except under CI
+(CI=true), where .ci/run installs it and its absence is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SnapshotBuilder, write_pickle
+
+from snapanalyze import load
+from snapanalyze.report.html import build_report
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "fixtures" / "scenarios"
+CHROMIUM = os.environ.get("SNAPANALYZE_CHROMIUM", "/usr/bin/chromium")
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+HOSTILE = "</script><script>window.pwned=1</script>"
+
+pytestmark = pytest.mark.browser
+
+
+def _need_chromium() -> None:
+    if Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK):
+        return
+    reason = f"Debian chromium not found at {CHROMIUM} (apt-get install chromium)"
+    if os.environ.get("CI"):
+        pytest.fail(reason + "; .ci/run installs it, so CI must have it")
+    pytest.skip(reason)
+
+
+@dataclass
+class PageRun:
+    errors: list[str] = field(default_factory=list)
+    foreign_requests: list[str] = field(default_factory=list)
+    figures: int = 0
+    rendered: int = 0
+    pwned: Any = None
+    verdict: str = ""
+    text: str = ""
+
+
+def open_report(path: Path) -> PageRun:
+    """Open `path` in headless Chromium; record console errors, page errors and every non-file request."""
+    _need_chromium()
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="playwright is a dev dependency: pip install -e '.[dev]'")
+    run = PageRun()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+
+            def route(r: Any) -> None:
+                url = r.request.url
+                if url.startswith(("file:", "data:", "blob:", "about:")):
+                    r.continue_()
+                else:
+                    run.foreign_requests.append(url)
+                    r.abort()
+
+            page.route("**/*", route)
+            page.on("request", lambda req: None if req.url.startswith(("file:", "data:", "blob:", "about:"))
+                    else run.foreign_requests.append(req.url))
+            page.on("console", lambda msg: run.errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+            page.on("pageerror", lambda exc: run.errors.append(f"page error: {exc}"))
+            page.goto(path.resolve().as_uri(), wait_until="load")
+            run.figures = page.locator("div.sa-figure").count()
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('div.sa-figure')].every("
+                "d => d.querySelector('.main-svg') !== null)", timeout=30_000)
+            run.rendered = page.evaluate(
+                "() => [...document.querySelectorAll('div.sa-figure.js-plotly-plot')].filter("
+                "d => d.querySelectorAll('.main-svg').length > 0 && d.getBoundingClientRect().height > 100"
+                " && d.querySelectorAll('path, rect').length > 0).length")
+            run.pwned = page.evaluate("() => typeof window.pwned === 'undefined' ? null : window.pwned")
+            verdict = page.locator("#verdict")
+            run.verdict = verdict.inner_text() if verdict.count() else ""
+            run.text = page.evaluate("() => document.body.innerText")
+        finally:
+            browser.close()
+    return run
+
+
+def test_fixture_report_renders_offline_without_errors(tmp_path: Path) -> None:
+    path = tmp_path / "report.html"
+    path.write_text(build_report(load(SCENARIOS / "oom_fragmentation.pickle")), encoding="utf-8")
+    run = open_report(path)
+    assert run.errors == []
+    assert run.foreign_requests == []
+    assert run.figures >= 4           # timeline, categories, one icicle per peak
+    assert run.rendered == run.figures
+    assert "ran out of memory" in run.verdict
+
+
+def hostile_snapshot(tmp_path: Path) -> Path:
+    """A small snapshot whose every frame is named like a script injection, in a file and a function."""
+    b = SnapshotBuilder()
+    frames = [{"filename": f"/srv/{HOSTILE}/model.py", "line": 7, "name": HOSTILE},
+              {"filename": "/srv/app.py", "line": 1, "name": "<img src=x onerror=window.pwned=2>"}]
+    b.segment(0x7F00_0000_0000, [(4 << 20, 4 << 20, "inactive")])
+    b.alloc(0x7F00_0000_0000, 1 << 20, frames=frames)
+    b.alloc(0x7F00_0010_0000, 2 << 20, frames=frames, user_metadata=HOSTILE)
+    b.free(0x7F00_0010_0000, 2 << 20, frames=frames)
+    b.free(0x7F00_0000_0000, 1 << 20, frames=frames)
+    return write_pickle(tmp_path / f"hostile-{'x'}.pickle", b.build())
+
+
+def test_hostile_frame_names_cannot_break_the_page(tmp_path: Path) -> None:
+    snap = load(hostile_snapshot(tmp_path))
+    page = build_report(snap)
+    assert HOSTILE not in page                       # escaped everywhere: HTML text and JSON blocks
+    assert "&lt;/script&gt;&lt;script&gt;window.pwned=1&lt;/script&gt;" in page    # but there, as text
+    path = tmp_path / "hostile.html"
+    path.write_text(page, encoding="utf-8")
+    run = open_report(path)
+    assert run.pwned is None
+    assert run.errors == []
+    assert run.foreign_requests == []
+    assert run.figures >= 3 and run.rendered == run.figures
+    assert "The peak on device 0 was 3.00 MiB" in run.verdict
+    assert HOSTILE in run.text                       # shown to the reader as the literal frame name
+
+
+def test_the_page_really_fails_on_a_network_request(tmp_path: Path) -> None:
+    """Control: a page that fetches is caught, so the clean results above are meaningful."""
+    path = tmp_path / "fetching.html"
+    path.write_text('<!DOCTYPE html><html><body><div class="sa-figure"><svg class="main-svg"></svg></div>'
+                    '<img src="https://cdn.example.invalid/x.png"></body></html>', encoding="utf-8")
+    run = open_report(path)
+    assert run.foreign_requests
+    assert run.errors                                  # the aborted request is logged as an error
+
