@@ -279,6 +279,8 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     sizes = live["size"].to_numpy()
     request = _main_request(metadata, sizes)
     origin = live["origin"].astype(str).to_numpy()
+    allocated_est = live["allocated_est"].to_numpy()
+    streams = live["stream"].to_numpy()
     frames = snapshot.interner.frames
     rules = decider.rules
     generic_attention = [d.category == "attention" and rules.rules and d.rule.startswith("generic.")
@@ -332,9 +334,9 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
             filename, line, name = frames[frame_id]
             label = f"{short_path(filename)}:{line}:{name}" if is_python_frame(filename) else \
                 name.split("(", 1)[0] or name   # C++: drop the argument list
-        rows.append((device, int(addr[i]), size, int(live["allocated_est"].iat[i]), d.category,
+        rows.append((device, int(addr[i]), size, int(allocated_est[i]), d.category,
                      ",".join(d.tags), d.rule, d.reason, label, d.inferred, int(stack[i]), metadata[i],
-                     pools[i], int(live["stream"].iat[i]), origin[i], int(alloc_index[i])))
+                     pools[i], int(streams[i]), origin[i], int(alloc_index[i])))
     df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
     df["address"] = df["address"].astype(np.uint64)
     return df, request
