@@ -20,8 +20,12 @@ lint: ## ruff + mypy
 bench: ## Time `snapanalyze peaks`/`attribute` against a bare pickle.load on a generated 1M-event snapshot
 	$(PYTHON) benchmarks/run.py --events 1000000
 
-fixtures: ## Regenerate the scenario fixtures and their expected answers
+fixtures: ## Regenerate the scenario, run and sweep fixtures and their expected answers
 	$(PYTHON) fixtures/generate.py --out fixtures/scenarios
+	$(PYTHON) fixtures/runs.py
+	$(PYTHON) fixtures/sweeps.py
 
-check-fixtures: ## Fail if the checked-in scenario fixtures differ from what the generator makes
+check-fixtures: ## Fail if the checked-in fixtures differ from what the generators make
 	$(PYTHON) fixtures/generate.py --check
+	$(PYTHON) fixtures/runs.py --check
+	$(PYTHON) fixtures/sweeps.py --check
