@@ -8,12 +8,18 @@ Byte axes are in GiB; hover texts give exact byte counts where the value is exac
 - `timeline_figure`: active, reserved and allocated (estimate) bytes of one device over the trace window,
   with each peak (and each OOM entry) marked at its exact value. Long traces are drawn from a min/max
   envelope (`envelope_indices`) so spikes stay visible while the figure stays small; peak markers are
-  always exact.
+  always exact. Given a run's NVML samples it adds NVML used as a line of its sampled points (the samples
+  inside the window and one on each side), and given a `phase_table` the phases (kinds "phase" and
+  "annotation") as shaded bands, at most `MAX_BANDS` of them (the longest), coloured by phase name.
 - `categories_figure`: the stacked bytes per category at sampled instants (`analyze.over_time`).
 - `icicle_figure`: the live stacks at one instant, category → frames outermost → innermost, with the
   RuleSet's plumbing frames hidden, runs of single-child frames merged, and small branches folded so the
   node count stays bounded.
 - `compare_figure`: bytes per category at two instants side by side.
+- `ranks_figure`: per rank (and device) of a run, the bytes per category at its peak, stacked, with NVML
+  used at the peak marked (`analyze.ranks` tables).
+- `outside_figure`: memory outside the allocator (NVML used − reserved) and other processes' bytes over
+  time, one series per rank and device (`analyze.outside.join_samples` frames).
 
 Text that plotly renders (frame names, file paths) is HTML-escaped first, since plotly interprets a few
 tags in labels.
@@ -55,7 +61,13 @@ CATEGORY_COLORS: dict[str, str] = {
 }
 FALLBACK_COLORS = ("#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#ff9896", "#98df8a", "#c5b0d5", "#c49c94")
 CURVE_COLORS = {"active": "#1f77b4", "reserved": "#7f7f7f", "allocated_est": "#2ca02c", "peak": "#d62728",
-                "oom": "#000000"}
+                "oom": "#000000", "nvml": "#9467bd"}
+# Phase bands: a soft colour per phase name, in order of first appearance.
+PHASE_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b2", "#937860", "#da8bc3", "#ccb974", "#64b5cd")
+BAND_KINDS = ("phase", "annotation")     # drawn as bands; requests and user_metadata spans are not
+MAX_BANDS = 40                           # per figure; the longest phases are drawn, a note counts the rest
+MAX_BAND_LEGEND = 10                     # phase names with a legend entry
+SERIES_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 
 def escape(text: str) -> str:
@@ -163,10 +175,13 @@ def _curve(dt: DeviceTimeline, axis: TimeAxis, values: np.ndarray, baseline: int
 
 def timeline_figure(timeline: Timeline, device: int, peaks: pd.DataFrame | None = None,
                     ooms: pd.DataFrame | None = None, max_points: int = TIMELINE_MAX_POINTS,
-                    height: int = 380) -> go.Figure:
+                    height: int = 380, nvml: pd.DataFrame | None = None, phases: pd.DataFrame | None = None,
+                    max_bands: int = MAX_BANDS) -> go.Figure:
     """Active / reserved / allocated (estimate) bytes of `device`, peaks and OOM entries marked.
 
-    `peaks`: rows of `find_peaks` (other devices' rows are ignored); `ooms`: rows of `Snapshot.ooms`.
+    `peaks`: rows of `find_peaks` (other devices' rows are ignored); `ooms`: rows of `Snapshot.ooms`;
+    `nvml`: NVML rows of the rank (`load.samples` columns; this device's are drawn as "NVML used");
+    `phases`: rows of `analyze.phases.phase_table`, drawn as shaded bands behind the curves.
     Each curve has at most about `max_points` points (a min/max envelope); peaks are exact."""
     dt = timeline[device]
     axis = time_axis(dt)
@@ -205,7 +220,88 @@ def timeline_figure(timeline: Timeline, device: int, peaks: pd.DataFrame | None 
             hovertext=[f"OOM: a {fmt_bytes(int(r.size))} request failed"
                        f"<br>{escape(axis.describe(dt, int(r.index)))}" for r in oom_rows.itertuples()],
             hoverinfo="text"))
+    if nvml is not None:
+        _add_nvml(fig, dt, axis, nvml, buckets)
+    if phases is not None:
+        _add_bands(fig, dt, axis, phases, max_bands)
     return fig
+
+
+def nvml_in_window(dt: DeviceTimeline, nvml: pd.DataFrame) -> pd.DataFrame:
+    """The NVML rows of `dt.device` inside its trace window, plus the last one before it and the first after
+    (so a line reaches both edges); empty when the trace has no timestamps."""
+    rows = nvml[nvml["device"] == dt.device].sort_values("time_us", kind="stable")
+    if dt.time_us is None or len(dt) == 0 or not len(rows):
+        return rows.iloc[0:0]
+    t = rows["time_us"].to_numpy(dtype=np.int64)
+    lo = max(int(np.searchsorted(t, int(dt.time_us[0]), side="left")) - 1, 0)
+    hi = min(int(np.searchsorted(t, int(dt.time_us[-1]), side="right")) + 1, len(t))
+    return rows.iloc[lo:hi]
+
+
+def _add_nvml(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, nvml: pd.DataFrame, buckets: int) -> None:
+    rows = nvml_in_window(dt, nvml)
+    if not len(rows) or axis.origin_us is None:
+        return
+    used = rows["used_bytes"].to_numpy(dtype=np.int64)
+    keep = envelope_indices(used, buckets)
+    offsets = rows["time_us"].to_numpy(dtype=np.int64)[keep] - axis.origin_us
+    hover = []
+    for u, d in zip(used[keep].tolist(), offsets.tolist()):
+        when = f"{fmt_duration_us(d)} into the window" if d >= 0 else f"{fmt_duration_us(-d)} before the window"
+        hover.append(f"NVML used: {fmt_bytes(u)} ({u:,} B)<br>sampled {escape(when)}")
+    fig.add_trace(go.Scatter(
+        x=offsets.astype(np.float64) / axis.scale, y=used[keep].astype(np.float64) / GiB,
+        name="NVML used (sampled)", mode="lines+markers", line={"color": CURVE_COLORS["nvml"], "width": 1.5},
+        marker={"size": 4, "color": CURVE_COLORS["nvml"]}, hovertext=hover, hoverinfo="text"))
+    span = _span(dt, axis)
+    if span > 0:            # the samples around the window must not stretch it: lines run out at the edges
+        fig.update_xaxes(range=[0.0, span])
+
+
+def _phase_names(rows: pd.DataFrame) -> list[str]:
+    """'prefill #2' when a phase name occurs more than once on the device, else the bare name."""
+    counts = rows["phase"].value_counts()
+    return [f"{p} #{int(o)}" if counts[p] > 1 else str(p) for p, o in zip(rows["phase"], rows["occurrence"])]
+
+
+def _add_bands(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, phases: pd.DataFrame, max_bands: int) -> None:
+    rows = phases[(phases["device"] == dt.device) & phases["kind"].isin(BAND_KINDS)]
+    if not len(rows) or len(dt) == 0:
+        return
+    span = _span(dt, axis)
+    bands = []
+    for r, name in zip(rows.itertuples(index=False), _phase_names(rows)):
+        lo, hi = int(r.start_index), int(r.end_index)
+        if axis.origin_us is None:                       # no timestamps: x is the event index
+            x0, x1 = float(max(lo, 0)), float(max(hi, 0))
+        else:                                            # a span open at either end runs to the window's edge
+            x0 = 0.0 if pd.isna(r.start_us) else max(0.0, (int(r.start_us) - axis.origin_us) / axis.scale)
+            x1 = span if pd.isna(r.end_us) else min(span, (int(r.end_us) - axis.origin_us) / axis.scale)
+        if x1 < x0:
+            continue
+        bands.append((x0, x1, str(r.phase), name))
+    drawn = sorted(bands, key=lambda b: (-(b[1] - b[0]), b[0], b[3]))[:max_bands]
+    drawn.sort(key=lambda b: (b[0], -(b[1] - b[0]), b[3]))
+    colors: dict[str, str] = {}
+    for _, _, phase, _ in sorted(bands, key=lambda b: (b[0], b[3])):
+        colors.setdefault(phase, PHASE_COLORS[len(colors) % len(PHASE_COLORS)])
+    labels = _spread_labels(np.array([b[0] for b in drawn], dtype=np.float64), [b[3] for b in drawn], span, 0.06)
+    legend: set[str] = set()
+    for (x0, x1, phase, _), label in zip(drawn, labels):
+        show = phase not in legend and len(legend) < MAX_BAND_LEGEND
+        if show:
+            legend.add(phase)
+        fig.add_shape(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, layer="below",
+                      fillcolor=colors[phase], opacity=0.13, line={"width": 0}, name=escape(f"phase: {phase}"),
+                      legendgroup=escape(f"phase: {phase}"), showlegend=show)
+        if label:
+            fig.add_annotation(x=x0, y=1, xref="x", yref="paper", text=escape(label), showarrow=False,
+                               xanchor="left", yanchor="top", font={"size": 10, "color": colors[phase]})
+    if len(bands) > len(drawn):
+        fig.add_annotation(x=1, y=0, xref="paper", yref="paper", showarrow=False, xanchor="right",
+                           yanchor="bottom", font={"size": 10, "color": "#6b6b70"},
+                           text=f"{len(bands) - len(drawn)} shorter phases not drawn")
 
 
 def categories_figure(series: pd.DataFrame, timeline: Timeline, device: int, order: Sequence[str] = (),
@@ -275,6 +371,74 @@ def compare_figure(first: Attribution, second: Attribution, device: int, labels:
             marker={"color": color}, hovertext=[f"{escape(name)} · {escape(c)}: {fmt_bytes(int(v))} ({int(v):,} B)"
                                                 for c, v in zip(categories, values)],
             hoverinfo="text"))
+    return fig
+
+
+def ranks_figure(table: pd.DataFrame, categories: pd.DataFrame, order: Sequence[str] = (),
+                 height: int | None = None) -> go.Figure:
+    """Bytes per category at each rank's peak, stacked horizontally, with NVML used at the peak marked.
+
+    `table`: `RankComparison.table` rows (rank, device, active_bytes, nvml_used_bytes, nvml_used_measured,
+    outlier, …); `categories`: `RankComparison.categories` (rank, device, category, bytes). `order` lists
+    categories drawn first (unlisted ones follow by name)."""
+    keys = [(int(r.rank), int(r.device)) for r in table.itertuples(index=False)]
+    multi = len({d for _, d in keys}) > 1
+    outliers = {(int(r.rank), int(r.device)) for r in table.itertuples(index=False) if bool(r.outlier)}
+    names = [f"rank {r}" + (f" · device {d}" if multi else "") + (" (outlier)" if (r, d) in outliers else "")
+             for r, d in keys]
+    present = list(dict.fromkeys(categories["category"]))
+    stacked = [c for c in order if c in present] + sorted(c for c in present if c not in order)
+    fig = go.Figure(layout={"template": TEMPLATE, "height": height or max(220, 90 + 36 * len(keys)),
+                            "barmode": "stack", "xaxis": {"title": {"text": "GiB at the rank's peak"}},
+                            "yaxis": {"autorange": "reversed", "type": "category"}, "hovermode": "closest"})
+    by_key = categories.set_index(["rank", "device", "category"])["bytes"] if len(categories) else None
+    for category in stacked:
+        values = np.array([int(by_key.get((r, d, category), 0)) if by_key is not None else 0 for r, d in keys],
+                          dtype=np.int64)
+        color = category_color(category, present)
+        fig.add_trace(go.Bar(
+            y=names, x=values.astype(np.float64) / GiB, name=escape(category), orientation="h",
+            marker={"color": color},
+            hovertext=[f"{escape(n)} · {escape(category)}: {fmt_bytes(int(v))} ({int(v):,} B)"
+                       for n, v in zip(names, values)], hoverinfo="text"))
+    used = [(n, r.nvml_used_bytes, bool(r.nvml_used_measured)) for n, r in zip(names, table.itertuples(index=False))
+            if r.nvml_used_bytes is not pd.NA and r.nvml_used_bytes is not None]
+    if used:
+        fig.add_trace(go.Scatter(
+            y=[n for n, _, _ in used], x=[int(u) / GiB for _, u, _ in used], mode="markers", name="NVML used",
+            marker={"color": CURVE_COLORS["nvml"], "size": 11, "symbol": "diamond"},
+            hovertext=[f"{escape(n)}: NVML used {fmt_bytes(int(u))} ({int(u):,} B)"
+                       + ("" if measured else " (estimated from the samples around the peak)")
+                       for n, u, measured in used], hoverinfo="text"))
+    return fig
+
+
+def outside_figure(series: dict[str, pd.DataFrame], origin_us: int, max_points: int = 2000,
+                   height: int = 340) -> go.Figure:
+    """Memory outside the allocator (used − reserved) and other processes' bytes over time, one colour per
+    series (`label` → an `analyze.outside.join_samples` frame); x in seconds since `origin_us`. Each line
+    keeps at most about `max_points` points (a min/max envelope)."""
+    fig = go.Figure(layout={"template": TEMPLATE, "height": height,
+                            "xaxis": {"title": {"text": "time (s)"}},
+                            "yaxis": {"title": {"text": "GiB outside the allocator"}, "rangemode": "tozero"},
+                            "hovermode": "closest"})
+    buckets = max(1, max_points // 2)
+    for n, (label, joined) in enumerate(series.items()):
+        color = SERIES_COLORS[n % len(SERIES_COLORS)]
+        for column, name, dash in (("outside_bytes", "outside the allocator", "solid"),
+                                   ("other_processes_bytes", "other processes", "dot")):
+            part = joined[~joined[column].isna()]
+            if not len(part) or (column == "other_processes_bytes" and not (part[column] > 0).any()):
+                continue
+            values = part[column].to_numpy(dtype=np.int64)
+            keep = envelope_indices(values, buckets)
+            t = part["time_us"].to_numpy(dtype=np.int64)[keep]
+            fig.add_trace(go.Scatter(
+                x=(t - origin_us).astype(np.float64) / 1e6, y=values[keep].astype(np.float64) / GiB,
+                mode="lines+markers", name=escape(f"{label}: {name}"),
+                line={"color": color, "dash": dash, "width": 1.5, "shape": "hv"}, marker={"size": 3},
+                hovertext=[f"{escape(label)}: {name} {fmt_bytes(int(v))} ({int(v):,} B)"
+                           for v in values[keep].tolist()], hoverinfo="text"))
     return fig
 
 

@@ -1,34 +1,64 @@
-"""What an HTML report is built from: one snapshot's analyses, computed once and shared by every section.
+"""What an HTML report is built from: one snapshot's analyses — or every rank's of a run — computed once and
+shared by every section.
 
 Contract: `build_context(snapshot, …)` replays the snapshot (unless given a Timeline), finds the top peaks
 per device, resolves the detail instants (every reported peak, or the `at` specs), attributes each of them,
 each OOM entry and a bounded number of sampled instants (`analyze.over_time`; each instant once, through a
-shared `InstantAttributions`), and returns a `ReportContext`. Section functions (`report.sections`) read it
-and never recompute. `inputs` carries whatever later sections need beyond one snapshot (a run directory,
-NVML samples, a baseline to diff against) under documented keys: "path" (what was loaded), "rank" and
-"tag" (the choice inside a run directory). `progress` is called with a short step name before each slow
-step; nothing here prints.
+shared `InstantAttributions`), maps the marked phases onto the trace (`analyze.phases.phase_table`),
+explains its OOM entries (`analyze.oom.explain_oom`) and returns a `ReportContext`. Given a `RankInfo` (the
+rank of a run the snapshot came from) it also uses that rank's markers, NVML samples and capacity, and
+reads the memory outside the allocator at each peak (`analyze.outside`). Section functions
+(`report.sections`) read the context and never recompute.
+
+`build_path_context(path, rank, tag, …)` is the entry point for what a user names: a snapshot file gives
+`build_context`; a run directory (or one `rank=N` directory) gives a run context — one ReportContext per
+rank (`context.views()`, at most `MAX_DETAILED_RANKS`: with more ranks, the median rank, the outliers and
+the extremes are detailed and the rest appear in the comparison only), the per-rank comparison
+(`analyze.ranks.compare_ranks`, when two or more ranks are reported) and the run's problems (missing NVML
+parts, ranks without a snapshot), which are reported, not fatal. `rank` restricts a run to that rank (no
+comparison); `tag` picks the snapshot of each rank (default: `final`, else a rank's only snapshot). A file
+inside a `rank=N` directory is reported as that rank, with its markers and NVML samples. Given `compare`
+(a baseline snapshot or run), each reported snapshot is diffed against the baseline (`analyze.diff.diff`;
+Δ = this input − the baseline), rank by rank when the baseline is a run.
+
+The top-level context of a run is the first reported rank's, with `run` set: a section that does not look
+at `run` (or iterate `views()`) sees that rank only. `inputs` carries what was asked for: "path" (what was
+loaded), "rank" and "tag" (the choice inside a run directory), "compare" (the baseline). `progress` is
+called with a short step name before each slow step; nothing here prints.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from .. import schema
 from ..analyze.attribute import Attribution
+from ..analyze.diff import Diff, diff
+from ..analyze.oom import OomExplanation, explain_oom
+from ..analyze.outside import join_samples, outside_at_peaks
 from ..analyze.over_time import COLUMNS as OVER_TIME_COLUMNS
 from ..analyze.over_time import InstantAttributions, categories_over_time
 from ..analyze.peaks import find_peaks
+from ..analyze.phases import PHASE_COLUMNS, phase_table
+from ..analyze.ranks import RankComparison, compare_ranks
 from ..analyze.rules import RuleSet, load_rules
-from ..errors import UsageError
+from ..errors import BadInputError, UsageError
+from ..load import load
+from ..load.runs import RunEntry
+from ..load.samples import RunSamples, pick_snapshots, rank_path, read_run
 from ..model import Snapshot
 from ..replay import Timeline, replay
 from .redact import Redactor
 
 Progress = Callable[[str], None]
+MAX_DETAILED_RANKS = 8          # ranks of a run with their own timelines, instants and rules in the report
+MAX_PHASE_CATEGORIES = 40       # spans per snapshot whose peak is attributed for the phases table
 
 
 @dataclass(frozen=True)
@@ -39,6 +69,49 @@ class DetailInstant:
     event_index: int
     label: str            # "peak 1", "event 12", "time … µs"
     slug: str             # stable id fragment: "p1", "e12"
+
+
+@dataclass(frozen=True, eq=False)
+class RankInfo:
+    """What a run directory holds about the rank a snapshot came from, beyond the snapshot."""
+
+    rank: int
+    tag: str | None
+    path: str                                    # the snapshot file (or tables directory) reported
+    samples: RunSamples                          # the run's NVML samples, markers and meta (every rank)
+    nvml: pd.DataFrame                           # this rank's NVML rows (`load.samples` columns)
+    markers: pd.DataFrame                        # this rank's phase and request markers
+
+    def capacity(self, device: int) -> tuple[int | None, str]:
+        """The device's total memory and where it came from (NVML total, meta.json, or unknown)."""
+        return self.samples.capacity(self.rank, device)
+
+    @property
+    def interval_ms(self) -> float | None:
+        """The NVML sampling interval meta.json states, if any."""
+        return self.samples.nvml_interval_ms(self.rank)
+
+
+@dataclass(frozen=True, eq=False)
+class RunInfo:
+    """A run directory's report: the ranks shown in detail, the comparison across ranks, the problems."""
+
+    path: str
+    samples: RunSamples
+    views: list[ReportContext]                   # one context per rank shown in detail, in rank order
+    comparison: RankComparison | None            # None for one rank (or with --rank)
+    ranks: tuple[int, ...]                       # every rank with a snapshot
+    omitted: tuple[int, ...] = ()                # ranks only in the comparison (beyond MAX_DETAILED_RANKS)
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class BaselineDiff:
+    """The diff of one reported snapshot against the baseline: A = the baseline, B = this input."""
+
+    rank: int | None
+    baseline: str
+    diff: Diff
 
 
 @dataclass
@@ -55,6 +128,14 @@ class ReportContext:
     series: pd.DataFrame                       # categories_over_time rows
     redactor: Redactor
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    phases: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PHASE_COLUMNS))
+    oom: OomExplanation | None = None          # explain_oom of this snapshot
+    rank: RankInfo | None = None               # set when the snapshot is a rank of a run
+    outside: pd.DataFrame | None = None        # outside_at_peaks rows at `peaks` (a rank with NVML samples)
+    joined: dict[int, pd.DataFrame] = field(default_factory=dict)   # per device: join_samples of its NVML
+    run: RunInfo | None = None                 # set on the top-level context of a run
+    diffs: list[BaselineDiff] = field(default_factory=list)         # against the baseline (--compare)
+    problems: tuple[str, ...] = ()             # what the baseline comparison could not do
 
     def attribution(self, device: int, event_index: int) -> Attribution:
         """The attribution of `device` right after `event_index` (cached)."""
@@ -64,9 +145,31 @@ class ReportContext:
         """The instant the verdict speaks about: the first detail instant (the global peak by default)."""
         return self.details[device][0]
 
+    def views(self) -> list[ReportContext]:
+        """The snapshots this report covers: this one alone, or one context per rank of a run."""
+        return self.run.views if self.run is not None else [self]
+
+    def key(self, device: int) -> str:
+        """An id fragment for a device: "d0", or "r1-d0" for a rank of a run."""
+        return f"d{device}" if self.rank is None else f"r{self.rank.rank}-d{device}"
+
+    def where(self, device: int) -> str:
+        """"device 0"; for a rank of a run "rank 1" (one device) or "rank 1, device 3"."""
+        if self.rank is None:
+            return f"device {device}"
+        if len(self.timeline.devices) <= 1:
+            return f"rank {self.rank.rank}"
+        return f"rank {self.rank.rank}, device {device}"
+
+    def heading(self, device: int) -> str:
+        """"Device 0" or "Rank 1, device 0"."""
+        return f"Device {device}" if self.rank is None else f"Rank {self.rank.rank}, device {device}"
+
     @property
     def source(self) -> str:
-        """The snapshot's source path, redacted when the report is for sharing."""
+        """What the report is of — the snapshot's path, or the run directory — redacted for sharing."""
+        if self.run is not None:
+            return self.redactor.path(self.run.path)
         return self.redactor.path(self.snapshot.source)
 
 
@@ -82,12 +185,13 @@ def _named(label: str, index: int) -> tuple[str, str]:
 def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
                   top: int = 3, at: Sequence[str] = (), samples: int = 32, device: int | None = None,
                   redact_paths: bool = False, inputs: Mapping[str, Any] | None = None,
-                  progress: Progress | None = None) -> ReportContext:
+                  progress: Progress | None = None, rank: RankInfo | None = None) -> ReportContext:
     """Run the analyses a report shows (see the module docstring).
 
     top: peaks per device to find, mark and (without `at`) attribute in detail. at: instant specs
     (peak, peak:N, event:I, time:T) to attribute in detail instead. samples: instants per device for the
-    categories-over-time chart (every detail instant and OOM entry is added). device: only this one."""
+    categories-over-time chart (every detail instant and OOM entry is added). device: only this one.
+    rank: the rank of a run the snapshot is (its markers, NVML samples and capacity join the analyses)."""
     step = progress or (lambda _: None)
     if timeline is None:
         step("replaying")
@@ -123,6 +227,160 @@ def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: R
     parts = [categories_over_time(snapshot, samples=samples, include=include, device=d, cache=cache)
              for d in devices]
     series = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=OVER_TIME_COLUMNS)
+    markers = rank.markers if rank is not None else None
+    nvml = rank.nvml if rank is not None and len(rank.nvml) else None
+    step("mapping phases")
+    phases = phase_table(snapshot, timeline, markers, rules=rules, categories=False, device=device)
+    if 0 < len(phases) <= MAX_PHASE_CATEGORIES:
+        phases = phase_table(snapshot, timeline, markers, rules=rules, categories=True, device=device)
+    step("explaining OOMs")
+    capacity = {d: rank.capacity(d) for d in timeline.devices} if rank is not None else None
+    oom = explain_oom(snapshot, timeline, nvml=nvml, capacity=capacity, markers=markers, rules=rules)
+    outside = None
+    joined: dict[int, pd.DataFrame] = {}
+    if nvml is not None:
+        step("joining NVML samples")
+        outside = outside_at_peaks(timeline, nvml, peaks)
+        joined = {d: join_samples(timeline[d], nvml) for d in devices}
     return ReportContext(snapshot=snapshot, timeline=timeline, rules=rules, devices=devices, peaks=peaks,
                          details=details, attributions=cache, series=series,
-                         redactor=Redactor(snapshot, enabled=redact_paths), inputs=dict(inputs or {}))
+                         redactor=Redactor(snapshot, enabled=redact_paths), inputs=dict(inputs or {}),
+                         phases=phases, oom=oom, rank=rank, outside=outside, joined=joined)
+
+
+def is_run_path(path: str | Path) -> bool:
+    """Whether `path` names a run directory (or one rank=N directory) rather than one snapshot."""
+    p = Path(path)
+    return p.is_dir() and not (p / "snapshot.json").exists()
+
+
+def _rank_info(samples: RunSamples, entry: RunEntry) -> RankInfo:
+    return RankInfo(rank=entry.rank, tag=entry.tag or None, path=str(entry.path), samples=samples,
+                    nvml=samples.nvml_of(entry.rank), markers=samples.markers_of(entry.rank))
+
+
+def _tag_of(path: Path) -> str:
+    """The tag a collector's file name states (snapshot-<tag>.pickle, tag=<tag>/), else ""."""
+    m = schema.SNAPSHOT_FILE.match(path.name) or schema.TAG_DIR.match(path.name)
+    return m.group(1) if m else ""
+
+
+def detail_ranks(comparison: RankComparison, limit: int = MAX_DETAILED_RANKS) -> list[int]:
+    """The ranks shown in detail when a run has more than `limit`: the median rank, the outliers (largest
+    difference first), the highest and the lowest peak, then the rest in rank order — `limit` of them."""
+    table = comparison.table
+    ranks = sorted(set(int(r) for r in table["rank"]))
+    if len(ranks) <= limit:
+        return ranks
+    chosen: list[int] = []
+
+    def add(rank: int) -> None:
+        if rank not in chosen and len(chosen) < limit:
+            chosen.append(rank)
+
+    if comparison.median_rank is not None:
+        add(int(comparison.median_rank))
+    out = table[table["outlier"]].assign(size=table["difference_bytes"].abs())
+    for r in out.sort_values(["size", "rank"], ascending=[False, True], kind="stable")["rank"]:
+        add(int(r))
+    by_peak = table.sort_values(["active_bytes", "rank"], kind="stable")["rank"]
+    if len(by_peak):
+        add(int(by_peak.iloc[-1]))
+        add(int(by_peak.iloc[0]))
+    for r in ranks:
+        add(r)
+    return sorted(chosen)
+
+
+def build_run_context(path: str | Path, rank: int | None = None, tag: str | None = None,
+                      rules: RuleSet | None = None, progress: Progress | None = None,
+                      snapshot_path: str | Path | None = None, **options: Any) -> ReportContext:
+    """A run's report context (see the module docstring); `options` go to `build_context` for each rank.
+    `snapshot_path`: report this snapshot as the rank whose directory holds it (a file inside a run)."""
+    step = progress or (lambda _: None)
+    rules = rules or load_rules()
+    step("reading the run")
+    samples = read_run(path)
+    problems = list(samples.problems)
+    if snapshot_path is not None:
+        chosen = [RunEntry(samples.ranks[0], _tag_of(Path(snapshot_path)), None, Path(snapshot_path))]
+    else:
+        chosen, missing = pick_snapshots(path, tag=tag, rank=rank)
+        problems += missing
+    if not chosen:
+        raise BadInputError(path, "no snapshot to report: " + "; ".join(problems))
+    comparison = None
+    shown = [e.rank for e in chosen]
+    if len(chosen) > 1:
+        step("comparing ranks")
+        comparison = compare_ranks(path, tag=tag, rules=rules)
+        shown = detail_ranks(comparison)
+    base = dict(options.pop("inputs", None) or {})
+    views = []
+    for entry in chosen:
+        if entry.rank not in shown:
+            continue
+        step(f"loading rank {entry.rank}")
+        views.append(build_context(load(entry.path), rules=rules, progress=progress, rank=_rank_info(samples, entry),
+                                   inputs={**base, "rank": entry.rank, "tag": entry.tag or None}, **options))
+    info_run = RunInfo(path=str(path), samples=samples, views=views, comparison=comparison,
+                       ranks=tuple(e.rank for e in chosen),
+                       omitted=tuple(e.rank for e in chosen if e.rank not in shown), problems=tuple(problems))
+    return dataclasses.replace(views[0], run=info_run)
+
+
+def build_path_context(path: str | Path, rank: int | None = None, tag: str | None = None,
+                       compare: str | Path | None = None, rules: RuleSet | None = None,
+                       progress: Progress | None = None, **options: Any) -> ReportContext:
+    """The context of what a user names: a snapshot file, a run directory or a rank=N directory (see the
+    module docstring); `compare` adds the diff against that baseline. `options` go to `build_context`."""
+    step = progress or (lambda _: None)
+    rules = rules or load_rules()
+    inputs = {"path": str(path), "rank": rank, "tag": tag, "compare": None if compare is None else str(compare)}
+    inside = rank_path(path)
+    if is_run_path(path):
+        context = build_run_context(path, rank, tag, rules=rules, progress=progress, inputs=inputs, **options)
+    elif inside is not None:
+        context = build_run_context(inside, rules=rules, progress=progress, inputs=inputs, snapshot_path=path,
+                                    **options)
+    else:
+        step("loading")
+        context = build_context(load(path), rules=rules, progress=progress, inputs=inputs, **options)
+    if compare is not None:
+        context = compare_with(context, compare, tag=tag, progress=progress)
+    return context
+
+
+def compare_with(context: ReportContext, baseline: str | Path, tag: str | None = None,
+                 progress: Progress | None = None) -> ReportContext:
+    """`context` with `diffs`: each reported snapshot against `baseline` (a snapshot, or a run whose same
+    rank is taken; a run of one rank serves every rank). Ranks the baseline lacks go to `problems`."""
+    step = progress or (lambda _: None)
+    run_baseline = is_run_path(baseline)
+    cache: dict[int | None, Snapshot] = {}
+    diffs, problems = [], []
+    for view in context.views():
+        own = view.rank.rank if view.rank is not None else None
+        key = own if run_baseline else None
+        step("diffing against the baseline" + (f" (rank {own})" if own is not None else ""))
+        if key not in cache:
+            try:
+                cache[key] = load(baseline, key, tag) if run_baseline else load(baseline)
+            except UsageError as exc:
+                if key is None:
+                    raise UsageError(f"--compare: {exc}") from None
+                try:                                     # a baseline run of one rank serves every rank
+                    cache[key] = load(baseline, None, tag)
+                except UsageError:
+                    problems.append(f"rank {own}: the baseline {baseline} has no snapshot for it")
+                    continue
+        device = view.devices[0] if len(view.devices) == 1 and len(view.timeline.devices) > 1 else None
+        try:
+            result = diff(cache[key], view.snapshot, device=device, rules=view.rules)
+        except UsageError as exc:
+            problems.append(f"{'rank ' + str(own) + ': ' if own is not None else ''}{exc}")
+            continue
+        diffs.append(BaselineDiff(rank=own, baseline=str(baseline), diff=result))
+    if not diffs:
+        raise UsageError(f"--compare {baseline}: nothing to compare: " + "; ".join(problems))
+    return dataclasses.replace(context, diffs=diffs, problems=tuple(problems))
