@@ -257,6 +257,73 @@ def vocab_hints(sizes: np.ndarray) -> frozenset[int]:
     return frozenset({max(fits)}) if fits else frozenset()
 
 
+@dataclass(frozen=True)
+class _Context:
+    """What the block-level signals know about the whole set of blocks being labelled."""
+
+    request: str | None            # the request holding most live transient bytes (user_metadata)
+    vocab: frozenset[int]          # the vocabulary of the live embedding weight, if readable
+    scores_floor: int              # half the largest block under a user-code attention function
+    mlp_outputs: frozenset[int]    # sizes of live MLP activation outputs (≥ 1 MiB)
+
+
+_LIFECYCLE = ("weights", "kv_cache", "graph_capture")
+
+
+def _signals(d: Decision, size: int, pool: str, request: str, origin: str, has_stack: bool,
+             ctx: _Context) -> Decision:
+    """Block-level signals over the frames' decision, strongest first (see the module docstring)."""
+    if not has_stack and origin != "trace":
+        d = Decision("other", "unknown.before_window",
+                     "allocated before the trace window began and no stack was recorded for it", -1)
+    if pool != "0,0" and d.category in ("weights", "kv_cache"):
+        # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames prove
+        # the lifecycle, so they decide, and the pool is kept as a tag.
+        return Decision(d.category, d.rule, d.reason + f" (in private memory pool {pool})", d.frame,
+                        (*d.tags, "private_pool"))
+    if pool != "0,0":
+        return Decision("graph_capture", "signal.private_pool",
+                        f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool", d.frame,
+                        tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
+    if d.category not in _LIFECYCLE and ctx.request and request and request != ctx.request:
+        return Decision("concurrent_request", "signal.user_metadata",
+                        f"allocated by {request!r}; the request holding most of the live transient bytes at "
+                        f"this instant is {ctx.request!r}", d.frame,
+                        tuple(x for x in (request, d.category, *d.tags) if x != "other"))
+    if d.category == "other" and origin == "trace":   # weights (V × hidden) are not transient
+        logits = _shape_logits(size, ctx.vocab)
+        if logits:
+            return Decision("logits", "shape.tokens_x_vocab",
+                            f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
+                            "vocabulary whose weight is live (inferred from the size)", d.frame, inferred=True)
+        if size % 2 == 0 and size // 2 in ctx.mlp_outputs:
+            return Decision("mlp", "shape.gate_up_of_mlp",
+                            f"size = 2 × a live MLP activation output ({size // 2:,} bytes): the fused gate/up "
+                            "projection that feeds it (inferred from the size)", d.frame, inferred=True)
+    if _user_attention(d) and size >= max(ctx.scores_floor, 8 << 20):
+        scores = _shape_scores(size)
+        if scores:
+            return Decision("fallback_kernel", "shape.attention_scores",
+                            f"size fits batch·heads × L² × {scores[2]} bytes (e.g. {scores[0]} × {scores[1]}²) "
+                            "under an attention function: materialised attention scores (B·H·L·L), which "
+                            "fused kernels avoid (inferred from the size)", d.frame, ("attention",), inferred=True)
+    return d
+
+
+def _user_attention(d: Decision) -> bool:
+    """Decided `attention` by a name heuristic on user code (not a library's fused kernel)."""
+    return d.category == "attention" and d.rule.startswith("generic.")
+
+
+def _frame_label(frame: tuple[str, int, str] | None) -> str:
+    if frame is None:
+        return ""
+    filename, line, name = frame
+    if is_python_frame(filename):
+        return f"{short_path(filename)}:{line}:{name}"
+    return name.split("(", 1)[0] or name   # C++: drop the argument list
+
+
 def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decider) \
         -> tuple[pd.DataFrame, str | None]:
     """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order."""
@@ -274,72 +341,30 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     if t.user_metadata is not None and from_trace.any():
         names = np.array(t.user_metadata_names, dtype=object)
         metadata[from_trace] = names[t.user_metadata[alloc_index[from_trace]]]
-
-    decisions = [decider.decide(int(s)) for s in stack]
     sizes = live["size"].to_numpy()
-    request = _main_request(metadata, sizes)
     origin = live["origin"].astype(str).to_numpy()
     allocated_est = live["allocated_est"].to_numpy()
     streams = live["stream"].to_numpy()
-    frames = snapshot.interner.frames
-    rules = decider.rules
-    generic_attention = [d.category == "attention" and rules.rules and d.rule.startswith("generic.")
-                         for d in decisions]
+
+    decisions = [decider.decide(int(s)) for s in stack]
     categories = np.array([d.category for d in decisions], dtype=object)
-    hints = vocab_hints(sizes[(categories == "weights") | ((origin != "trace") & (stack < 0))])
-    scores_floor = max((int(s) for s, g in zip(sizes, generic_attention) if g), default=0) // 2
-    mlp_outputs = {int(sz) for sz, d in zip(sizes, decisions) if d.category == "mlp" and sz >= (1 << 20)}
+    ctx = _Context(
+        request=_main_request(metadata, sizes),
+        vocab=vocab_hints(sizes[(categories == "weights") | ((origin != "trace") & (stack < 0))]),
+        scores_floor=max((int(sz) for sz, d in zip(sizes, decisions) if _user_attention(d)), default=0) // 2,
+        mlp_outputs=frozenset(int(sz) for sz, c in zip(sizes, categories) if c == "mlp" and sz >= (1 << 20)),
+    )
+    frames = snapshot.interner.frames
     rows: list[tuple[Any, ...]] = []
-    for i, d in enumerate(decisions):
-        size = int(sizes[i])
-        frame_id = d.frame if d.frame >= 0 else decider.display_frame(int(stack[i]))
-        if stack[i] < 0 and origin[i] != "trace":
-            d = Decision("other", "unknown.before_window",
-                         "allocated before the trace window began and no stack was recorded for it", -1)
-        if pools[i] != "0,0" and d.category in ("weights", "kv_cache"):
-            # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames
-            # prove the lifecycle, so they decide, and the pool is kept as a tag.
-            d = Decision(d.category, d.rule, d.reason + f" (in private memory pool {pools[i]})", d.frame,
-                         (*d.tags, "private_pool"))
-        elif pools[i] != "0,0":
-            d = Decision("graph_capture", "signal.private_pool",
-                         f"allocated in private memory pool ({pools[i]}): a CUDA graph capture or MemPool",
-                         d.frame, tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
-        elif d.category not in ("weights", "kv_cache", "graph_capture") and request and metadata[i] \
-                and metadata[i] != request:
-            d = Decision("concurrent_request", "signal.user_metadata",
-                         f"allocated by {metadata[i]!r}; the request holding most of the live "
-                         f"transient bytes at this instant is {request!r}", d.frame,
-                         tuple(x for x in (metadata[i], d.category, *d.tags) if x != "other"))
-        elif d.category == "other" and origin[i] == "trace":   # weights (V × hidden) are not transient
-            shape = _shape_logits(size, hints)
-            if shape:
-                d = Decision("logits", "shape.tokens_x_vocab",
-                             f"size = {shape[0]:,} tokens × {shape[1]:,} vocab × {shape[2]} bytes, a vocabulary "
-                             "whose weight is live (inferred from the size)", d.frame, inferred=True)
-            elif size % 2 == 0 and size // 2 in mlp_outputs:
-                d = Decision("mlp", "shape.gate_up_of_mlp",
-                             f"size = 2 × a live MLP activation output ({size // 2:,} bytes): the fused gate/up "
-                             "projection that feeds it (inferred from the size)", d.frame, inferred=True)
-        elif generic_attention[i] and size >= scores_floor and size >= (8 << 20):
-            shape = _shape_scores(size)
-            if shape:
-                d = Decision("fallback_kernel", "shape.attention_scores",
-                             f"size fits batch·heads × L² × {shape[2]} bytes (e.g. {shape[0]} × {shape[1]}²) "
-                             "under an attention function: materialised attention scores (B·H·L·L), "
-                             "which fused kernels avoid (inferred from the size)",
-                             d.frame, ("attention",), inferred=True)
-        label = ""
-        if frame_id >= 0:
-            filename, line, name = frames[frame_id]
-            label = f"{short_path(filename)}:{line}:{name}" if is_python_frame(filename) else \
-                name.split("(", 1)[0] or name   # C++: drop the argument list
-        rows.append((device, int(addr[i]), size, int(allocated_est[i]), d.category,
-                     ",".join(d.tags), d.rule, d.reason, label, d.inferred, int(stack[i]), metadata[i],
-                     pools[i], int(streams[i]), origin[i], int(alloc_index[i])))
+    for i, frame_decision in enumerate(decisions):
+        d = _signals(frame_decision, int(sizes[i]), pools[i], metadata[i], origin[i], stack[i] >= 0, ctx)
+        frame_id = frame_decision.frame if frame_decision.frame >= 0 else decider.display_frame(int(stack[i]))
+        rows.append((device, int(addr[i]), int(sizes[i]), int(allocated_est[i]), d.category, ",".join(d.tags),
+                     d.rule, d.reason, _frame_label(frames[frame_id] if frame_id >= 0 else None), d.inferred,
+                     int(stack[i]), metadata[i], pools[i], int(streams[i]), origin[i], int(alloc_index[i])))
     df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
     df["address"] = df["address"].astype(np.uint64)
-    return df, request
+    return df, ctx.request
 
 
 def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:

@@ -6,11 +6,17 @@ A Section carries a stable `id` (its anchor, and the prefix of its figures' ids)
 rendered with `templating.render`, so every value is escaped), its `figures` (plotly Figures, each placed in
 the body with the `figure` macro of `macros.html.j2` under its id), `verdict` sentences (plain text, shown at
 the top of the report in section order) and an `order` (see ORDER). `DEFAULT_SECTIONS` is what
-`snapanalyze report` shows for one snapshot.
+`snapanalyze report` shows, for one snapshot and for a run directory alike.
 
-Extension point: a later analysis (per-rank comparison, memory outside the allocator, the OOM verdict, a
-diff against a baseline) plugs in by writing one more section function — reading its own inputs from
-`context.inputs` (e.g. "path", the run directory) or computing from `context.snapshot` — and passing
+Runs: the per-snapshot sections (timelines, categories, instants, OOM, rules, facts) repeat their content
+for each rank of `context.views()`, under "Rank r, device d" headings and with ids keyed by
+`context.key(device)` ("d0" for a lone snapshot, "r1-d0" for rank 1), so a lone snapshot's report is the
+same as before runs existed. The run-level sections read `context.run` (the per-rank comparison),
+each view's `outside` (memory outside the allocator at its peaks) and `context.diffs` (against a baseline);
+for a lone snapshot they return None.
+
+Extension point: a later analysis plugs in by writing one more section function — reading its own inputs
+from `context.inputs` (e.g. "path", the run directory) or computing from `context.snapshot` — and passing
 `sections=(*DEFAULT_SECTIONS, its_section)` to `html.render_report` / `html.build_report` (or adding it to
 DEFAULT_SECTIONS once it applies to every report). Its `order` places it (ORDER reserves slots: ranks 60,
 outside 70, diff 80), and its `verdict` sentences join the verdict at the top. Nothing else changes.
@@ -29,6 +35,7 @@ from markupsafe import Markup
 from .. import plots
 from ..analyze.summary import summarize
 from ..units import fmt_bytes, fmt_duration_us
+from .compare_documents import diff_document
 from .context import DetailInstant, ReportContext
 from .documents import explain_records
 from .templating import render
@@ -37,6 +44,10 @@ ORDER = {"verdict": 0, "timelines": 20, "categories": 30, "instants": 40, "oom":
          "outside": 70, "diff": 80, "rules": 90, "facts": 100}
 # Categories an engine holds for its whole life; the verdict names the others (what the step put on top).
 PERSISTENT = ("weights", "kv_cache", "graph_capture")
+MAX_PHASE_ROWS = 30           # phases listed per device (the largest transients when there are more)
+MAX_DIFF_STACKS = 15          # changed stacks listed per diff (the largest changes)
+VERDICT_NAMES = {"fragmentation": "fragmentation", "live_exhaustion": "live memory exhaustion",
+                 "outside_pressure": "pressure from outside the allocator", "unexplained": "unexplained"}
 
 
 @dataclass(frozen=True)
