@@ -295,9 +295,11 @@ def _add_bands(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, phases: pd.Da
         fig.add_shape(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, layer="below",
                       fillcolor=colors[phase], opacity=0.13, line={"width": 0}, name=escape(f"phase: {phase}"),
                       legendgroup=escape(f"phase: {phase}"), showlegend=show)
-        if label:
-            fig.add_annotation(x=x0, y=1, xref="x", yref="paper", text=escape(label), showarrow=False,
-                               xanchor="left", yanchor="top", font={"size": 10, "color": colors[phase]})
+        if label:                   # at the foot of the band: the top belongs to the peak labels
+            right = span > 0 and x0 > 0.9 * span
+            fig.add_annotation(x=x1 if right else x0, y=0, xref="x", yref="paper", text=escape(label),
+                               showarrow=False, xanchor="right" if right else "left", yanchor="bottom",
+                               font={"size": 10, "color": colors[phase]}, bgcolor="rgba(255,255,255,0.7)")
     if len(bands) > len(drawn):
         fig.add_annotation(x=1, y=0, xref="paper", yref="paper", showarrow=False, xanchor="right",
                            yanchor="bottom", font={"size": 10, "color": "#6b6b70"},
@@ -390,7 +392,8 @@ def ranks_figure(table: pd.DataFrame, categories: pd.DataFrame, order: Sequence[
     stacked = [c for c in order if c in present] + sorted(c for c in present if c not in order)
     fig = go.Figure(layout={"template": TEMPLATE, "height": height or max(220, 90 + 36 * len(keys)),
                             "barmode": "stack", "xaxis": {"title": {"text": "GiB at the rank's peak"}},
-                            "yaxis": {"autorange": "reversed", "type": "category"}, "hovermode": "closest"})
+                            "yaxis": {"autorange": "reversed", "type": "category", "automargin": True},
+                            "hovermode": "closest"})
     by_key = categories.set_index(["rank", "device", "category"])["bytes"] if len(categories) else None
     for category in stacked:
         values = np.array([int(by_key.get((r, d, category), 0)) if by_key is not None else 0 for r, d in keys],
@@ -419,7 +422,7 @@ def outside_figure(series: dict[str, pd.DataFrame], origin_us: int, max_points: 
     series (`label` → an `analyze.outside.join_samples` frame); x in seconds since `origin_us`. Each line
     keeps at most about `max_points` points (a min/max envelope)."""
     fig = go.Figure(layout={"template": TEMPLATE, "height": height,
-                            "xaxis": {"title": {"text": "time (s)"}},
+                            "xaxis": {"title": {"text": "seconds from the start of the earliest trace window"}},
                             "yaxis": {"title": {"text": "GiB outside the allocator"}, "rangemode": "tozero"},
                             "hovermode": "closest"})
     buckets = max(1, max_points // 2)

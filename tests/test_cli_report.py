@@ -1,5 +1,6 @@
 """`snapanalyze report`: writes one HTML file atomically, never replaces one without --force, passes its
-options through, reports a rank of a run directory, and shows progress only on a terminal."""
+options through, reports every rank of a run directory (or the one --rank names), adds a diff against a
+--compare baseline, and shows progress only on a terminal."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from snapanalyze.cli import main
 from snapanalyze.cli.progress import Progress
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+RUNS = SCENARIOS.parent / "runs"
+SWEEPS = SCENARIOS.parent / "sweeps"
 FIXTURE = SCENARIOS / "oom_fragmentation.pickle"
 
 
@@ -85,7 +88,7 @@ def test_options_reach_the_report(tmp_path: Path) -> None:
     assert str(SCENARIOS) not in page and "srv/scoring" not in page
 
 
-def test_a_rank_of_a_run_directory(tmp_path: Path) -> None:
+def test_a_run_directory_reports_every_rank_and_rank_chooses_one(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     for rank, name in ((0, "oom_fragmentation"), (1, "prompt_logprobs_logits")):
         (run_dir / f"rank={rank}").mkdir(parents=True)
@@ -94,9 +97,49 @@ def test_a_rank_of_a_run_directory(tmp_path: Path) -> None:
     result = run("report", run_dir, "--rank", "1", "-o", out)
     assert result.exit_code == 0, result.output
     page = out.read_text(encoding="utf-8")
-    assert "1 device, 619 events, rank 1" in page and "71.52 GiB" in page
-    ambiguous = run("report", run_dir, "-o", tmp_path / "x.html")
-    assert ambiguous.exit_code == 2 and "--rank" in ambiguous.stderr
+    assert "1 device, 619 events, rank 1" in page and "71.52 GiB" in page and "36.70 GiB" not in page
+    both = tmp_path / "both.html"
+    result = run("report", run_dir, "-o", both)
+    assert result.exit_code == 0, result.output
+    page = both.read_text(encoding="utf-8")
+    assert "2 ranks (0, 1)" in page and "The peak on rank 0 was 36.70 GiB" in page and "rank 1 was 71.52 GiB" in page
+    assert "Rank 0 ran out of memory" in page and '<section id="ranks">' in page
+    assert "no nvml-part-*.parquet" in page            # what the run directory lacks is said, not fatal
+    (run_dir / "rank=1" / "snapshot-final.pickle").rename(run_dir / "rank=1" / "snapshot-a.pickle")
+    shutil.copy(run_dir / "rank=1" / "snapshot-a.pickle", run_dir / "rank=1" / "snapshot-b.pickle")
+    result = run("report", run_dir, "-o", tmp_path / "partial.html")
+    assert result.exit_code == 0, result.output
+    partial = (tmp_path / "partial.html").read_text(encoding="utf-8")
+    assert "several snapshots (a, b)" in partial and "rank 1, tag final" not in partial
+    (run_dir / "rank=0" / "snapshot-final.pickle").unlink()
+    result = run("report", run_dir, "-o", tmp_path / "x.html")
+    assert result.exit_code == 2 and "no snapshot to report" in result.stderr and "--tag" in result.stderr
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_a_run_with_nvml_and_markers(tmp_path: Path) -> None:
+    out = tmp_path / "run.html"
+    result = run("report", RUNS / "tp2_vision_encoder", "-o", out, "--top", "1")
+    assert result.exit_code == 0, result.output
+    page = out.read_text(encoding="utf-8")
+    assert "The peak on rank 1 was 59.41 GiB active" in page and "during prefill #1" in page
+    assert 'id="fig-timeline-r0-d0"' in page and 'id="fig-outside"' in page
+
+
+def test_compare_adds_the_diff_section(tmp_path: Path) -> None:
+    fix = SWEEPS / "logits_float_fix"
+    out = tmp_path / "diff.html"
+    result = run("report", fix / "after.pickle", "--compare", fix / "before.pickle", "-o", out)
+    assert result.exit_code == 0, result.output
+    page = out.read_text(encoding="utf-8")
+    assert '<section id="diff">' in page and "fell by 1.96 GiB" in page
+    missing = run("report", fix / "after.pickle", "--compare", tmp_path / "nope.pickle", "-o", tmp_path / "y.html")
+    assert missing.exit_code == 2 and "nope.pickle" in missing.stderr
+    bad = tmp_path / "bad.pickle"
+    bad.write_bytes(b"not a pickle")
+    result = run("report", fix / "after.pickle", "--compare", bad, "-o", tmp_path / "y.html")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and str(bad) in result.stderr
+    assert not (tmp_path / "y.html").exists()
 
 
 def test_progress_is_shown_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

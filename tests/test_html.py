@@ -10,15 +10,25 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import pandas as pd
 import plotly.graph_objects as go
 import plotly.offline
 import pytest
 from conftest import SnapshotBuilder, write_pickle
 
 from snapanalyze import UsageError, load
-from snapanalyze.report.context import ReportContext, build_context
-from snapanalyze.report.html import PLOTLY_MARKER, build_report, normalise, render_report, script_json
+from snapanalyze.report.context import ReportContext, build_context, detail_ranks
+from snapanalyze.report.html import (
+    PLOTLY_MARKER,
+    build_path_report,
+    build_report,
+    normalise,
+    render_report,
+    script_json,
+)
 from snapanalyze.report.redact import redact_path
 from snapanalyze.report.sections import DEFAULT_SECTIONS, ORDER, FigureSpec, Section
 from snapanalyze.report.templating import render
@@ -26,6 +36,8 @@ from snapanalyze.report.templating import render
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "fixtures" / "scenarios"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "prompt_logprobs_logits.report.html"
+RUNS = ROOT / "fixtures" / "runs"
+SWEEPS = ROOT / "fixtures" / "sweeps"
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
 
@@ -68,18 +80,19 @@ def test_plotly_js_is_inlined_exactly_once_and_nothing_is_fetched() -> None:
 
 
 def test_the_same_input_gives_the_same_bytes_whatever_the_hash_seed(tmp_path: Path) -> None:
-    script = ("import hashlib, sys; from snapanalyze import load; from snapanalyze.report.html import build_report;"
-              "print(hashlib.sha256(build_report(load(sys.argv[1]), samples=8).encode()).hexdigest())")
-    digests = set()
-    for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", script, str(SCENARIOS / "concurrent_requests.pickle")],
-                             env=env, capture_output=True, text=True, check=True, cwd=ROOT)
-        digests.add(out.stdout.strip())
-    page = build_report(load(SCENARIOS / "concurrent_requests.pickle"), samples=8)
-    digests.add(hashlib.sha256(page.encode()).hexdigest())
-    assert len(digests) == 1
-    assert not re.search(r"20\d\d-\d\d-\d\dT", body(page))     # no generation timestamp
+    script = ("import hashlib, sys; from snapanalyze.report.html import build_path_report;"
+              "print(hashlib.sha256(build_path_report(sys.argv[1], samples=int(sys.argv[2])).encode()).hexdigest())")
+    for path, samples in ((SCENARIOS / "concurrent_requests.pickle", 8), (RUNS / "tp2_vision_encoder", 2)):
+        digests = set()
+        for seed in ("1", "2"):
+            env = {**os.environ, "PYTHONHASHSEED": seed}
+            out = subprocess.run([sys.executable, "-c", script, str(path), str(samples)],
+                                 env=env, capture_output=True, text=True, check=True, cwd=ROOT)
+            digests.add(out.stdout.strip())
+        page = build_path_report(path, samples=samples)
+        digests.add(hashlib.sha256(page.encode()).hexdigest())
+        assert len(digests) == 1, path
+        assert not re.search(r"20\d\d-\d\d-\d\dT", body(page))     # no generation timestamp
 
 
 def long_trace(tmp_path: Path, pairs: int) -> Path:
@@ -215,3 +228,217 @@ def test_sections_with_clashing_or_unplaced_figures_are_refused() -> None:
     unplaced = Section(id="x", title="X", figures=(FigureSpec("fig-x", go.Figure()),))
     with pytest.raises(ValueError, match="not placed"):
         render_report(context, (lambda _: unplaced,))
+
+
+# -- run directories: every rank, NVML, phases, the rank comparison, memory outside the allocator ------------
+
+def run_expected(name: str) -> dict:
+    return json.loads((RUNS / f"{name}.expected.json").read_text())
+
+
+def figure_data(page: str, fig_id: str) -> dict:
+    m = re.search(rf'<script type="application/json" id="{re.escape(fig_id)}-data">(.*?)</script>', page, re.S)
+    assert m, f"no data block for {fig_id}"
+    return json.loads(m.group(1))
+
+
+def verdict_of(page: str) -> str:
+    return page[page.index('<section id="verdict"'):page.index("</section>")]
+
+
+def section_ids(page: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r'<section id="([a-z]+)"', page)]
+
+
+@pytest.fixture(scope="module")
+def tp2_page() -> str:
+    return build_path_report(RUNS / "tp2_vision_encoder", samples=8)
+
+
+def test_a_run_report_covers_every_rank(tp2_page: str) -> None:
+    page = body(tp2_page)
+    assert "2 ranks (0, 1), 2 devices, 1,097 events, tag final" in page
+    assert section_ids(page) == ["verdict", "timelines", "categories", "instants", "ranks", "outside", "rules",
+                                 "facts"]
+    for rank in (0, 1):
+        for fig in ("timeline", "categories", "icicle"):
+            suffix = "-p1" if fig == "icicle" else ""
+            assert f'id="fig-{fig}-r{rank}-d0{suffix}"' in page
+        assert f'id="instant-r{rank}-d0-p1"' in page and f"Rank {rank}, device 0, peak 1" in page
+    assert 'id="fig-ranks"' in page and 'id="fig-outside"' in page
+
+
+def test_run_verdict_names_the_rank_the_phase_and_the_outlier(tp2_page: str) -> None:
+    verdict = verdict_of(body(tp2_page))
+    assert ("The peak on rank 1 was 59.41 GiB active (60.34 GiB reserved), at 2.697 s into the 3.272 s window "
+            "(event 437 of 571), during prefill #1 (request req-1).") in verdict
+    assert "The peak on rank 0 was 55.89 GiB active" in verdict and "4.07 GiB vision_encoder" in verdict
+    assert ("Rank 1 peaked 3.53 GiB above the median rank (rank 0), during prefill #1 (request req-1): "
+            "vision_encoder +4.07 GiB") in verdict
+    assert "Memory outside the allocator at the peak (NVML used − reserved): 1.56 GiB on rank 0 (an estimate" in verdict
+    assert "1.56 GiB on rank 1 (measured by 3 samples during it)" in verdict
+
+
+def test_run_timelines_draw_nvml_used_and_the_phases(tp2_page: str) -> None:
+    expected = run_expected("tp2_vision_encoder")["ranks"]["1"]
+    fig = figure_data(tp2_page, "fig-timeline-r1-d0")
+    nvml = [t for t in fig["data"] if t["name"] == "NVML used (sampled)"]
+    assert len(nvml) == 1
+    top = max(v for v in _values(nvml[0]["y"]))
+    assert abs(top * (1 << 30) - expected["nvml"]["max_used_sampled"]) < 1 << 20
+    shapes = fig["layout"]["shapes"]
+    names = {s["name"] for s in shapes}
+    assert names == {"phase: load_model", "phase: initialize_kv_cache", "phase: prefill", "phase: decode"}
+    assert all(s["yref"] == "paper" and s["layer"] == "below" for s in shapes)
+    assert len(shapes) == 5                                # prefill twice; requests are not bands
+    labels = {a["text"] for a in fig["layout"]["annotations"]}
+    assert {"load_model", "prefill #1"} <= labels
+
+
+def _values(y: Any) -> list[float]:
+    """A plotly JSON array: a plain list or a typed-array block {"dtype", "bdata"}."""
+    if isinstance(y, list):
+        return [float(v) for v in y]
+    import base64
+
+    import numpy as np
+    return np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"])).astype(float).tolist()
+
+
+def test_ranks_section_tables_the_ranks_and_the_outliers_categories(tp2_page: str) -> None:
+    page = body(tp2_page)
+    section = page[page.index('<section id="ranks">'):page.index('<section id="outside">')]
+    assert section.count("<tr><td>") >= 2 and '<span class="flag">outlier</span>' in section
+    assert "Rank 1: 3.53 GiB above the median rank" in section
+    rows = re.findall(r"<tr><td>(\w+)</td><td class=\"num\" title=\"([\d,]+) bytes\">", section)
+    assert ("vision_encoder", "4,369,416,192") in rows
+    assert 'href="#instant-r1-d0-p1"' in section
+
+
+def test_outside_section_splits_and_says_when_it_is_an_estimate(tp2_page: str) -> None:
+    expected = run_expected("tp2_vision_encoder")["ranks"]
+    page = body(tp2_page)
+    section = page[page.index('<section id="outside">'):page.index('<section id="rules">')]
+    for rank in ("0", "1"):
+        assert f'title="{expected[rank]["nvml"]["outside_bytes"]:,} bytes"' in section
+        assert f'title="{expected[rank]["nvml"]["nvml_used_bytes"]:,} bytes"' in section
+    assert section.count('<span class="flag">estimate</span>') == 1        # rank 0: its 4 µs peak fell between
+    assert "3 during the 150.00 ms peak" in section
+    assert "the peak held 4 µs, so NVML never saw it" in section
+
+
+def test_slow_sampler_makes_the_outside_number_an_estimate() -> None:
+    page = body(build_path_report(RUNS / "slow_nvml_spike", samples=4))
+    expected = run_expected("slow_nvml_spike")["ranks"]["0"]["nvml"]
+    verdict = verdict_of(page)
+    assert "612.00 MiB on rank 0 (an estimate: no NVML sample fell inside its 6.00 ms peak" in verdict
+    assert f'title="{expected["nvml_used_bytes"]:,} bytes"' in page
+    assert "during prefill (request req-logprobs)" in verdict
+    assert 'id="ranks"' not in page                        # one rank: nothing to compare
+
+
+def test_the_oom_section_uses_the_explanation() -> None:
+    frag = body(build_report(load(SCENARIOS / "oom_fragmentation.pickle"), samples=4))
+    verdict = verdict_of(frag)
+    assert "Allocation failure from fragmentation: the 1.96 GiB request did not fit in any single free block" in verdict
+    assert "What would have helped: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in verdict
+    assert '<span class="flag">fragmentation</span>' in frag and "max_split_size_mb:256" in frag
+    live = body(build_report(load(SCENARIOS / "oom_live_exhaustion.pickle"), samples=4))
+    assert '<span class="flag">live memory exhaustion</span>' in live
+    assert "Live memory exhaustion: the device could not give the 32.00 MiB request" in verdict_of(live)
+    other = body(build_path_report(RUNS / "oom_other_process", samples=4))
+    verdict = verdict_of(other)
+    assert "Rank 0 ran out of memory at 2.501 s into the 2.501 s window (event 66 of 67), during prefill #2" in verdict
+    assert "Pressure from outside the allocator" in verdict and "other processes held 7.12 GiB" in verdict
+    assert "Of that, other processes held 7.12 GiB on rank 0." in verdict
+    section = other[other.index('<section id="oom">'):other.index('<section id="outside">')]
+    assert '<span class="flag">pressure from outside the allocator</span>' in section
+    assert "<th>of it: other processes (NVML)</th>" in section
+
+
+def test_a_rejected_request_without_an_oom_is_said_to_be_an_admission_limit() -> None:
+    page = body(build_path_report(RUNS / "admission_rejected", samples=4))
+    verdict = verdict_of(page)
+    assert ("Rank 0: no allocation failure was recorded; the rejected request req-3 (prompt of 40,000 tokens "
+            "exceeds max_model_len 32,768) was refused by an admission limit, not by the allocator; the peak stayed "
+            "12.48 GiB below capacity") in verdict
+    assert '<section id="oom">' in page and "<code>req-3</code>" in page
+    quiet = body(build_path_report(RUNS / "slow_nvml_spike", samples=4))
+    assert 'id="oom"' not in quiet and "admission limit" not in quiet       # no OOM, nothing refused
+
+
+def test_a_lone_snapshot_has_no_run_sections_and_no_placeholders() -> None:
+    page = body(build_report(load(SCENARIOS / "prompt_logprobs_logits.pickle"), samples=4, top=1))
+    assert section_ids(page) == ["verdict", "timelines", "categories", "instants", "rules", "facts"]
+    for absent in ("rank", "NVML", "outside the allocator", "baseline"):
+        assert absent not in verdict_of(page)
+    assert "NVML used" not in page and 'id="fig-ranks"' not in page
+
+
+def test_annotations_of_a_lone_snapshot_are_phases_too() -> None:
+    page = body(build_report(load(SWEEPS / "logits_float_fix" / "after.pickle"), samples=4))
+    assert "(event 890 of 905), during score." in verdict_of(page)
+    fig = figure_data(page, "fig-timeline-d0")
+    assert [s["name"] for s in fig["layout"]["shapes"]] == ["phase: score"]
+
+
+def test_a_run_report_is_deterministic_and_bounded(tp2_page: str) -> None:
+    again = build_path_report(RUNS / "tp2_vision_encoder", samples=8)
+    assert hashlib.sha256(again.encode()).digest() == hashlib.sha256(tp2_page.encode()).digest()
+    assert len(body(tp2_page)) < 600_000
+    assert not re.search(r"20\d\d-\d\d-\d\dT", body(tp2_page))
+
+
+def test_rank_option_reports_one_rank_without_a_comparison() -> None:
+    page = body(build_path_report(RUNS / "tp2_vision_encoder", rank=1, samples=4))
+    assert "1 device, 571 events, rank 1, tag final" in page
+    assert 'id="fig-timeline-r1-d0"' in page and 'id="fig-timeline-r0-d0"' not in page
+    assert 'id="ranks"' not in page and '<section id="outside">' in page
+
+
+def test_a_file_inside_a_rank_directory_is_that_rank() -> None:
+    page = body(build_path_report(RUNS / "slow_nvml_spike" / "rank=0" / "snapshot-final.pickle", samples=4))
+    assert "The peak on rank 0 was 71.52 GiB" in page and "NVML used (sampled)" in page
+
+
+def test_redacting_a_run_report_hides_the_directories() -> None:
+    page = body(build_path_report(RUNS / "tp2_vision_encoder", samples=4, redact_paths=True))
+    assert str(RUNS) not in page and "fixtures/runs" not in page
+    assert re.search(r"\[[0-9a-f]{8}\]/tp2_vision_encoder", page)
+
+
+def test_many_ranks_detail_at_most_a_few(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [{"rank": r, "device": 0, "active_bytes": 100 + r, "difference_bytes": r - 6, "outlier": False}
+            for r in range(12)]
+    rows[3].update(active_bytes=900, difference_bytes=800, outlier=True)
+    table = pd.DataFrame(rows)
+    comparison = SimpleNamespace(table=table, median_rank=6)
+    chosen = detail_ranks(comparison, limit=4)       # type: ignore[arg-type]
+    assert chosen == sorted(chosen) and len(chosen) == 4
+    assert {6, 3, 0} <= set(chosen)                   # the median, the outlier, the lowest peak
+    assert detail_ranks(SimpleNamespace(table=table.head(3), median_rank=1)) == [0, 1, 2]  # type: ignore[arg-type]
+
+
+# -- a diff against a baseline ------------------------------------------------------------------------------
+
+def test_compare_adds_the_diff_against_the_baseline() -> None:
+    fix = SWEEPS / "logits_float_fix"
+    expected = json.loads((fix / "expected.json").read_text())
+    page = body(build_path_report(fix / "after.pickle", compare=fix / "before.pickle", samples=4))
+    assert section_ids(page) == ["verdict", "timelines", "categories", "instants", "diff", "rules", "facts"]
+    verdict = verdict_of(page)
+    assert ("the peak on device 0 fell by 1.96 GiB (9.16 GiB → 7.20 GiB): logits -1.96 GiB; stacks: 1 vanished."
+            in verdict)
+    section = page[page.index('<section id="diff">'):page.index('<section id="rules">')]
+    assert f'title="{-expected["planted"]["bytes"]:,} bytes">-1.96 GiB' in section
+    assert "<td>vanished</td>" in section and "score.py:64:score" in section
+    assert 'id="fig-diff-d0"' in section and "compared with" in page
+
+
+def test_compare_with_itself_is_unchanged_rank_by_rank() -> None:
+    run = RUNS / "tp2_vision_encoder"
+    page = body(build_path_report(run, compare=run, samples=4))
+    verdict = verdict_of(page)
+    for rank in (0, 1):
+        assert f"the peak on rank {rank} is unchanged" in verdict
+        assert f'id="fig-diff-r{rank}-d0"' in page

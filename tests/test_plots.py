@@ -5,14 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 from conftest import SnapshotBuilder, write_pickle
 
 from snapanalyze import attribute, find_peaks, load, replay
+from snapanalyze.analyze.outside import join_samples
 from snapanalyze.analyze.over_time import categories_over_time
+from snapanalyze.analyze.phases import PHASE_COLUMNS, phase_table
+from snapanalyze.analyze.ranks import compare_ranks
+from snapanalyze.load.samples import read_run
 from snapanalyze.plots import (
+    MAX_BANDS,
     GiB,
     categories_figure,
     compare_figure,
@@ -20,11 +26,14 @@ from snapanalyze.plots import (
     envelope_indices,
     frame_label,
     icicle_figure,
+    outside_figure,
+    ranks_figure,
     time_axis,
     timeline_figure,
 )
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+RUNS = SCENARIOS.parent / "runs"
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
 
@@ -110,6 +119,78 @@ def test_figures_do_not_depend_on_plotlys_default_template(monkeypatch: pytest.M
     first = timeline_figure(timeline, 0).to_json()
     monkeypatch.setattr(pio.templates, "default", "ggplot2")
     assert timeline_figure(timeline, 0).to_json() == first
+
+
+def test_nvml_used_is_a_line_of_the_samples_around_the_window() -> None:
+    run = RUNS / "slow_nvml_spike"
+    snap = load(run)
+    timeline = replay(snap)
+    nvml = read_run(run).nvml_of(0)
+    fig = timeline_figure(timeline, 0, nvml=nvml)
+    line = next(t for t in fig.data if t.name == "NVML used (sampled)")
+    dt = timeline[0]
+    inside = nvml[(nvml["time_us"] >= dt.time_us[0]) & (nvml["time_us"] <= dt.time_us[-1])]
+    assert len(line.x) == len(inside) + 2                 # and one sample on each side of the 10 ms window
+    span_ms = (int(dt.time_us[-1]) - int(dt.time_us[0])) / 1000
+    assert min(line.x) < 0 and max(line.x) > span_ms and tuple(fig.layout.xaxis.range) == (0.0, span_ms)
+    assert "before the window" in line.hovertext[0]
+    assert timeline_figure(timeline, 0, nvml=nvml.iloc[0:0]).to_json() == timeline_figure(timeline, 0).to_json()
+
+
+def test_nvml_line_is_bounded(tmp_path: Path) -> None:
+    snap = load(long_trace(tmp_path))
+    timeline = replay(snap)
+    dt = timeline[0]
+    t = np.linspace(int(dt.time_us[0]), int(dt.time_us[-1]), 50_000).astype(np.int64)
+    nvml = pd.DataFrame({"device": 0, "time_us": t, "used_bytes": (np.arange(len(t)) % 97) * MiB})
+    nvml.loc[31_337, "used_bytes"] = 9 * GiB
+    line = next(tr for tr in timeline_figure(timeline, 0, nvml=nvml, max_points=400).data if tr.name.startswith("NVML"))
+    assert len(line.x) <= 402 and max(line.y) == 9.0
+
+
+def test_phases_are_bands_behind_the_curves_and_bounded() -> None:
+    run = RUNS / "tp2_vision_encoder"
+    snap = load(run, rank=1)
+    timeline = replay(snap)
+    phases = phase_table(snap, timeline, read_run(run).markers_of(1), categories=False)
+    fig = timeline_figure(timeline, 0, phases=phases)
+    shapes = fig.layout.shapes
+    assert [s.name for s in shapes] == ["phase: load_model", "phase: initialize_kv_cache", "phase: prefill",
+                                        "phase: decode", "phase: prefill"]
+    assert all(s.layer == "below" and s.yref == "paper" for s in shapes)
+    assert [s.showlegend for s in shapes] == [True, True, True, True, False]       # one legend entry per name
+    assert shapes[2].fillcolor == shapes[4].fillcolor != shapes[3].fillcolor
+    many = pd.DataFrame([{**dict.fromkeys(PHASE_COLUMNS), "device": 0, "phase": f"<i>p{i}</i>", "occurrence": 1,
+                          "kind": "annotation", "start_us": int(timeline[0].time_us[0]) + 1000 * i,
+                          "end_us": int(timeline[0].time_us[0]) + 1000 * i + 10 * (i % 7 + 1), "start_index": 0,
+                          "end_index": 0} for i in range(500)])
+    fig = timeline_figure(timeline, 0, phases=many)
+    assert len(fig.layout.shapes) == MAX_BANDS
+    texts = [a.text for a in fig.layout.annotations]
+    assert f"{500 - MAX_BANDS} shorter phases not drawn" in texts
+    assert not any("<i>" in t for t in texts) and any("&lt;i&gt;" in t for t in texts)
+
+
+def test_ranks_figure_stacks_each_ranks_categories() -> None:
+    comparison = compare_ranks(RUNS / "tp2_vision_encoder")
+    fig = ranks_figure(comparison.table, comparison.categories, order=["kv_cache", "weights"])
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert [t.name for t in bars][:2] == ["kv_cache", "weights"]
+    assert list(bars[0].y) == ["rank 0", "rank 1 (outlier)"]
+    total = sum(np.asarray(t.x) for t in bars)
+    assert np.allclose(total * GiB, comparison.table["active_bytes"].to_numpy(dtype=float))
+    used = next(t for t in fig.data if t.name == "NVML used")
+    assert "estimated" in used.hovertext[0] and "estimated" not in used.hovertext[1]
+
+
+def test_outside_figure_draws_each_series() -> None:
+    run = RUNS / "oom_other_process"
+    snap = load(run)
+    timeline = replay(snap)
+    joined = join_samples(timeline[0], read_run(run).nvml_of(0))
+    fig = outside_figure({"rank 0": joined}, int(timeline[0].time_us[0]))
+    assert [t.name for t in fig.data] == ["rank 0: outside the allocator", "rank 0: other processes"]
+    assert max(fig.data[1].y) == pytest.approx(7.12, abs=0.01)
 
 
 # -- categories and comparisons -----------------------------------------------------------------------------

@@ -9,18 +9,22 @@ browser download is never needed. Skipped with the reason when chromium is absen
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from conftest import SnapshotBuilder, write_pickle
 
 from snapanalyze import load
-from snapanalyze.report.html import build_report
+from snapanalyze.collect import schemas
+from snapanalyze.report.html import build_path_report, build_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "fixtures" / "scenarios"
+RUNS = ROOT / "fixtures" / "runs"
 CHROMIUM = os.environ.get("SNAPANALYZE_CHROMIUM", "/usr/bin/chromium")
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 HOSTILE = "</script><script>window.pwned=1</script>"
@@ -99,6 +103,40 @@ def test_fixture_report_renders_offline_without_errors(tmp_path: Path) -> None:
     assert run.figures >= 4           # timeline, categories, one icicle per peak
     assert run.rendered == run.figures
     assert "ran out of memory" in run.verdict
+
+
+def test_run_directory_report_renders_every_rank_offline(tmp_path: Path) -> None:
+    """Two ranks with NVML and markers: per-rank timelines (NVML line, phase bands), categories and icicles,
+    the rank comparison and the outside-allocator chart all draw, with no error and no request."""
+    path = tmp_path / "run.html"
+    path.write_text(build_path_report(RUNS / "tp2_vision_encoder", samples=8), encoding="utf-8")
+    run = open_report(path)
+    assert run.errors == []
+    assert run.foreign_requests == []
+    assert run.figures == 2 * 3 + 2       # per rank: timeline, categories, icicle; + ranks, outside
+    assert run.rendered == run.figures
+    assert "The peak on rank 1 was 59.41 GiB active" in run.verdict and "during prefill #1" in run.verdict
+    assert "Rank 1 peaked 3.53 GiB above the median rank" in run.verdict
+    assert "Memory outside the allocator at the peak" in run.verdict
+
+
+def test_hostile_phase_names_cannot_break_a_run_report(tmp_path: Path) -> None:
+    """Phase and request names come from the user's markers: escaped in the tables, the bands and the verdict."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    rank = tmp_path / "run" / "rank=0"
+    shutil.copytree(RUNS / "oom_other_process" / "rank=0", rank)
+    markers = pq.read_table(rank / "markers.parquet")
+    names = [HOSTILE + n for n in markers.column("name").to_pylist()]
+    markers = markers.set_column(markers.schema.get_field_index("name"), "name", pa.array(names))
+    schemas.write_table(markers.cast(schemas.MARKERS_SCHEMA), rank / "markers.parquet", schema=schemas.MARKERS_SCHEMA)
+    page = build_path_report(tmp_path / "run", samples=4)
+    assert HOSTILE not in page
+    path = tmp_path / "hostile-run.html"
+    path.write_text(page, encoding="utf-8")
+    run = open_report(path)
+    assert run.pwned is None and run.errors == [] and run.foreign_requests == []
+    assert run.rendered == run.figures
+    assert f"during {HOSTILE}prefill #2" in run.verdict      # shown as the literal name
 
 
 def hostile_snapshot(tmp_path: Path) -> Path:

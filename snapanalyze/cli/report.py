@@ -1,8 +1,11 @@
-"""`snapanalyze report`: one self-contained HTML postmortem of a snapshot (or one rank of a run directory).
+"""`snapanalyze report`: one self-contained HTML postmortem of a snapshot, or of every rank of a run directory.
 
-The command loads, builds the report (`report.html.build_report`) and writes it atomically: into a
-temporary file beside the target, then renamed over it, so a reader never sees half a report. It refuses to
-replace an existing file without --force. Progress goes to stderr only on a terminal (`progress`).
+The command builds the report (`report.html.build_path_report`: a snapshot file, or a run directory with
+per-rank timelines, NVML used, phases, the rank comparison, memory outside the allocator and the OOM
+explanation; `--rank N` reports one rank; `--compare BASELINE` adds the diff against a baseline, as
+`snapanalyze diff BASELINE FILE` computes it) and writes it atomically: into a temporary file beside the
+target, then renamed over it, so a reader never sees half a report. It refuses to replace an existing file
+without --force. Progress goes to stderr only on a terminal (`progress`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,7 @@ import click
 
 from ..analyze.rules import load_rules
 from ..errors import UsageError
-from ..load import load
-from ..report.html import build_report
+from ..report.html import build_path_report
 from . import main
 from .common import input_argument
 from .progress import Progress
@@ -54,9 +56,17 @@ def write_atomic(path: Path, text: str) -> None:
 @click.option("--device", type=int, default=None, help="Only this device.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="A TOML file of your own categories and rules, layered over the shipped packs.")
+@click.option("--compare", "baseline", type=click.Path(exists=True, dir_okay=True, path_type=str), default=None,
+              metavar="BASELINE",
+              help="Add a section diffing this input against BASELINE (a snapshot or run; Δ = FILE − BASELINE, "
+                   "as `snapanalyze diff BASELINE FILE`), rank by rank for two runs.")
 def report(file: str, rank: int | None, tag: str | None, output: Path, force: bool, redact_paths: bool,
-           at: tuple[str, ...], top: int, samples: int, device: int | None, rules_file: str | None) -> None:
-    """Write one HTML postmortem that opens offline in any browser."""
+           at: tuple[str, ...], top: int, samples: int, device: int | None, rules_file: str | None,
+           baseline: str | None) -> None:
+    """Write one HTML postmortem that opens offline in any browser.
+
+    FILE is a snapshot, or a run directory: then every rank is reported (--rank N: only that one) with its
+    NVML samples, phases, the comparison across ranks and memory outside the allocator."""
     if output.exists() and not force:
         raise UsageError(f"{output}: exists already; pass --force to replace it")
     if not output.parent.is_dir():
@@ -64,11 +74,8 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
     rules = load_rules(rules_file)
     progress = Progress()
     try:
-        progress.step("loading")
-        snapshot = load(file, rank, tag)
-        page = build_report(snapshot, rules=rules, top=top, at=at, samples=samples, device=device,
-                            redact_paths=redact_paths, inputs={"path": file, "rank": rank, "tag": tag},
-                            progress=progress.step)
+        page = build_path_report(file, rank=rank, tag=tag, compare=baseline, rules=rules, top=top, at=at,
+                                 samples=samples, device=device, redact_paths=redact_paths, progress=progress.step)
         progress.step("writing")
         write_atomic(output, page)
     finally:

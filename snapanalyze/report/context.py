@@ -314,7 +314,8 @@ def build_run_context(path: str | Path, rank: int | None = None, tag: str | None
     if len(chosen) > 1:
         step("comparing ranks")
         comparison = compare_ranks(path, tag=tag, rules=rules)
-        shown = detail_ranks(comparison)
+        if len(chosen) > MAX_DETAILED_RANKS:
+            shown = detail_ranks(comparison) or shown[:MAX_DETAILED_RANKS]
     base = dict(options.pop("inputs", None) or {})
     views = []
     for entry in chosen:
@@ -323,6 +324,8 @@ def build_run_context(path: str | Path, rank: int | None = None, tag: str | None
         step(f"loading rank {entry.rank}")
         views.append(build_context(load(entry.path), rules=rules, progress=progress, rank=_rank_info(samples, entry),
                                    inputs={**base, "rank": entry.rank, "tag": entry.tag or None}, **options))
+    if not views:
+        raise BadInputError(path, "no snapshot to report: " + "; ".join(problems))
     info_run = RunInfo(path=str(path), samples=samples, views=views, comparison=comparison,
                        ranks=tuple(e.rank for e in chosen),
                        omitted=tuple(e.rank for e in chosen if e.rank not in shown), problems=tuple(problems))

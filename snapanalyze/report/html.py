@@ -8,9 +8,11 @@ a Content-Security-Policy forbids every fetch), each figure's data in its own
 escaped, so a frame named `</script>` cannot end the block) and drawn by a small inline script. The page
 holds no generation time or random ids: the same input gives the same bytes. It never embeds the raw trace:
 timelines are min/max envelopes, attributions are per category and per stack (see `plots`).
-`build_report(snapshot, …)` is `build_context` + `render_report`. `normalise(html)` replaces the plotly.js
-body and the version with markers and pretty-prints the JSON blocks, for golden-file comparison.
-Nothing here writes files or prints.
+`build_report(snapshot, …)` is `build_context` + `render_report`; `build_path_report(path, …)` is
+`build_path_context` + `render_report` for what a user names — a snapshot file, or a run directory, whose
+report covers every rank (see `context`) — optionally diffed against a baseline (`compare`).
+`normalise(html)` replaces the plotly.js body and the version with markers and pretty-prints the JSON
+blocks, for golden-file comparison. Nothing here writes files or prints.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import plotly.offline
@@ -27,7 +30,7 @@ from .. import __version__
 from ..analyze.rules import RuleSet
 from ..model import Snapshot
 from ..replay import Timeline
-from .context import Progress, ReportContext, build_context
+from .context import Progress, ReportContext, build_context, build_path_context
 from .sections import DEFAULT_SECTIONS, Section, SectionFunction
 from .templating import render
 
@@ -83,11 +86,21 @@ def render_report(context: ReportContext, sections: Sequence[SectionFunction] = 
     verdict = [line for s in made for line in s.verdict]
     shown = [s for s in made if s.body or s.figures]
     figures = [{"id": f.id, "json": Markup(figure_json(f.figure))} for s in shown for f in s.figures]
-    events = sum(len(context.timeline[d]) for d in context.devices)
-    subtitle = (f"{len(context.devices)} device{'s' if len(context.devices) != 1 else ''}, {events:,} events")
-    rank, tag = context.inputs.get("rank"), context.inputs.get("tag")
-    if rank is not None or tag is not None:
-        subtitle += "".join(f", {k} {v}" for k, v in (("rank", rank), ("tag", tag)) if v is not None)
+    views = context.views()
+    devices = sum(len(v.devices) for v in views)
+    events = sum(len(v.timeline[d]) for v in views for d in v.devices)
+    subtitle = f"{devices} device{'s' if devices != 1 else ''}, {events:,} events"
+    if context.run is not None and len(context.run.ranks) > 1:
+        ranks = context.run.ranks
+        subtitle = f"{len(ranks)} ranks ({', '.join(map(str, ranks))}), " + subtitle
+        tags = sorted({v.rank.tag for v in views if v.rank is not None and v.rank.tag})
+        subtitle += f", tag {', '.join(tags)}" if tags else ""
+    else:
+        rank, tag = context.inputs.get("rank"), context.inputs.get("tag")
+        if rank is not None or tag is not None:
+            subtitle += "".join(f", {k} {v}" for k, v in (("rank", rank), ("tag", tag)) if v is not None)
+    if context.diffs:
+        subtitle += f", compared with {context.redactor.path(context.diffs[0].baseline)}"
     return str(render("report.html.j2", title="GPU memory postmortem", source=context.source, subtitle=subtitle,
                       version=__version__, verdict=verdict, sections=shown, figures=figures,
                       plotly_js=Markup(plotly_js())))
@@ -100,6 +113,18 @@ def build_report(snapshot: Snapshot, timeline: Timeline | None = None, rules: Ru
     """The HTML report of one snapshot: `build_context(...)` then `render_report(...)`."""
     context = build_context(snapshot, timeline=timeline, rules=rules, top=top, at=at, samples=samples,
                             device=device, redact_paths=redact_paths, inputs=inputs, progress=progress)
+    return render_report(context, sections, progress)
+
+
+def build_path_report(path: str | Path, rank: int | None = None, tag: str | None = None,
+                      compare: str | Path | None = None, rules: RuleSet | None = None, top: int = 3,
+                      at: Sequence[str] = (), samples: int = 32, device: int | None = None,
+                      redact_paths: bool = False, sections: Sequence[SectionFunction] = DEFAULT_SECTIONS,
+                      progress: Progress | None = None) -> str:
+    """The HTML report of a snapshot file or a run directory (every rank, or `rank`), optionally with the
+    diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`."""
+    context = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
+                                 top=top, at=at, samples=samples, device=device, redact_paths=redact_paths)
     return render_report(context, sections, progress)
 
 

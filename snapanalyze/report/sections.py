@@ -81,6 +81,14 @@ def _join(parts: list[str]) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _signed(n: int) -> str:
+    return ("+" if n > 0 else "") + fmt_bytes(n) if n else "0 B"
+
+
 def _category_phrase(category: str, size: int, inferred: int) -> str:
     text = f"{fmt_bytes(size)} {category}"
     if category == "other":
@@ -126,17 +134,48 @@ def when_in_window(context: ReportContext, device: int, index: int) -> str:
     return f"at {fmt_duration_us(t - first)} into the {fmt_duration_us(window)} window ({event})"
 
 
+def _phase_label(rows: pd.DataFrame, row: Any) -> str:
+    """'prefill #2' when the phase name occurs more than once on the device, else 'prefill'."""
+    same = rows[(rows["phase"] == row.phase) & (rows["kind"] == row.kind)]
+    return f"{row.phase} #{int(row.occurrence)}" if len(same) > 1 else str(row.phase)
+
+
+def phase_at(context: ReportContext, device: int, index: int) -> str | None:
+    """'during prefill #1 (request req-1)': the innermost phase (markers or record_function annotations) and
+    the requests whose span holds event `index` of `device`; None when no span holds it."""
+    table = context.phases
+    if not len(table) or index < 0:
+        return None
+    rows = table[table["device"] == device]
+    inside = rows[(rows["start_index"] <= index) & (rows["end_index"] >= index)]
+    phases = inside[inside["kind"].isin(plots.BAND_KINDS)]
+    requests = inside[inside["kind"] == "request"]
+    parts = []
+    if len(phases):
+        best = phases.sort_values(["start_index", "end_index"], ascending=[False, True], kind="stable").iloc[0]
+        parts.append(_phase_label(rows[rows["kind"].isin(plots.BAND_KINDS)], best))
+    names = [str(n) for n in dict.fromkeys(requests["phase"])]
+    if names:
+        shown = _join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        text = f"request{'s' if len(names) > 1 else ''} {shown}"
+        parts.append(f"({text})" if parts else text)
+    return "during " + " ".join(parts) if parts else None
+
+
 def peak_sentences(context: ReportContext, instant: DetailInstant) -> list[str]:
-    """Plain sentences with numbers about one attributed instant: how high, when, and what held it."""
+    """Plain sentences with numbers about one attributed instant: how high, when, during which phase, and
+    what held it."""
     device, index = instant.device, instant.event_index
     dt = context.timeline[device]
     active, reserved = dt.active_at(index), dt.reserved_at(index)
     when = when_in_window(context, device, index)
+    phase = phase_at(context, device, index)
+    when += f", {phase}" if phase else ""
+    where = context.where(device)
     if instant.label == "peak 1":
-        first = (f"The peak on device {device} was {fmt_bytes(active)} active ({fmt_bytes(reserved)} reserved), "
-                 f"{when}.")
+        first = f"The peak on {where} was {fmt_bytes(active)} active ({fmt_bytes(reserved)} reserved), {when}."
     else:
-        first = (f"At {instant.label} on device {device}, {fmt_bytes(active)} were active ({fmt_bytes(reserved)} "
+        first = (f"At {instant.label} on {where}, {fmt_bytes(active)} were active ({fmt_bytes(reserved)} "
                  f"reserved), {when}.")
     rows = category_rows(context, device, index)
     transient = [r for r in rows if r["category"] not in PERSISTENT and r["bytes"] > 0]
@@ -166,43 +205,92 @@ def peak_sentences(context: ReportContext, instant: DetailInstant) -> list[str]:
     return sentences
 
 
-# -- the sections -------------------------------------------------------------------------------------------
+def _instant_anchor(context: ReportContext, device: int, index: int) -> str | None:
+    """The anchor of the detail instant at `index` of `device`, if it is one."""
+    for instant in context.details.get(device, []):
+        if instant.event_index == index:
+            return f"instant-{context.key(device)}-{instant.slug}"
+    return None
+
+
+def _phase_rows(context: ReportContext, device: int) -> tuple[list[dict[str, Any]], int]:
+    """The phases table of one device (at most MAX_PHASE_ROWS, the largest transients) and how many were left."""
+    table = context.phases
+    rows = table[table["device"] == device] if len(table) else table
+    if not len(rows):
+        return [], 0
+    shown = rows
+    if len(rows) > MAX_PHASE_ROWS:
+        shown = rows.sort_values(["transient_bytes", "start_index"], ascending=[False, True],
+                                 kind="stable").head(MAX_PHASE_ROWS).sort_index()
+    out = []
+    for r in shown.itertuples(index=False):
+        same_kind = rows[rows["kind"] == r.kind]
+        events = (f"{int(r.start_index):,}–{int(r.end_index):,}" if int(r.end_index) >= int(r.start_index)
+                  else "no events")
+        out.append({"name": _phase_label(same_kind, r), "kind": r.kind, "events": events,
+                    "before": int(r.before_bytes), "peak": int(r.peak_bytes), "transient": int(r.transient_bytes),
+                    "after": int(r.after_bytes),
+                    "categories": list(zip(r.top_categories, r.top_category_bytes)),
+                    "flags": [f for f, on in (("clipped", r.clipped), ("open", r.open)) if on],
+                    "anchor": _instant_anchor(context, device, int(r.peak_index))})
+    return out, len(rows) - len(shown)
+
+
+# -- the per-snapshot sections (repeated per rank of a run) --------------------------------------------------
 
 def verdict_section(context: ReportContext) -> Section | None:
-    """The verdict's core: per device, the main instant in plain sentences (no body of its own)."""
+    """The verdict's core: per device (of each rank), the main instant in plain sentences (no body of its own)."""
     lines: list[str] = []
-    for device in context.devices:
-        if context.details.get(device):
-            lines += peak_sentences(context, context.main(device))
-    problems = context.timeline.check_invariants()
-    if problems:
-        lines.append(f"Warning: the replay does not match the end state ({problems[0]}"
-                     + (f", and {len(problems) - 1} more" if len(problems) > 1 else "") + "); see Snapshot facts.")
-    if not context.devices:
+    for view in context.views():
+        for device in view.devices:
+            if view.details.get(device):
+                lines += peak_sentences(view, view.main(device))
+        problems = view.timeline.check_invariants()
+        if problems:
+            whose = "" if view.rank is None else f" of rank {view.rank.rank}"
+            lines.append(f"Warning: the replay{whose} does not match the end state ({problems[0]}"
+                         + (f", and {len(problems) - 1} more" if len(problems) > 1 else "")
+                         + "); see Snapshot facts.")
+    if not any(view.devices for view in context.views()):
         lines.append("The snapshot holds no devices: no segments and no trace.")
     return Section(id="verdict", title="Verdict", verdict=tuple(lines), order=ORDER["verdict"])
 
 
 def timelines_section(context: ReportContext) -> Section | None:
-    """Active, reserved and allocated (estimate) bytes per device, peaks and OOM entries marked."""
-    if not context.devices:
-        return None
+    """Active, reserved and allocated (estimate) bytes per device, peaks and OOM entries marked; for a rank of
+    a run also NVML used, and the phases as bands with their table."""
     devices, figures = [], []
-    ooms = context.snapshot.ooms
-    for device in context.devices:
-        dt = context.timeline[device]
-        axis = plots.time_axis(dt)
-        fig_id = f"fig-timeline-d{device}"
-        figures.append(FigureSpec(fig_id, plots.timeline_figure(context.timeline, device, context.peaks, ooms)))
-        rows = []
-        for r in context.peaks[context.peaks["device"] == device].itertuples():
-            rows.append({"rank": int(r.rank), "when": axis.describe(dt, int(r.event_index)),
-                         "active": int(r.active_bytes), "reserved": int(r.reserved_bytes),
-                         "allocated_est": int(r.allocated_est_bytes), "transient": int(r.transient_bytes),
-                         "held": None if pd.isna(r.duration_us) else int(r.duration_us)})
-        window, events = _window(context, device)
-        devices.append({"device": device, "figure": fig_id, "peaks": rows, "events": events, "window": window,
-                        "downsampled": len(dt) > plots.TIMELINE_MAX_POINTS, "baseline": dt.baseline_active})
+    for view in context.views():
+        ooms = view.snapshot.ooms
+        nvml = view.rank.nvml if view.rank is not None and len(view.rank.nvml) else None
+        for device in view.devices:
+            dt = view.timeline[device]
+            axis = plots.time_axis(dt)
+            fig_id = f"fig-timeline-{view.key(device)}"
+            figures.append(FigureSpec(fig_id, plots.timeline_figure(
+                view.timeline, device, view.peaks, ooms, nvml=nvml,
+                phases=view.phases if len(view.phases) else None)))
+            rows = []
+            for r in view.peaks[view.peaks["device"] == device].itertuples():
+                rows.append({"rank": int(r.rank), "when": axis.describe(dt, int(r.event_index)),
+                             "active": int(r.active_bytes), "reserved": int(r.reserved_bytes),
+                             "allocated_est": int(r.allocated_est_bytes), "transient": int(r.transient_bytes),
+                             "held": None if pd.isna(r.duration_us) else int(r.duration_us),
+                             "phase": phase_at(view, device, int(r.event_index))})
+            window, events = _window(view, device)
+            phases, more = _phase_rows(view, device)
+            sampled = None
+            if nvml is not None:
+                t = plots.nvml_in_window(dt, nvml)["time_us"]
+                inside = int(((t >= dt.time_at(0)) & (t <= dt.time_at(len(dt) - 1))).sum()) if len(t) else 0
+                sampled = {"samples": inside, "interval_ms": view.rank.interval_ms if view.rank else None}
+            devices.append({"device": device, "heading": view.heading(device), "figure": fig_id, "peaks": rows,
+                            "events": events, "window": window, "downsampled": len(dt) > plots.TIMELINE_MAX_POINTS,
+                            "baseline": dt.baseline_active, "phases": phases, "more_phases": more,
+                            "nvml": sampled, "bands": bool(len(view.phases))})
+    if not devices:
+        return None
     body = render("sections/timelines.html.j2", devices=devices)
     return Section(id="timelines", title="Memory over time", body=body, figures=tuple(figures),
                    order=ORDER["timelines"])
@@ -210,45 +298,56 @@ def timelines_section(context: ReportContext) -> Section | None:
 
 def categories_section(context: ReportContext) -> Section | None:
     """Live bytes per category at sampled instants, stacked, per device."""
-    series = context.series
-    if not len(series):
-        return None
-    order = [name for name, _ in sorted(context.rules.categories.items(),
-                                        key=lambda kv: (-kv[1].precedence, kv[0]))]
     devices, figures = [], []
-    for device in context.devices:
-        part = series[series["device"] == device]
-        if not len(part):
+    for view in context.views():
+        series = view.series
+        if not len(series):
             continue
-        marks = [(i.event_index, i.label) for i in context.details.get(device, [])]
-        ooms = context.snapshot.ooms
-        marks += [(int(i), "OOM") for i in ooms.loc[ooms["device"] == device, "index"]]
-        fig_id = f"fig-categories-d{device}"
-        figures.append(FigureSpec(fig_id, plots.categories_figure(series, context.timeline, device, order, marks)))
-        devices.append({"device": device, "figure": fig_id, "instants": int(part["event_index"].nunique())})
+        order = [name for name, _ in sorted(view.rules.categories.items(),
+                                            key=lambda kv: (-kv[1].precedence, kv[0]))]
+        for device in view.devices:
+            part = series[series["device"] == device]
+            if not len(part):
+                continue
+            marks = [(i.event_index, i.label) for i in view.details.get(device, [])]
+            ooms = view.snapshot.ooms
+            marks += [(int(i), "OOM") for i in ooms.loc[ooms["device"] == device, "index"]]
+            fig_id = f"fig-categories-{view.key(device)}"
+            figures.append(FigureSpec(fig_id, plots.categories_figure(series, view.timeline, device, order, marks)))
+            devices.append({"device": device, "heading": view.heading(device), "figure": fig_id,
+                            "instants": int(part["event_index"].nunique())})
+    if not devices:
+        return None
     body = render("sections/categories.html.j2", devices=devices)
     return Section(id="categories", title="Categories over time", body=body, figures=tuple(figures),
                    order=ORDER["categories"])
 
 
+def _labeller(redact: Callable[[tuple[str, int, str]], tuple[str, int, str]]) -> plots.FrameLabel:
+    """An icicle frame label that shows the frame redacted (when the report redacts)."""
+    return lambda frame: plots.frame_label(redact(frame))
+
+
 def instants_section(context: ReportContext) -> Section | None:
     """At each peak (or `--at` instant): what held the memory, as a table and an icicle of the live stacks."""
     instants, figures = [], []
-    label = context.redactor.frame
-    for device in context.devices:
-        dt = context.timeline[device]
-        axis = plots.time_axis(dt)
-        for instant in context.details.get(device, []):
-            attribution = context.attribution(device, instant.event_index)
-            fig_id = f"fig-icicle-d{device}-{instant.slug}"
-            figures.append(FigureSpec(fig_id, plots.icicle_figure(
-                attribution, device, label=lambda frame: plots.frame_label(label(frame)))))
-            instants.append({
-                "device": device, "label": instant.label, "anchor": f"instant-d{device}-{instant.slug}",
-                "when": axis.describe(dt, instant.event_index), "figure": fig_id,
-                "active": dt.active_at(instant.event_index), "reserved": dt.reserved_at(instant.event_index),
-                "baseline": dt.baseline_active, "request": attribution.instants[device].request,
-                "rows": category_rows(context, device, instant.event_index)})
+    for view in context.views():
+        label = view.redactor.frame
+        for device in view.devices:
+            dt = view.timeline[device]
+            axis = plots.time_axis(dt)
+            for instant in view.details.get(device, []):
+                attribution = view.attribution(device, instant.event_index)
+                fig_id = f"fig-icicle-{view.key(device)}-{instant.slug}"
+                figures.append(FigureSpec(fig_id, plots.icicle_figure(attribution, device, label=_labeller(label))))
+                instants.append({
+                    "device": device, "heading": view.heading(device), "label": instant.label,
+                    "anchor": f"instant-{view.key(device)}-{instant.slug}",
+                    "when": axis.describe(dt, instant.event_index), "figure": fig_id,
+                    "phase": phase_at(view, device, instant.event_index),
+                    "active": dt.active_at(instant.event_index), "reserved": dt.reserved_at(instant.event_index),
+                    "baseline": dt.baseline_active, "request": attribution.instants[device].request,
+                    "rows": category_rows(view, device, instant.event_index)})
     if not instants:
         return None
     body = render("sections/instants.html.j2", instants=instants)
@@ -256,42 +355,94 @@ def instants_section(context: ReportContext) -> Section | None:
                    order=ORDER["instants"])
 
 
+def _oom_numbers(o: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of an OOM's numbers table, from one `explain_oom` row."""
+    est = "" if o["exact"] else " (est.)"
+    rows = [
+        ("request (rounded)", o["request_bytes"], f"stream {o['stream']}, {o['segment_type']} pool"),
+        ("free on the device", o["device_free_bytes"],
+         "reported by the driver at the failure" if o["device_free_bytes"] is not None else "not recorded"),
+        ("live (active)", o["active_bytes"], "Σ requested bytes of live blocks"),
+        ("in blocks" + est, o["allocated_bytes"], "Σ sizes of blocks in use"),
+        ("reserved", o["reserved_bytes"], "Σ segment sizes"),
+        ("reserved but free" + est, o["reserved_free_bytes"], f"in {o['free_blocks']:,} free block(s)"),
+        ("largest usable free block" + est, o["largest_free_block_bytes"],
+         f"same stream and pool; the largest of any: {fmt_bytes(o['largest_free_block_any_bytes'])}"),
+        ("capacity", o["capacity_bytes"], o["capacity_source"] if o["capacity_bytes"] is not None else
+         "unknown: no NVML samples or meta.json (report the run directory to know it)"),
+        ("outside the allocator", o["outside_bytes"], o["outside_source"] or "unknown without the capacity"),
+    ]
+    if o["own_outside_bytes"] is not None or o["other_processes_bytes"] is not None:
+        rows.append(("of it: this process (NVML)", o["own_outside_bytes"], "CUDA context, NCCL, libraries"))
+        rows.append(("of it: other processes (NVML)", o["other_processes_bytes"], "listed by NVML on the device"))
+    if o["shortfall_bytes"]:
+        rows.append(("short by", o["shortfall_bytes"], "request − (reserved but free + free on the device)"))
+    return [{"name": n, "bytes": None if v is None or v is pd.NA else int(v), "note": note} for n, v, note in rows]
+
+
+def _plain_row(row: pd.Series) -> dict[str, Any]:
+    return {k: (None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v) for k, v in row.items()}
+
+
 def oom_section(context: ReportContext) -> Section | None:
-    """The OOM entries of the trace: the request, what was free, and what was live when it failed."""
-    ooms = context.snapshot.ooms
-    ooms = ooms[ooms["device"].isin(context.devices)]
-    if not len(ooms):
+    """Why each allocation failed (`explain_oom`: fragmentation, live exhaustion or pressure from outside
+    the allocator), with its numbers, what was live and what would have helped — or, for a rank whose
+    request was refused although nothing failed, the statement that an admission limit refused it."""
+    entries, refusals, verdict = [], [], []
+    for view in context.views():
+        if view.oom is None:
+            continue
+        for _, row in view.oom.ooms.iterrows():
+            o = _plain_row(row)
+            device, index = int(o["device"]), int(o["index"])
+            if device not in view.devices:
+                continue
+            when = when_in_window(view, device, index)
+            phase = phase_at(view, device, index)
+            when += f", {phase}" if phase else ""
+            free = o["device_free_bytes"]
+            entries.append({
+                "device": device, "heading": view.heading(device), "when": when, "verdict": o["verdict"],
+                "verdict_name": VERDICT_NAMES.get(o["verdict"], o["verdict"]), "why": _capital(o["why"]),
+                "advice": list(o["advice"]), "numbers": _oom_numbers(o), "exact": bool(o["exact"]),
+                "state_source": o["state_source"], "active": view.timeline[device].active_at(index),
+                "rows": category_rows(view, device, index), "anchor": f"oom-{view.key(device)}-e{index}"})
+            sentence = (f"{_capital(view.where(device))} ran out of memory {when}: a {fmt_bytes(o['request_bytes'])} "
+                        "request failed" + (f" with {fmt_bytes(free)} free on the device" if free is not None else "")
+                        + f". {_capital(o['why'])}.")
+            if o["advice"]:
+                sentence += f" What would have helped: {o['advice'][0]}."
+            verdict.append(sentence)
+        for item in view.oom.no_oom:
+            if not item["rejected_requests"] or item["device"] not in view.devices:
+                continue
+            dt = view.timeline[int(item["device"])]
+            origin = dt.time_at(0)
+            rejected = [{"name": r["name"], "reason": r["reason"],
+                         "when": (f"{fmt_duration_us(int(r['time_us']) - origin)} into the window"
+                                  if origin is not None and int(r["time_us"]) >= origin else "before the window")}
+                        for r in item["rejected_requests"]]
+            message = _capital(item["message"])
+            refusals.append({"heading": view.heading(int(item["device"])), "message": message, "rejected": rejected})
+            verdict.append(f"{_capital(view.where(int(item['device'])))}: {item['message']}.")
+    if not entries and not refusals:
         return None
-    entries, verdict = [], []
-    for r in ooms.itertuples():
-        device, index = int(r.device), int(r.index)
-        dt = context.timeline[device]
-        active, reserved, allocated = dt.active_at(index), dt.reserved_at(index), dt.allocated_est_at(index)
-        free = None if pd.isna(r.device_free) else int(r.device_free)
-        entry: dict[str, Any] = {
-            "device": device, "index": index, "when": when_in_window(context, device, index), "size": int(r.size),
-            "device_free": free, "active": active, "reserved": reserved, "allocated_est": allocated,
-            "cached": reserved - allocated, "rows": category_rows(context, device, index)}
-        entries.append(entry)
-        sentence = (f"Device {device} ran out of memory {entry['when']}: a {fmt_bytes(int(r.size))} request "
-                    "failed" + (f" with {fmt_bytes(free)} free on the device" if free is not None else "")
-                    + f", while {fmt_bytes(active)} were live and {fmt_bytes(reserved)} reserved")
-        sentence += (f" (about {fmt_bytes(reserved - allocated)} reserved but free)." if reserved > allocated else ".")
-        verdict.append(sentence)
-    body = render("sections/oom.html.j2", entries=entries)
-    return Section(id="oom", title="Out-of-memory entries", body=body, verdict=tuple(verdict), order=ORDER["oom"])
+    body = render("sections/oom.html.j2", entries=entries, refusals=refusals)
+    return Section(id="oom", title="Out of memory", body=body, verdict=tuple(verdict), order=ORDER["oom"])
 
 
 def rules_section(context: ReportContext) -> Section | None:
     """Which rule fired on which frame at each detail instant, and where the rules came from."""
     groups = []
-    label = context.redactor.label
-    for device in context.devices:
-        for n, instant in enumerate(context.details.get(device, [])):
-            records = explain_records(context.attribution(device, instant.event_index), device)
-            for record in records:
-                record["frame"] = label(record["frame"])
-            groups.append({"device": device, "label": instant.label, "open": n == 0, "records": records})
+    for view in context.views():
+        label = view.redactor.label
+        for device in view.devices:
+            for n, instant in enumerate(view.details.get(device, [])):
+                records = explain_records(view.attribution(device, instant.event_index), device)
+                for record in records:
+                    record["frame"] = label(record["frame"])
+                groups.append({"device": device, "heading": view.heading(device), "label": instant.label,
+                               "open": n == 0, "records": records})
     if not groups:
         return None
     sources = [context.redactor.path(s) if not s.startswith("rulepacks/") else s for s in context.rules.sources]
@@ -300,18 +451,236 @@ def rules_section(context: ReportContext) -> Section | None:
 
 
 def facts_section(context: ReportContext) -> Section | None:
-    """What the file holds (format, inferred torch version, devices, allocator settings) and caveats."""
-    facts = summarize(context.snapshot)
-    notes = sorted({note for device in context.devices for instant in context.details.get(device, [])
-                    for note in context.attribution(device, instant.event_index).notes})
-    settings = facts["allocator_settings"]
-    shown = [(k, repr(v)) for k, v in sorted(settings.items())] if isinstance(settings, dict) else []
-    body = render("sections/facts.html.j2", facts=facts, source=context.source, settings=shown, notes=notes,
-                  problems=context.timeline.check_invariants())
-    return Section(id="facts", title="Snapshot facts", body=body, order=ORDER["facts"])
+    """What each file holds (format, inferred torch version, devices, allocator settings) and caveats; for a
+    run also the ranks, their snapshots, NVML sampling and capacity, and what the run directory lacks."""
+    parts = []
+    for view in context.views():
+        facts = summarize(view.snapshot)
+        notes = sorted({note for device in view.devices for instant in view.details.get(device, [])
+                        for note in view.attribution(device, instant.event_index).notes})
+        if view.oom is not None:
+            notes = sorted(set(notes) | set(view.oom.notes))
+        settings = facts["allocator_settings"]
+        shown = [(k, repr(v)) for k, v in sorted(settings.items())] if isinstance(settings, dict) else []
+        source = view.redactor.path(view.snapshot.source)
+        part = render("sections/facts.html.j2", facts=facts, source=source, settings=shown, notes=notes,
+                      problems=view.timeline.check_invariants())
+        if view.rank is not None:
+            part = render("sections/rank_heading.html.j2", rank=view.rank.rank, tag=view.rank.tag) + part
+        parts.append(part)
+    run = None
+    if context.run is not None:
+        info = context.run
+        ranks = []
+        for view in info.views:
+            assert view.rank is not None
+            caps = [(d, *view.rank.capacity(d)) for d in view.devices]
+            ranks.append({"rank": view.rank.rank, "tag": view.rank.tag, "path": view.redactor.path(view.rank.path),
+                          "nvml": len(view.rank.nvml), "interval_ms": view.rank.interval_ms,
+                          "markers": len(view.rank.markers), "capacity": caps})
+        run = {"path": context.source, "ranks": ranks, "all": list(info.ranks), "omitted": list(info.omitted),
+               "world_size": info.samples.world_size, "problems": list(info.problems)}
+    body = Markup("").join(parts)
+    if run is not None:
+        body = render("sections/run_facts.html.j2", run=run) + body
+    title = "Snapshot facts" if context.run is None else "Run and snapshot facts"
+    return Section(id="facts", title=title, body=body, order=ORDER["facts"])
+
+
+# -- the run-level sections ---------------------------------------------------------------------------------
+
+def ranks_section(context: ReportContext) -> Section | None:
+    """A run's ranks side by side at their peaks (`compare_ranks`): table, stacked categories per rank, and
+    for each outlier the categories that differ from the median rank's."""
+    if context.run is None or context.run.comparison is None or len(context.run.comparison.table) < 2:
+        return None
+    comparison = context.run.comparison
+    table = comparison.table
+    views = {view.rank.rank: view for view in context.views() if view.rank is not None}
+    multi = table["device"].nunique() > 1
+    rows = []
+    for r in table.itertuples(index=False):
+        rank, device = int(r.rank), int(r.device)
+        view = views.get(rank)
+        rows.append({
+            "rank": rank, "device": device, "active": int(r.active_bytes), "reserved": int(r.reserved_bytes),
+            "nvml_used": None if pd.isna(r.nvml_used_bytes) else int(r.nvml_used_bytes),
+            "measured": bool(r.nvml_used_measured),
+            "outside": None if pd.isna(r.outside_bytes) else int(r.outside_bytes),
+            "top": r.top_category, "top_bytes": None if pd.isna(r.top_category_bytes) else int(r.top_category_bytes),
+            "difference": int(r.difference_bytes), "outlier": bool(r.outlier),
+            "median": rank == comparison.median_rank and device == comparison.median_device,
+            "phase": phase_at(view, device, int(r.event_index)) if view is not None else None,
+            "anchor": _instant_anchor(view, device, int(r.event_index)) if view is not None else None})
+    outliers, verdict = [], []
+    diffs = comparison.differences
+    for r in table[table["outlier"]].itertuples(index=False):
+        rank, device = int(r.rank), int(r.device)
+        mine = diffs[(diffs["rank"] == rank) & (diffs["device"] == device)]
+        cats = [{"category": d.category, "bytes": int(d.bytes), "median": int(d.median_bytes),
+                 "difference": int(d.difference_bytes), "share": float(d.share_of_difference)}
+                for d in mine.itertuples(index=False)]
+        name = f"rank {rank}" + (f", device {device}" if multi else "")
+        side = "above" if r.difference_bytes > 0 else "below"
+        outliers.append({"name": name, "difference": int(r.difference_bytes), "side": side, "categories": cats})
+        view = views.get(rank)
+        phase = phase_at(view, device, int(r.event_index)) if view is not None else None
+        named = _join([f"{c['category']} {_signed(c['difference'])}" for c in cats[:4]]
+                      + ([f"{len(cats) - 4} more"] if len(cats) > 4 else []))
+        verdict.append(f"{_capital(name)} peaked {fmt_bytes(abs(int(r.difference_bytes)))} {side} the median rank "
+                       f"(rank {comparison.median_rank}){', ' + phase if phase else ''}"
+                       + (f": {named}." if named else "."))
+    if not outliers:
+        verdict.append(f"No rank stands out: every rank's peak lies within 2% (at least 256 MiB) of the median "
+                       f"rank's (rank {comparison.median_rank}, {fmt_bytes(int(table['active_bytes'].median()))}).")
+    order = [name for name, _ in sorted(context.rules.categories.items(), key=lambda kv: (-kv[1].precedence, kv[0]))]
+    figure = FigureSpec("fig-ranks", plots.ranks_figure(table, comparison.categories, order))
+    body = render("sections/ranks.html.j2", rows=rows, outliers=outliers, fig_id=figure.id, multi=multi,
+                  median=comparison.median_rank, omitted=list(context.run.omitted))
+    return Section(id="ranks", title="Ranks compared", body=body, figures=(figure,), verdict=tuple(verdict),
+                   order=ORDER["ranks"])
+
+
+def _outside_row(view: ReportContext, o: dict[str, Any]) -> dict[str, Any]:
+    device = int(o["device"])
+    dt = view.timeline[device]
+    index = int(o["event_index"])
+    capacity, capacity_source = view.rank.capacity(device) if view.rank is not None else (None, "unknown")
+    used = o["nvml_used_bytes"]
+    origin = dt.time_at(0)
+
+    def offset(t: Any) -> str | None:
+        if t is None or o["time_us"] is None:
+            return None
+        d = int(t) - int(o["time_us"])
+        return f"{fmt_duration_us(abs(d))} {'before' if d < 0 else 'after'}" if d else "at the peak"
+
+    return {
+        "heading": view.heading(device), "peak": o["peak"], "anchor": _instant_anchor(view, device, index),
+        "when": (f"{fmt_duration_us(int(o['time_us']) - origin)} into the window"
+                 if o["time_us"] is not None and origin is not None else f"event {index:,}"),
+        "phase": phase_at(view, device, index),
+        "reserved": o["reserved_bytes"], "used": used, "measured": bool(o["nvml_used_measured"]),
+        "outside": o["outside_bytes"], "low": o["outside_low_bytes"], "high": o["outside_high_bytes"],
+        "own": o["own_outside_bytes"], "others": o["other_processes_bytes"], "basis": o["basis"],
+        "samples": int(o["samples_during"] or 0), "before": offset(o["sample_before_us"]),
+        "after": offset(o["sample_after_us"]), "interval": o["interval_us"], "held": o["duration_us"],
+        "uncertain": bool(o["uncertain"]), "note": o["note"], "capacity": capacity,
+        "capacity_source": capacity_source,
+        "headroom": capacity - (used if used is not None else o["reserved_bytes"]) if capacity is not None else None}
+
+
+def outside_section(context: ReportContext) -> Section | None:
+    """Memory outside the allocator (NVML used − reserved) at each peak of each rank with NVML samples: this
+    process's part and other processes', the samples around the peak, and how uncertain the number is when
+    the sampler was slower than the peak."""
+    rows, missing, series = [], [], {}
+    mains: list[str] = []
+    others: list[str] = []
+    origins = []
+    for view in context.views():
+        if view.rank is None:
+            continue
+        if view.outside is None:
+            missing.append(view.rank.rank)
+            continue
+        for _, row in view.outside.iterrows():
+            o = _plain_row(row)
+            if int(o["device"]) not in view.devices:
+                continue
+            item = _outside_row(view, o)
+            rows.append(item)
+            if o["peak"] == 1 and item["outside"] is not None:
+                where = view.where(int(o["device"]))
+                if item["uncertain"]:
+                    how = (f"an estimate: no NVML sample fell inside its {fmt_duration_us(item['held'])} peak"
+                           if item["held"] is not None else "an estimate from the samples around it")
+                    if item["interval"]:
+                        how += f", sampled every {fmt_duration_us(int(item['interval']))}"
+                else:
+                    how = f"measured by {item['samples']} sample{'s' if item['samples'] != 1 else ''} during it"
+                mains.append(f"{fmt_bytes(item['outside'])} on {where} ({how})")
+                if item["others"]:
+                    others.append(f"{fmt_bytes(item['others'])} on {where}")
+        multi = len(view.joined) > 1
+        for device, joined in view.joined.items():
+            if len(joined):
+                series[f"rank {view.rank.rank}" + (f" · device {device}" if multi else "")] = joined
+                t = view.timeline[device].time_at(0)
+                if t is not None:
+                    origins.append(t)
+    if not rows:
+        return None
+    verdict = []
+    if mains:
+        sentence = f"Memory outside the allocator at the peak (NVML used − reserved): {_join(mains)}."
+        if others:
+            sentence += f" Of that, other processes held {_join(others)}."
+        verdict.append(sentence)
+    figures: tuple[FigureSpec, ...] = ()
+    if series and origins:
+        figures = (FigureSpec("fig-outside", plots.outside_figure(series, min(origins))),)
+    body = render("sections/outside.html.j2", rows=rows, missing=missing,
+                  fig_id=figures[0].id if figures else None, what=WHAT_OUTSIDE)
+    return Section(id="outside", title="Memory outside the allocator", body=body, figures=figures,
+                   verdict=tuple(verdict), order=ORDER["outside"])
+
+
+WHAT_OUTSIDE = ("NVML measures how much device memory lies outside the allocator — CUDA context, NCCL and "
+                "library workspaces, other processes — not what it is.")
+
+
+def diff_section(context: ReportContext) -> Section | None:
+    """This input against the baseline (`--compare`): aligned peaks, the categories and stacks that changed
+    (`diff_document`), and bytes per category side by side."""
+    if not context.diffs:
+        return None
+    views = {(view.rank.rank if view.rank is not None else None): view for view in context.views()}
+    parts, figures, verdict = [], [], []
+    for item in context.diffs:
+        view = views.get(item.rank, context)
+        doc = diff_document(item.diff)
+        label = view.redactor.label
+        baseline = context.redactor.path(item.baseline)
+        peaks = [{"device": p["device"], "phase": p["phase"], "a": p["a"]["active_bytes"], "b": p["b"]["active_bytes"],
+                  "delta": p["delta"]} for p in doc["peaks"]]
+        stacks = [{**s, "site": label(s["site"]), "frames": [label(f) for f in s["frames"]]}
+                  for s in doc["stacks"][:MAX_DIFF_STACKS]]
+        devices = []
+        for device in sorted({p["device"] for p in doc["peaks"]}):
+            fig_id = f"fig-diff-{view.key(device)}"
+            figures.append(FigureSpec(fig_id, plots.compare_figure(item.diff.a, item.diff.b, device,
+                                                                   labels=("baseline", "this input"))))
+            devices.append({"device": device, "heading": view.heading(device), "figure": fig_id})
+        parts.append({"rank": item.rank, "baseline": baseline, "instant": doc["instant"], "identical": doc["identical"],
+                      "peaks": peaks, "categories": doc["categories"], "stacks": stacks, "counts": doc["counts"],
+                      "more_stacks": max(0, len(doc["stacks"]) - MAX_DIFF_STACKS), "notes": doc["notes"],
+                      "devices": devices})
+        for p in doc["peaks"]:
+            if p["scope"] != "global" or p["device"] not in view.devices:
+                continue
+            where = view.where(p["device"])
+            delta = p["delta"]["active_bytes"]
+            if doc["identical"]:
+                verdict.append(f"Against the baseline {baseline}, the peak on {where} is unchanged: every category and "
+                               "every stack holds the same bytes.")
+                continue
+            move = (f"rose by {fmt_bytes(delta)}" if delta > 0 else f"fell by {fmt_bytes(-delta)}" if delta < 0
+                    else "kept its height")
+            cats = [c for c in doc["categories"] if c["device"] == p["device"]]
+            cats.sort(key=lambda c: (-abs(c["delta_bytes"]), c["category"]))
+            named = _join([f"{c['category']} {_signed(c['delta_bytes'])}" for c in cats[:3]])
+            counts = doc["counts"]
+            moved = _join([f"{counts[k]} {k}" for k in ("new", "vanished", "grew", "shrank") if counts[k]])
+            verdict.append(f"Against the baseline {baseline}, the peak on {where} {move} "
+                           f"({fmt_bytes(p['a']['active_bytes'])} → {fmt_bytes(p['b']['active_bytes'])})"
+                           + (f": {named}" if named else "") + (f"; stacks: {moved}" if moved else "") + ".")
+    body = render("sections/diff.html.j2", parts=parts, problems=list(context.problems))
+    return Section(id="diff", title="Compared with the baseline", body=body, figures=tuple(figures),
+                   verdict=tuple(verdict), order=ORDER["diff"])
 
 
 DEFAULT_SECTIONS: tuple[SectionFunction, ...] = (
-    verdict_section, timelines_section, categories_section, instants_section, oom_section, rules_section,
-    facts_section,
+    verdict_section, timelines_section, categories_section, instants_section, oom_section, ranks_section,
+    outside_section, diff_section, rules_section, facts_section,
 )
