@@ -1,3 +1,5 @@
+"""`python -m snapanalyze` runs the command line."""
+
 from .cli import main
 
 main()

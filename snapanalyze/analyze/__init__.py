@@ -1,0 +1,1 @@
+"""Analyses: functions from a Snapshot/Timeline to DataFrames and documents; nothing here prints or plots."""
