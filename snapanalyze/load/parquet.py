@@ -78,7 +78,8 @@ def write_tables(snapshot: Snapshot, directory: str | Path, force: bool = False)
 def _read_arrow(directory: Path, name: str) -> pa.Table:
     path = directory / f"{name}.parquet"
     try:
-        table = pq.read_table(path)
+        with pq.ParquetFile(path) as reader:   # not read_table: its dataset layer costs ~0.4 s per process
+            table = reader.read()
     except FileNotFoundError:
         raise BadInputError(directory, f"incomplete snapshot tables: {name}.parquet is missing") from None
     except (pa.ArrowException, OSError) as exc:
