@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
 
     path = ensure_file(events)
     warm_page_cache(path)
+    # An installed package has bytecode; without it (PYTHONDONTWRITEBYTECODE is set on some machines) every
+    # run would recompile snapanalyze and time the compiler.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "snapanalyze")], check=True)
     cli = snapanalyze_command()
     file_arg = str(path)
     results = [

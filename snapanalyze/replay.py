@@ -181,14 +181,16 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     pre_freed = ~from_alloc
     pre_live_req = block_req[~explained]
     baseline_active = int(span_size[pre_freed].sum() + pre_live_req.sum())
-    active = baseline_active + np.cumsum(delta)
+    active = np.cumsum(delta, out=delta)          # in place: three curves of n int64 each are the bulk
+    active += baseline_active
 
     adelta = np.zeros(n, dtype=np.int64)
     adelta[start_ev[from_alloc]] = est[from_alloc]
     aended = allocated_end >= 0
     adelta[allocated_end[aended]] -= est[aended]
     baseline_alloc = int(est[pre_freed].sum() + block_size[~explained].sum())
-    allocated = baseline_alloc + np.cumsum(adelta)
+    allocated = np.cumsum(adelta, out=adelta)
+    allocated += baseline_alloc
 
     sdelta = np.zeros(n, dtype=np.int64)
     grow = (action == SEGMENT_ALLOC) | (action == SEGMENT_MAP)
@@ -198,7 +200,8 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     segs = snapshot.segments
     end_reserved = int(segs["total_size"].to_numpy()[segs["device"].to_numpy() == device].sum())
     baseline_reserved = end_reserved - int(sdelta.sum())
-    reserved = baseline_reserved + np.cumsum(sdelta)
+    reserved = np.cumsum(sdelta, out=sdelta)
+    reserved += baseline_reserved
 
     stream = trace.stream
     lifetimes = pd.DataFrame({

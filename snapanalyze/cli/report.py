@@ -18,7 +18,6 @@ import click
 
 from ..analyze.rules import load_rules
 from ..errors import UsageError
-from ..report.html import build_path_report
 from . import main
 from .common import input_argument
 from .progress import Progress
@@ -74,6 +73,8 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
     rules = load_rules(rules_file)
     progress = Progress()
     try:
+        from ..report.html import build_path_report  # plotly and jinja2 load only for this command
+
         page = build_path_report(file, rank=rank, tag=tag, compare=baseline, rules=rules, top=top, at=at,
                                  samples=samples, device=device, redact_paths=redact_paths, progress=progress.step)
         progress.step("writing")

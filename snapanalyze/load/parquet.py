@@ -96,7 +96,9 @@ def _read(directory: Path, name: str) -> pd.DataFrame:
 
 
 def _numpy(column: pa.ChunkedArray, dtype: Any, fill: int = 0) -> np.ndarray:
-    return column.fill_null(fill).to_numpy().astype(dtype, copy=False)
+    if column.null_count:
+        column = column.fill_null(fill)
+    return column.to_numpy().astype(dtype, copy=False)
 
 
 def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]] | None:
@@ -141,9 +143,9 @@ def read_tables(directory: str | Path) -> Snapshot:
         times = ev.column("time_us")
         um = _dictionary(ev.column("user_metadata"))
         cc = _dictionary(ev.column("compile_context"))
-        free = ev.column("device_free")
+        free = ev.column("device_free")                     # null except on oom entries
         has_free = np.flatnonzero(free.is_valid().to_numpy(zero_copy_only=False))
-        free_values = _numpy(free, np.int64)
+        free_values = free.drop_null().to_numpy().astype(np.int64, copy=False)
         traces[int(device)] = DeviceTrace(
             device=int(device), action=mapping[codes], addr=_numpy(ev.column("addr"), np.uint64),
             size=_numpy(ev.column("size"), np.int64), stream=_numpy(ev.column("stream"), np.int64),
@@ -151,7 +153,7 @@ def read_tables(directory: str | Path) -> Snapshot:
             frames=[], action_names=tuple(table),
             user_metadata=um[0] if um else None, user_metadata_names=um[1] if um else (),
             compile_context=cc[0] if cc else None, compile_context_names=cc[1] if cc else (),
-            device_free={int(index[i]): int(free_values[i]) for i in has_free},
+            device_free={int(index[i]): int(v) for i, v in zip(has_free, free_values)},
             stack_ids=_numpy(ev.column("stack_id"), np.int64, -1))
     segments = _read(directory, "segments")
     blocks = _read(directory, "blocks")
