@@ -57,7 +57,8 @@ from ..model import Snapshot
 from ..replay import Timeline, replay
 from .attribute import attribute
 from .attribute import label_lifetimes as label_blocks
-from .diff import phase_spans, window_bounds, window_peak
+from .diff import phase_spans
+from .phases import window_bounds, window_peak
 from .rules import RuleSet, load_rules
 
 SHAPE_KEYS = ("tokens", "batch", "chunk", "images")

@@ -10,9 +10,9 @@ across two files is the tuple of its frames' (filename, function) — line numbe
 that only moves code changes nothing — never the stack id. Rows whose bytes are equal are "same"; `Diff`
 exposes only changed rows in `changes()`, so a snapshot diffed with itself has none.
 
-Phase helpers (also used by capacity): `phase_spans(snapshot)` → phase, name, occurrence, start_us, end_us
-(nullable: a span open at either end of the trace); `window_bounds(dt, start_us, end_us)` → the event
-indices inside; `window_peak(dt, first, last)` → the window's peak, baseline and transient.
+Phases (also used by capacity): `phase_spans(snapshot)` → phase, name, occurrence, start_us, end_us
+(nullable: a span open at either end of the trace), the `record_function` spans of `phases` named so both
+sides line up; windows are measured with `phases.window_bounds` / `phases.window_peak`.
 
 DataFrame columns:
 - `Diff.peaks`: device, scope ("global" | "phase"), phase, event_index_a/_b, active_bytes_a/_b,
@@ -40,6 +40,7 @@ from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, attribute, is_python_frame, short_path
 from .peaks import global_peak_index
+from .phases import annotation_spans, window_bounds, window_peak
 from .rules import RuleSet, load_rules
 
 PHASE_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
@@ -60,69 +61,29 @@ MAX_FRAMES = 8
 
 def phase_spans(snapshot: Snapshot, device: int | None = None) -> pd.DataFrame:
     """`record_function` spans from the annotations (of `device` when the annotations name it), in start
-    order. START/END of one name pair up innermost first; an END without START starts before the trace
-    (start_us null), a START without END is still open (end_us null). Columns: PHASE_COLUMNS."""
-    ann = snapshot.annotations
-    if device is not None and len(ann) and "device" in ann.columns and (ann["device"] == device).any():
-        ann = ann[ann["device"] == device]
-    if len(ann) == 0:
-        return pd.DataFrame(columns=PHASE_COLUMNS)
-    ann = ann.sort_values("time_us", kind="stable")
-    open_: dict[str, list[int]] = {}
-    spans: list[tuple[str, int | None, int | None]] = []
-    for name, stage, time in zip(ann["name"].astype(str), ann["stage"].astype(str), ann["time_us"]):
-        t = None if pd.isna(time) else int(time)
-        if stage.upper() == "START":
-            open_.setdefault(name, []).append(len(spans))
-            spans.append((name, t, None))
-        elif stage.upper() == "END":
-            if open_.get(name):
-                i = open_[name].pop()
-                spans[i] = (name, spans[i][1], t)
-            else:
-                spans.append((name, None, t))
-    spans.sort(key=lambda s: (s[1] is not None, s[1] if s[1] is not None else (s[2] or 0)))
+    order, named so both sides of a diff line up: a name used more than once becomes "name#k". Spans are
+    paired by `phases.annotation_spans` (start_us null: began before the trace; end_us null: still open).
+    Columns: PHASE_COLUMNS."""
+    found = annotation_spans(snapshot)
+    if device is not None and any(s["device"] == device for s in found):
+        found = [s for s in found if s["device"] == device]
+    found.sort(key=lambda s: (s["start_us"] is not None,
+                              s["start_us"] if s["start_us"] is not None else (s["end_us"] or 0)))
     counts: dict[str, int] = {}
-    for name, _, _ in spans:
-        counts[name] = counts.get(name, 0) + 1
+    for s in found:
+        counts[s["name"]] = counts.get(s["name"], 0) + 1
     seen: dict[str, int] = {}
     rows = []
-    for name, start, end in spans:
+    for s in found:
+        name = s["name"]
         seen[name] = seen.get(name, 0) + 1
         key = name if counts[name] == 1 else f"{name}#{seen[name]}"
-        rows.append({"phase": key, "name": name, "occurrence": seen[name], "start_us": start, "end_us": end})
+        rows.append({"phase": key, "name": name, "occurrence": seen[name], "start_us": s["start_us"],
+                     "end_us": s["end_us"]})
     df = pd.DataFrame(rows, columns=PHASE_COLUMNS)
     for c in ("start_us", "end_us"):
         df[c] = df[c].astype("Int64")
     return df
-
-
-def window_bounds(dt: DeviceTimeline, start_us: int | None, end_us: int | None) -> tuple[int, int]:
-    """(first, last) event indices of `dt` with start_us ≤ time ≤ end_us (None: open); first > last when
-    no event falls inside. Raises UsageError when the trace has no timestamps."""
-    n = len(dt)
-    if start_us is None and end_us is None:
-        return 0, n - 1
-    if dt.time_us is None:
-        raise UsageError(f"device {dt.device}: the trace has no timestamps, so phases cannot be located in it")
-    first = 0 if start_us is None else int(np.searchsorted(dt.time_us, start_us, side="left"))
-    last = n - 1 if end_us is None else int(np.searchsorted(dt.time_us, end_us, side="right")) - 1
-    return first, last
-
-
-def window_peak(dt: DeviceTimeline, first: int, last: int) -> dict[str, Any]:
-    """The highest active bytes within events [first, last] (first occurrence), against the baseline: the
-    active bytes just before `first`. event_index is first − 1 when nothing rose above the baseline.
-    Returns event_index, time_us, active_bytes, baseline_active_bytes, transient_bytes, reserved_bytes."""
-    base = dt.active_at(first - 1)
-    index = first - 1
-    if last >= first:
-        i = int(np.argmax(dt.active[first:last + 1]))
-        if int(dt.active[first + i]) > base:
-            index = first + i
-    active = dt.active_at(index)
-    return {"event_index": index, "time_us": dt.time_at(index), "active_bytes": active,
-            "baseline_active_bytes": base, "transient_bytes": active - base, "reserved_bytes": dt.reserved_at(index)}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -42,7 +42,9 @@ PHASE_COLUMNS = ["device", "phase", "occurrence", "kind", "source", "start_us", 
 PHASE_PREFIX = "phase:"   # the collector annotates collect.phase("x") as record_function "phase:x"
 
 
-def _annotation_spans(snapshot: Snapshot) -> list[dict[str, Any]]:
+def annotation_spans(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """`record_function` START/END pairs per (device, name), innermost first: dicts of name, device,
+    start_us (None: an END whose START was before the window), end_us (None: still open), depth."""
     out: list[dict[str, Any]] = []
     ann = snapshot.annotations
     if not len(ann):
@@ -97,7 +99,7 @@ def spans(snapshot: Snapshot, markers: pd.DataFrame | None = None) -> pd.DataFra
                          "start_us": int(m.start_time_us),
                          "end_us": None if m.end_time_us is pd.NA else int(m.end_time_us),
                          "depth": int(m.depth), "attrs": dict(m.attrs) if isinstance(m.attrs, dict) else {}})
-    for a in _annotation_spans(snapshot):
+    for a in annotation_spans(snapshot):
         name = a["name"]
         if name.startswith(PHASE_PREFIX):
             if name[len(PHASE_PREFIX):] in marker_phases:
@@ -134,9 +136,36 @@ def _window(dt: DeviceTimeline, span: Any) -> tuple[int, int, bool] | None:
     end = None if span.end_us is pd.NA else int(span.end_us)
     if (start is not None and start > last) or (end is not None and end < first):
         return None
-    lo = 0 if start is None else int(np.searchsorted(dt.time_us, start, side="left"))
-    hi = n - 1 if end is None else int(np.searchsorted(dt.time_us, end, side="right")) - 1
+    lo, hi = window_bounds(dt, start, end)
     return lo, hi, start is None or start < first
+
+
+def window_bounds(dt: DeviceTimeline, start_us: int | None, end_us: int | None) -> tuple[int, int]:
+    """(first, last) event indices of `dt` with start_us ≤ time ≤ end_us (None: open); first > last when
+    no event falls inside. Raises UsageError when the trace has no timestamps."""
+    n = len(dt)
+    if start_us is None and end_us is None:
+        return 0, n - 1
+    if dt.time_us is None:
+        raise UsageError(f"device {dt.device}: the trace has no timestamps, so phases cannot be located in it")
+    first = 0 if start_us is None else int(np.searchsorted(dt.time_us, start_us, side="left"))
+    last = n - 1 if end_us is None else int(np.searchsorted(dt.time_us, end_us, side="right")) - 1
+    return first, last
+
+
+def window_peak(dt: DeviceTimeline, first: int, last: int) -> dict[str, Any]:
+    """The highest active bytes within events [first, last] (first occurrence), against the baseline: the
+    active bytes just before `first`. event_index is first − 1 when nothing rose above the baseline.
+    Returns event_index, time_us, active_bytes, baseline_active_bytes, transient_bytes, reserved_bytes."""
+    base = dt.active_at(first - 1)
+    index = first - 1
+    if last >= first:
+        i = int(np.argmax(dt.active[first:last + 1]))
+        if int(dt.active[first + i]) > base:
+            index = first + i
+    active = dt.active_at(index)
+    return {"event_index": index, "time_us": dt.time_at(index), "active_bytes": active,
+            "baseline_active_bytes": base, "transient_bytes": active - base, "reserved_bytes": dt.reserved_at(index)}
 
 
 def _measure(dt: DeviceTimeline, lo: int, hi: int) -> dict[str, int]:
