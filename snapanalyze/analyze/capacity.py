@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -51,8 +50,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import BadInputError, UsageError
-from ..layout import rank_dirs, session_files
 from ..load import load
+from ..load.samples import markers_for
 from ..model import Snapshot
 from ..replay import Timeline, replay
 from .attribute import attribute
@@ -199,37 +198,9 @@ class SweepPoint:
     phase: str | None = None
 
 
-def _marker_phases(run: Path, rank: int | None) -> pd.DataFrame | None:
-    """Phase spans of a run directory's markers files (rank `rank`, or the only/lowest rank), or None."""
-    ranks = rank_dirs(run)
-    if not ranks:
-        return None
-    chosen = rank if rank is not None else min(ranks)
-    if chosen not in ranks:
-        raise UsageError(f"{run}: no rank {chosen} (ranks: {sorted(ranks)})")
-    files = session_files(ranks[chosen], "markers")
-    if not files:
-        return None
-    import pyarrow.parquet as pq
-
-    parts = []
-    for f in files:
-        try:
-            parts.append(pq.read_table(f, columns=["kind", "name", "start_time_us", "end_time_us", "attrs"])
-                         .to_pandas())
-        except Exception as exc:  # pyarrow raises many types for a damaged file
-            raise BadInputError(f, f"cannot read the markers ({exc})") from None
-    df = pd.concat(parts, ignore_index=True)
-    return df[df["kind"] == "phase"].sort_values("start_time_us", kind="stable", ignore_index=True)
-
-
-def _attrs_shape(where: str, attrs: str) -> dict[str, int]:
-    try:
-        values = json.loads(attrs) if attrs else {}
-    except json.JSONDecodeError:
-        raise BadInputError(where, f"marker attrs are not JSON: {attrs!r}") from None
+def _attrs_shape(where: str, attrs: dict[str, Any]) -> dict[str, int]:
     shape: dict[str, int] = {}
-    for name, value in (values.items() if isinstance(values, dict) else ()):
+    for name, value in attrs.items():
         key = _canonical(str(name))
         if key is not None and isinstance(value, int | float) and not isinstance(value, bool):
             shape[key] = _shape_value(where, key, value)
@@ -251,9 +222,10 @@ def _phase_keys(names: Sequence[str]) -> list[str]:
 def _points_from_markers(path: str, rank: int | None, tag: str | None) -> list[SweepPoint]:
     snapshot = load(path, rank, tag)
     base = Path(path).name
-    phases = _marker_phases(Path(path), rank) if Path(path).is_dir() else None
+    markers = markers_for(path, rank, tag)      # the markers of the rank `load` read (empty: none)
+    phases = markers[markers["kind"] == "phase"].reset_index(drop=True)
     points = []
-    if phases is not None:
+    if len(phases):
         for key, row in zip(_phase_keys(list(phases["name"])), phases.itertuples()):
             shape = _attrs_shape(f"{path}: phase {key}", row.attrs)
             if shape:
