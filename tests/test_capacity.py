@@ -21,7 +21,7 @@ from snapanalyze.analyze.capacity import (
     category_levels,
     fit_bytes,
     fit_capacity,
-    label_lifetimes,
+    label_window,
     measure_sweep,
     read_manifest,
     shape_from_filename,
@@ -162,7 +162,7 @@ def test_labelled_lifetimes_agree_with_attribute_at_the_peak() -> None:
     timeline = replay(snap)
     result = attribute(snap, timeline=timeline)
     index = result.instants[0].event_index
-    lab = label_lifetimes(snap, timeline, 0)
+    lab = label_window(snap, timeline, 0)
     live = lab[(lab["alloc_index"] <= index) & ((lab["free_index"] < 0) | (lab["free_index"] > index))]
     assert live.groupby("category")["size"].sum().to_dict() == result.summary.set_index("category")["bytes"].to_dict()
 

@@ -54,8 +54,7 @@ from ..load import load
 from ..load.samples import markers_for
 from ..model import Snapshot
 from ..replay import Timeline, replay
-from .attribute import attribute
-from .attribute import label_lifetimes as label_blocks
+from .attribute import attribute, label_lifetimes
 from .diff import phase_spans
 from .phases import window_bounds, window_peak
 from .rules import RuleSet, load_rules
@@ -309,11 +308,11 @@ def sweep_points(inputs: Sequence[str], shape_from: str = "filename", rank: int 
 # Every lifetime labelled, and category levels over a window
 # ---------------------------------------------------------------------------------------------------------
 
-def label_lifetimes(snapshot: Snapshot, timeline: Timeline, device: int, rules: RuleSet | None = None,
-                    first: int = 0, last: int | None = None) -> pd.DataFrame:
+def label_window(snapshot: Snapshot, timeline: Timeline, device: int, rules: RuleSet | None = None,
+                 first: int = 0, last: int | None = None) -> pd.DataFrame:
     """The block lifetimes of `device` live at some point of events [first, last] (default: the whole
-    trace), in `DeviceTimeline.lifetimes` order, with a `category` column: one `attribute` call labels
-    them all (`attribute.label_lifetimes`), with the same rules, signals and heuristics as at a peak.
+    trace), in `DeviceTimeline.lifetimes` order, with a `category` column, all labelled at once
+    (`attribute.label_lifetimes`), with the same rules, signals and heuristics as at a peak.
 
     Context-dependent signals (the main request, the attention-score floor, vocabulary and MLP size hints)
     are taken over those lifetimes together rather than one instant, so a block's label can differ from
@@ -325,7 +324,7 @@ def label_lifetimes(snapshot: Snapshot, timeline: Timeline, device: int, rules: 
     lt = lt[(lt["alloc_index"].to_numpy() <= last) & ((free < 0) | (free >= first))].reset_index(drop=True)
     if len(lt) == 0:
         return lt.assign(category=pd.Series([], dtype=object))
-    labelled = label_blocks(snapshot, device, lt, rules)
+    labelled = label_lifetimes(snapshot, device, lt, rules)
     return lt.assign(category=labelled["category"].to_numpy())
 
 
@@ -418,7 +417,7 @@ def measure_sweep(points: Sequence[SweepPoint], rules: RuleSet | None = None, de
         at_peak = result.summary.set_index("category")["bytes"].to_dict()
         key = (id(snap), d, first, last)
         if key not in labels:
-            labels[key] = label_lifetimes(snap, timeline, d, rules, first, last)
+            labels[key] = label_window(snap, timeline, d, rules, first, last)
         levels = category_levels(labels[key], first, last)
         fam_levels = category_levels(labels[key], first, last, family_of)
         reserved = dt.reserved[first:last + 1] if last >= first else np.zeros(0, dtype=np.int64)

@@ -27,7 +27,7 @@ from ..model import Snapshot
 from ..replay import replay
 from ..units import parse_bytes  # noqa: F401  (part of this module's API)
 from .attribute import attribute
-from .capacity import category_levels, label_lifetimes
+from .capacity import category_levels, label_window
 from .peaks import global_peak_index
 from .rules import RuleSet, load_rules
 
@@ -117,7 +117,7 @@ def check(snapshot: Snapshot, budget: int | None = None, max_category: dict[str,
         if max_category:
             summary = attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline).summary
             at_peak_bytes = summary.set_index("category")["bytes"].to_dict()
-            levels = category_levels(label_lifetimes(snapshot, timeline, d, rules), 0, len(dt) - 1)
+            levels = category_levels(label_window(snapshot, timeline, d, rules), 0, len(dt) - 1)
             highest = levels.set_index("target")["max_bytes"].to_dict()
             for category, limit in max_category.items():
                 at = int(at_peak_bytes.get(category, 0))
