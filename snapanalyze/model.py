@@ -18,6 +18,7 @@ DataFrame columns:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -37,14 +38,32 @@ ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP,
 ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
 
 
+@dataclass(frozen=True)
+class TraceDetails:
+    """The per-event columns of a trace that only some analyses read.
+
+    `user_metadata` / `compile_context` hold codes into their `*_names` tables, or are None when the file
+    has no such field; `device_free` maps the index of each oom entry to the bytes the driver reported
+    free; `stack_ids` holds already-interned stack ids (runs read from Parquet), else None.
+    """
+
+    user_metadata: np.ndarray | None = None
+    user_metadata_names: tuple[str, ...] = ()
+    compile_context: np.ndarray | None = None
+    compile_context_names: tuple[str, ...] = ()
+    device_free: dict[int, int] = field(default_factory=dict)
+    stack_ids: np.ndarray | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class DeviceTrace:
     """One device's trace as parallel columns, oldest event first.
 
     `action` holds codes into `action_names` (the ACTIONS first, then any unknown action names the file
     used, which replay ignores). `time_us` is None when the file records no times. `frames` holds the raw
-    frames list of each event (or None) for lazy interning; `user_metadata` / `compile_context` hold codes
-    into their `*_names` tables, or are None when the file has no such field.
+    frames list of each event (or None) for lazy interning. The rarer columns live in `details`, given
+    as a TraceDetails or as a function that reads them on first use (so replay and peaks never pay for
+    request ids or stacks); the properties below read through it.
     """
 
     device: int
@@ -55,15 +74,39 @@ class DeviceTrace:
     time_us: np.ndarray | None
     frames: list[Any]
     action_names: tuple[str, ...] = ACTIONS
-    user_metadata: np.ndarray | None = None
-    user_metadata_names: tuple[str, ...] = ()
-    compile_context: np.ndarray | None = None
-    compile_context_names: tuple[str, ...] = ()
-    device_free: dict[int, int] = field(default_factory=dict)  # event index -> bytes free, for oom entries
-    stack_ids: np.ndarray | None = None  # already-interned stack ids (runs read from Parquet), else None
+    details_source: TraceDetails | Callable[[], TraceDetails] = field(default_factory=TraceDetails, repr=False)
 
     def __len__(self) -> int:
         return len(self.action)
+
+    @cached_property
+    def details(self) -> TraceDetails:
+        source = self.details_source
+        return source if isinstance(source, TraceDetails) else source()
+
+    @property
+    def user_metadata(self) -> np.ndarray | None:
+        return self.details.user_metadata
+
+    @property
+    def user_metadata_names(self) -> tuple[str, ...]:
+        return self.details.user_metadata_names
+
+    @property
+    def compile_context(self) -> np.ndarray | None:
+        return self.details.compile_context
+
+    @property
+    def compile_context_names(self) -> tuple[str, ...]:
+        return self.details.compile_context_names
+
+    @property
+    def device_free(self) -> dict[int, int]:
+        return self.details.device_free
+
+    @property
+    def stack_ids(self) -> np.ndarray | None:
+        return self.details.stack_ids
 
 
 @dataclass(frozen=True)
@@ -92,7 +135,13 @@ class Snapshot:
     annotations: pd.DataFrame
     allocator_settings: dict[str, Any] | None
     format: Format
-    interner: StackInterner = field(default_factory=StackInterner, repr=False)
+    interner_source: StackInterner | Callable[[], StackInterner] = field(default_factory=StackInterner, repr=False)
+
+    @cached_property
+    def interner(self) -> StackInterner:
+        """Frame and stack tables (given, or read on first use: a converted run's frames and stacks)."""
+        source = self.interner_source
+        return source if isinstance(source, StackInterner) else source()
 
     @property
     def devices(self) -> list[int]:

@@ -13,12 +13,14 @@ device's trace, the bytes that were live:
   (rounding to 512 bytes; the real block may keep an unsplit remainder), exact only for blocks known from
   `segments`.
 `lifetimes` lists every block lifetime (one row per alloc…free, pre-window blocks included) and is what
-attribution reads. `check_invariants()` proves the replay against the end state. All work is vectorised.
+attribution reads; it is built on first use, so finding peaks never pays for it. `check_invariants()` proves the replay against the end state. All work is vectorised.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -56,11 +58,17 @@ class DeviceTimeline:
     baseline_active: int
     baseline_allocated_est: int
     baseline_reserved: int
-    lifetimes: pd.DataFrame = field(repr=False)
+    lifetimes_source: pd.DataFrame | Callable[[], pd.DataFrame] = field(repr=False)
     problems: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.active)
+
+    @cached_property
+    def lifetimes(self) -> pd.DataFrame:
+        """One row per block lifetime (built on first use: peaks never need it)."""
+        source = self.lifetimes_source
+        return source if isinstance(source, pd.DataFrame) else source()
 
     def active_at(self, index: int) -> int:
         """Active bytes after event `index` (−1: before the first event)."""
@@ -105,11 +113,14 @@ class Timeline:
 
 
 def _first_per_span(mask: np.ndarray, span_id: np.ndarray, order: np.ndarray, n_spans: int) -> np.ndarray:
+    """Event index of the first masked event of each span (−1: none); span_id is non-decreasing."""
     pos = np.flatnonzero(mask)
     out = np.full(n_spans, -1, dtype=np.int64)
     if len(pos):
-        spans, first = np.unique(span_id[pos], return_index=True)
-        out[spans] = order[pos[first]]
+        spans = span_id[pos]
+        first = np.ones(len(pos), dtype=bool)
+        first[1:] = spans[1:] != spans[:-1]
+        out[spans[first]] = order[pos[first]]
     return out
 
 
@@ -203,22 +214,22 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     reserved = np.cumsum(sdelta, out=sdelta)
     reserved += baseline_reserved
 
-    stream = trace.stream
-    lifetimes = pd.DataFrame({
-        "addr": np.concatenate([span_addr, block_addr[~explained]]).astype(np.uint64),
-        "size": np.concatenate([span_size, pre_live_req]).astype(np.int64),
-        "allocated_est": np.concatenate([est, block_size[~explained]]).astype(np.int64),
-        "alloc_index": np.concatenate([np.where(from_alloc, start_ev, -1),
-                                       np.full(len(pre_live_rows), -1)]).astype(np.int64),
-        "free_index": np.concatenate([active_end, np.full(len(pre_live_rows), -1)]).astype(np.int64),
-        "free_requested_index": np.concatenate([requested, np.full(len(pre_live_rows), -1)]).astype(np.int64),
-        "stream": np.concatenate([stream[start_ev] if n_spans else np.zeros(0, np.int64),
-                                  blocks["stream"].to_numpy()[pre_live_rows]]).astype(np.int64),
-        "block_row": np.concatenate([span_block, pre_live_rows]).astype(np.int64),
-        "origin": pd.Categorical.from_codes(
-            np.concatenate([np.where(from_alloc, 0, 1), np.full(len(pre_live_rows), 2)]).astype(np.int8),
-            categories=list(ORIGINS)),
-    })
+    def lifetimes() -> pd.DataFrame:
+        pre = len(pre_live_rows)
+        return pd.DataFrame({
+            "addr": np.concatenate([span_addr, block_addr[~explained]]).astype(np.uint64),
+            "size": np.concatenate([span_size, pre_live_req]).astype(np.int64),
+            "allocated_est": np.concatenate([est, block_size[~explained]]).astype(np.int64),
+            "alloc_index": np.concatenate([np.where(from_alloc, start_ev, -1), np.full(pre, -1)]).astype(np.int64),
+            "free_index": np.concatenate([active_end, np.full(pre, -1)]).astype(np.int64),
+            "free_requested_index": np.concatenate([requested, np.full(pre, -1)]).astype(np.int64),
+            "stream": np.concatenate([trace.stream[start_ev] if n_spans else np.zeros(0, np.int64),
+                                      blocks["stream"].to_numpy()[pre_live_rows]]).astype(np.int64),
+            "block_row": np.concatenate([span_block, pre_live_rows]).astype(np.int64),
+            "origin": pd.Categorical.from_codes(
+                np.concatenate([np.where(from_alloc, 0, 1), np.full(pre, 2)]).astype(np.int8),
+                categories=list(ORIGINS)),
+        })
 
     problems = []
     all_req = blocks["requested_size"].to_numpy()
@@ -238,7 +249,7 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     return DeviceTimeline(device=device, active=active, allocated_est=allocated, reserved=reserved,
                           time_us=trace.time_us, baseline_active=baseline_active,
                           baseline_allocated_est=baseline_alloc, baseline_reserved=baseline_reserved,
-                          lifetimes=lifetimes, problems=tuple(problems))
+                          lifetimes_source=lifetimes, problems=tuple(problems))
 
 
 def replay(snapshot: Snapshot) -> Timeline:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import BASE, SnapshotBuilder, write_pickle
 
 from snapanalyze import BadInputError, UsageError, attribute, find_peaks, load, replay
 from snapanalyze.load.parquet import read_tables, write_tables
 from snapanalyze.report.documents import attribution_document, peaks_document
 
+GiB, MiB = 1 << 30, 1 << 20
 REAL = Path(__file__).parent.parent / "fixtures" / "real"
 
 
@@ -59,3 +62,32 @@ def test_damaged_tables_are_a_clear_error(tmp_path):
     (tmp_path / "t" / "segments.parquet").unlink()
     with pytest.raises(BadInputError, match="segments.parquet is missing"):
         read_tables(tmp_path / "t")
+
+
+def test_detail_columns_round_trip_per_device(tmp_path):
+    """Request ids, compile context, OOM free bytes and stacks are read on first use, per device, and
+    equal the pickle's: two devices interleaved, an OOM on each, the second device's trace longer."""
+    b = SnapshotBuilder()
+    for device in (0, 1):
+        b.segment(BASE + device * GiB, [(2 * MiB, 0, "inactive")], device=device)
+    b.alloc(BASE + GiB, 100, device=1, user_metadata="req=B")
+    b.alloc(BASE, 200, device=0, user_metadata="req=A", compile_context="Torch-Compiled Region: 0/0")
+    b.event("oom", None, 20 * MiB, device=1, device_free=5 * MiB)
+    b.free(BASE + GiB, 100, device=1)
+    b.event("oom", None, 30 * MiB, device=0, device_free=3 * MiB)
+    b.free(BASE, 200, device=0)
+    original = load(write_pickle(tmp_path / "two.pickle", b.build()))
+    write_tables(original, tmp_path / "t")
+    converted = read_tables(tmp_path / "t")
+    for device in (0, 1):
+        want, got = original.trace(device), converted.trace(device)
+        assert got.device_free == want.device_free
+        assert [got.user_metadata_names[c] for c in got.user_metadata] == \
+            [want.user_metadata_names[c] for c in want.user_metadata]
+        assert [got.compile_context_names[c] for c in got.compile_context] == \
+            [want.compile_context_names[c] for c in want.compile_context]
+        every = np.arange(len(want))
+        assert [converted.stack(s) for s in converted.event_stack_ids(device, every)] == \
+            [original.stack(s) for s in original.event_stack_ids(device, every)]
+    assert converted.ooms.to_dict("records") == original.ooms.to_dict("records")
+    assert converted.ooms["device_free"].tolist() == [3 * MiB, 5 * MiB]

@@ -31,7 +31,7 @@ def curve_timeline(active: list[int], baseline: int = 0, device: int = 0, times:
                           allocated_est=np.array(active, dtype=np.int64) + 7, reserved=res,
                           time_us=(T0 + 10 * np.arange(n, dtype=np.int64)) if times else None,
                           baseline_active=baseline, baseline_allocated_est=baseline + 7,
-                          baseline_reserved=10**9, lifetimes=pd.DataFrame())
+                          baseline_reserved=10**9, lifetimes_source=pd.DataFrame())
 
 
 def timeline_of(*dts: DeviceTimeline) -> Timeline:

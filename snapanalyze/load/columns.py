@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import BadInputError
-from ..model import ACTION_CODE, ACTIONS, OOM, DeviceTrace, Format, Snapshot
+from ..model import ACTION_CODE, ACTIONS, OOM, DeviceTrace, Format, Snapshot, TraceDetails
 from .safe_pickle import gc_paused
 
 
@@ -75,11 +75,9 @@ def _trace(device: int, entries: list[dict[str, Any]]) -> DeviceTrace:
         time_us=times,
         frames=_column(entries, "frames", None),
         action_names=tuple(table),
-        user_metadata=user_metadata,
-        user_metadata_names=um_names,
-        compile_context=compile_context,
-        compile_context_names=cc_names,
-        device_free=device_free,
+        details_source=TraceDetails(user_metadata=user_metadata, user_metadata_names=um_names,
+                                    compile_context=compile_context, compile_context_names=cc_names,
+                                    device_free=device_free),
     )
 
 

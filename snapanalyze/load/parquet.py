@@ -10,10 +10,12 @@ tables, a stack_id per event and block), so reading never touches a frame dict.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ import pyarrow.parquet as pq
 
 from .. import schema
 from ..errors import BadInputError, UsageError
-from ..model import ACTION_CODE, DeviceTrace, Format, Snapshot
+from ..model import ACTION_CODE, DeviceTrace, Format, Snapshot, TraceDetails
 from ..stacks import StackInterner
 
 
@@ -75,11 +77,11 @@ def write_tables(snapshot: Snapshot, directory: str | Path, force: bool = False)
     return target
 
 
-def _read_arrow(directory: Path, name: str) -> pa.Table:
+def _read_arrow(directory: Path, name: str, columns: list[str] | None = None) -> pa.Table:
     path = directory / f"{name}.parquet"
     try:
         with pq.ParquetFile(path) as reader:   # not read_table: its dataset layer costs ~0.4 s per process
-            table = reader.read()
+            table = reader.read(columns=columns)
     except FileNotFoundError:
         raise BadInputError(directory, f"incomplete snapshot tables: {name}.parquet is missing") from None
     except (pa.ArrowException, OSError) as exc:
@@ -113,8 +115,44 @@ def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]] |
     return codes, names
 
 
+# What replay and peaks need is read at once; the rest of the events table on first use (TraceDetails).
+REPLAY_COLUMNS = ["device", "index", "action", "addr", "size", "stream", "time_us"]
+DETAIL_COLUMNS = ["stack_id", "user_metadata", "compile_context", "device_free"]
+
+
+def _pick(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    return values if rows is None else values[rows]
+
+
+def _details(table: Callable[[], pa.Table], rows: np.ndarray | None, index: np.ndarray) -> TraceDetails:
+    """The detail columns of one device's events (`rows` of the table, in trace order; None: all)."""
+    ev = table()
+    um = _dictionary(ev.column("user_metadata"))
+    cc = _dictionary(ev.column("compile_context"))
+    free = ev.column("device_free")                     # null except on oom entries
+    free_rows = np.flatnonzero(free.is_valid().to_numpy(zero_copy_only=False))
+    free_values = free.drop_null().to_numpy().astype(np.int64, copy=False)
+    if rows is not None:                                 # table row → position in this device's trace
+        position = np.full(len(ev), -1, dtype=np.int64)
+        position[rows] = np.arange(len(rows))
+        free_rows = position[free_rows]
+    device_free = {int(index[i]): int(v) for i, v in zip(free_rows.tolist(), free_values.tolist()) if i >= 0}
+    return TraceDetails(
+        user_metadata=_pick(um[0], rows) if um else None, user_metadata_names=um[1] if um else (),
+        compile_context=_pick(cc[0], rows) if cc else None, compile_context_names=cc[1] if cc else (),
+        device_free=device_free, stack_ids=_pick(_numpy(ev.column("stack_id"), np.int64, -1), rows))
+
+
+def _interner(directory: Path) -> StackInterner:
+    return StackInterner.from_tables(_read(directory, "frames"), _read(directory, "stacks"))
+
+
 def read_tables(directory: str | Path) -> Snapshot:
-    """The Snapshot stored in `directory` by `write_tables`."""
+    """The Snapshot stored in `directory` by `write_tables`.
+
+    Only the event columns replay needs are read here; request ids, compile context, OOM free bytes and
+    stacks are read from the same files when an analysis first asks for them.
+    """
     directory = Path(directory)
     try:
         meta: dict[str, Any] = json.loads((directory / "snapshot.json").read_text())
@@ -122,39 +160,38 @@ def read_tables(directory: str | Path) -> Snapshot:
         raise BadInputError(directory, "not a converted snapshot: snapshot.json is missing") from None
     except ValueError as exc:
         raise BadInputError(directory / "snapshot.json", f"damaged ({exc})") from None
-    events = _read_arrow(directory, "events")
-    traces: dict[int, DeviceTrace] = {}
+    events = _read_arrow(directory, "events", REPLAY_COLUMNS)
+    found = _dictionary(events.column("action"))
+    if found is None and len(events):
+        raise BadInputError(directory / "events.parquet", "events without an action")
+    codes, names = found or (np.zeros(0, dtype=np.int32), ())
     device_column = _numpy(events.column("device"), np.int64)
+    index_column = _numpy(events.column("index"), np.int64)
+    columns = {name: _numpy(events.column(name), dtype) for name, dtype in
+               (("addr", np.uint64), ("size", np.int64), ("stream", np.int64))}
+    times = events.column("time_us")
+    time_column = None if times.null_count == len(times) else _numpy(times, np.int64)
+    detail_table = functools.cache(functools.partial(_read_arrow, directory, "events", DETAIL_COLUMNS))
+    traces: dict[int, DeviceTrace] = {}
     devices = np.unique(device_column).tolist()
     for device in devices:
-        ev = events.filter(pa.array(device_column == device)) if len(devices) > 1 else events
-        index = _numpy(ev.column("index"), np.int64)
+        rows = np.flatnonzero(device_column == device) if len(devices) > 1 else None
+        index = _pick(index_column, rows)
         if len(index) and not (np.diff(index) > 0).all():
-            ev = ev.take(pa.array(np.argsort(index, kind="stable")))
-            index = np.sort(index)
+            order = np.argsort(index, kind="stable")
+            rows = order if rows is None else rows[order]
+            index = index[order]
         table = dict(ACTION_CODE)
         for name in meta.get("action_names", {}).get(str(device), []):
             table.setdefault(name, len(table))
-        found = _dictionary(ev.column("action"))
-        if found is None:
-            raise BadInputError(directory / "events.parquet", "events without an action")
-        codes, names = found
         mapping = np.array([table.setdefault(n, len(table)) for n in names] or [0], dtype=np.int16)
-        times = ev.column("time_us")
-        um = _dictionary(ev.column("user_metadata"))
-        cc = _dictionary(ev.column("compile_context"))
-        free = ev.column("device_free")                     # null except on oom entries
-        has_free = np.flatnonzero(free.is_valid().to_numpy(zero_copy_only=False))
-        free_values = free.drop_null().to_numpy().astype(np.int64, copy=False)
         traces[int(device)] = DeviceTrace(
-            device=int(device), action=mapping[codes], addr=_numpy(ev.column("addr"), np.uint64),
-            size=_numpy(ev.column("size"), np.int64), stream=_numpy(ev.column("stream"), np.int64),
-            time_us=None if times.null_count == len(times) else _numpy(times, np.int64),
+            device=int(device), action=mapping[_pick(codes, rows)],
+            addr=_pick(columns["addr"], rows), size=_pick(columns["size"], rows),
+            stream=_pick(columns["stream"], rows),
+            time_us=None if time_column is None else _pick(time_column, rows),
             frames=[], action_names=tuple(table),
-            user_metadata=um[0] if um else None, user_metadata_names=um[1] if um else (),
-            compile_context=cc[0] if cc else None, compile_context_names=cc[1] if cc else (),
-            device_free={int(index[i]): int(v) for i, v in zip(has_free, free_values)},
-            stack_ids=_numpy(ev.column("stack_id"), np.int64, -1))
+            details_source=functools.partial(_details, detail_table, rows, index))
     segments = _read(directory, "segments")
     blocks = _read(directory, "blocks")
     for df, cols in ((segments, ("address",)), (blocks, ("segment_address", "address"))):
@@ -167,5 +204,5 @@ def read_tables(directory: str | Path) -> Snapshot:
         source=str(directory), traces=traces, segments=segments, blocks=blocks, block_frames=[],
         annotations=annotations, allocator_settings=meta.get("allocator_settings"),
         format=Format(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fmt.items()}),  # type: ignore[arg-type]
-        interner=StackInterner.from_tables(_read(directory, "frames"), _read(directory, "stacks")),
+        interner_source=functools.partial(_interner, directory),
     )
