@@ -13,7 +13,8 @@ device's trace, the bytes that were live:
   (rounding to 512 bytes; the real block may keep an unsplit remainder), exact only for blocks known from
   `segments`.
 `lifetimes` lists every block lifetime (one row per alloc…free, pre-window blocks included) and is what
-attribution reads; it is built on first use, so finding peaks never pays for it. `check_invariants()` proves the replay against the end state. All work is vectorised.
+attribution reads; it is built on first use, so finding peaks never pays for it. `check_invariants()`
+proves the replay against the end state. All work is vectorised.
 """
 
 from __future__ import annotations
