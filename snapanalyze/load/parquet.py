@@ -173,7 +173,10 @@ def read_tables(directory: str | Path) -> Snapshot:
     time_column = None if times.null_count == len(times) else _numpy(times, np.int64)
     detail_table = functools.cache(functools.partial(_read_arrow, directory, "events", DETAIL_COLUMNS))
     traces: dict[int, DeviceTrace] = {}
-    devices = np.unique(device_column).tolist()
+    if len(device_column) and device_column.min() == device_column.max():
+        devices = [int(device_column[0])]                # the common case, without sorting 1M values
+    else:
+        devices = np.unique(device_column).tolist()
     for device in devices:
         rows = np.flatnonzero(device_column == device) if len(devices) > 1 else None
         index = _pick(index_column, rows)
