@@ -185,3 +185,33 @@ def test_parse_size() -> None:
     assert parse_size("1.5 MiB") == 3 << 19 and parse_size("42949672960") == 42949672960
     with pytest.raises(UsageError):
         parse_size("40 parsecs")
+
+
+def test_attribute_names_requests_from_run_markers_when_torch_recorded_none(tmp_path: Path) -> None:
+    """A run whose torch could not set allocator metadata: `attribute RUN` reads the rank's request markers,
+    and request A's bytes still live while B peaks come out as concurrent_request (inferred, by time)."""
+    import pyarrow.parquet as pq
+    from conftest import BASE, SnapshotBuilder, write_pickle
+
+    from snapanalyze.collect import schemas
+
+    mib = 1 << 20
+    b = SnapshotBuilder()
+    b.segment(BASE, [(10 * mib, 10 * mib, "active_allocated"), (40 * mib, 40 * mib, "active_allocated")])
+    b.alloc(BASE, 10 * mib)
+    b.alloc(BASE + 10 * mib, 40 * mib)
+    raw = b.build()
+    t = [e["time_us"] for e in raw["device_traces"][0]]
+    rank_dir = tmp_path / "run" / "rank=0"
+    rank_dir.mkdir(parents=True)
+    write_pickle(rank_dir / "snapshot-final.pickle", raw)
+    pq.write_table(schemas.table(schemas.MARKERS_SCHEMA, {
+        "kind": ["request", "request"], "name": ["A", "B"], "start_time_us": [t[0] - 5, t[1] - 5],
+        "end_time_us": [t[0] + 5, t[1] + 5], "attrs": ["{}", "{}"], "rank": [0, 0], "thread_id": [11, 11],
+        "depth": [0, 0]}), rank_dir / "markers.parquet")
+    result = run("attribute", tmp_path / "run", "--format", "json", "--explain")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    cats = {c["category"]: c for c in doc["devices"][0]["categories"]}
+    assert cats["concurrent_request"]["bytes"] == 10 * mib
+    assert doc["devices"][0]["request"] == "req=B"

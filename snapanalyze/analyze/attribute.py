@@ -4,9 +4,10 @@ Contract: `attribute(snapshot, at="peak", rules=None)` picks an instant per devi
 `event:I`, `time:T` with T in µs since the epoch), takes the blocks live right after it from the replay,
 and labels each with a primary category plus tags. Signals, strongest first: a private pool →
 `graph_capture` (unless lifecycle frames show a MemPool user: weights or KV cache kept in a pool);
-lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; `user_metadata` of the alloc entry
-naming another request than the instant's main one (the request holding the most live bytes allocated in
-the window) → `concurrent_request`;
+lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; the request of the alloc entry (its
+`user_metadata`, else a run's request marker span covering it, flagged `inferred`: see `requests`) naming
+another request than the instant's main one (the request holding the most live bytes allocated in the
+window) → `concurrent_request`;
 then frame rules by category precedence (op categories: innermost meaningful frame wins); then shape
 heuristics, flagged `inferred`. Only the stacks of live blocks are ever resolved. The bytes of the per-block
 table sum exactly to the instant's active bytes.
@@ -30,6 +31,7 @@ from ..errors import UsageError
 from ..model import Snapshot
 from ..replay import Timeline, replay
 from .peaks import find_peaks, global_peak_index
+from .requests import event_requests, request_markers
 from .rules import RuleSet, load_rules
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
@@ -270,8 +272,8 @@ class _Context:
 _LIFECYCLE = ("weights", "kv_cache", "graph_capture")
 
 
-def _signals(d: Decision, size: int, pool: str, request: str, origin: str, has_stack: bool,
-             ctx: _Context) -> Decision:
+def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: bool, origin: str,
+             has_stack: bool, ctx: _Context) -> Decision:
     """Block-level signals over the frames' decision, strongest first (see the module docstring)."""
     if not has_stack and origin != "trace":
         d = Decision("other", "unknown.before_window",
@@ -286,10 +288,11 @@ def _signals(d: Decision, size: int, pool: str, request: str, origin: str, has_s
                         f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool", d.frame,
                         tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
     if d.category not in _LIFECYCLE and ctx.request and request and request != ctx.request:
-        return Decision("concurrent_request", "signal.user_metadata",
-                        f"allocated by {request!r}; the request holding most of the live transient bytes at "
-                        f"this instant is {ctx.request!r}", d.frame,
-                        tuple(x for x in (request, d.category, *d.tags) if x != "other"))
+        how = "by time: its alloc fell inside that request's marker span" if request_by_time else ""
+        return Decision("concurrent_request", "signal.request_marker" if request_by_time else "signal.user_metadata",
+                        f"allocated by {request!r}{f' ({how})' if how else ''}; the request holding most of the "
+                        f"live transient bytes at this instant is {ctx.request!r}", d.frame,
+                        tuple(x for x in (request, d.category, *d.tags) if x != "other"), inferred=request_by_time)
     if d.category == "other" and origin == "trace":   # weights (V × hidden) are not transient
         logits = _shape_logits(size, ctx.vocab)
         if logits:
@@ -324,8 +327,8 @@ def _frame_label(frame: tuple[str, int, str] | None) -> str:
     return name.split("(", 1)[0] or name   # C++: drop the argument list
 
 
-def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decider) \
-        -> tuple[pd.DataFrame, str | None]:
+def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decider,
+           markers: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str | None, int]:
     """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order."""
     alloc_index = live["alloc_index"].to_numpy()
     block_row = live["block_row"].to_numpy()
@@ -336,11 +339,10 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     stack[from_blocks] = snapshot.block_stack_ids(block_row[from_blocks])
     addr = live["addr"].to_numpy()
     pools = _pools(snapshot, device, addr, block_row)
-    t = snapshot.trace(device)
     metadata = np.full(len(live), "", dtype=object)
-    if t.user_metadata is not None and from_trace.any():
-        names = np.array(t.user_metadata_names, dtype=object)
-        metadata[from_trace] = names[t.user_metadata[alloc_index[from_trace]]]
+    by_time = np.zeros(len(live), dtype=bool)
+    requests = event_requests(snapshot.trace(device), alloc_index[from_trace], markers)
+    metadata[from_trace], by_time[from_trace] = requests.names, requests.inferred
     sizes = live["size"].to_numpy()
     origin = live["origin"].astype(str).to_numpy()
     allocated_est = live["allocated_est"].to_numpy()
@@ -357,14 +359,15 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     frames = snapshot.interner.frames
     rows: list[tuple[Any, ...]] = []
     for i, frame_decision in enumerate(decisions):
-        d = _signals(frame_decision, int(sizes[i]), pools[i], metadata[i], origin[i], stack[i] >= 0, ctx)
+        d = _signals(frame_decision, int(sizes[i]), pools[i], metadata[i], bool(by_time[i]), origin[i],
+                     stack[i] >= 0, ctx)
         frame_id = frame_decision.frame if frame_decision.frame >= 0 else decider.display_frame(int(stack[i]))
         rows.append((device, int(addr[i]), int(sizes[i]), int(allocated_est[i]), d.category, ",".join(d.tags),
                      d.rule, d.reason, _frame_label(frames[frame_id] if frame_id >= 0 else None), d.inferred,
                      int(stack[i]), metadata[i], pools[i], int(streams[i]), origin[i], int(alloc_index[i])))
     df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
     df["address"] = df["address"].astype(np.uint64)
-    return df, ctx.request
+    return df, ctx.request, requests.ambiguous
 
 
 def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
@@ -385,8 +388,10 @@ def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
 
 
 def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None,
-              device: int | None = None, timeline: Timeline | None = None) -> Attribution:
-    """Attribute the live bytes at `at` on each device (or one); see the module docstring."""
+              device: int | None = None, timeline: Timeline | None = None,
+              markers: pd.DataFrame | None = None) -> Attribution:
+    """Attribute the live bytes at `at` on each device (or one); see the module docstring. `markers` (a
+    run's, `load.samples.markers_for`) lets request marker spans name requests the metadata does not."""
     rules = rules or load_rules()
     timeline = timeline or replay(snapshot)
     devices = [device] if device is not None else sorted(timeline.devices)
@@ -398,7 +403,7 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
     for d in devices:
         dt = timeline[d]
         index, label = _instant(timeline, d, at)
-        blocks, request = _label(snapshot, d, dt.live_at(index), decider)
+        blocks, request, ambiguous = _label(snapshot, d, dt.live_at(index), decider, markers)
         blocks = blocks.sort_values(["size", "address"], ascending=[False, True], kind="stable",
                                     ignore_index=True)
         parts.append(blocks)
@@ -407,21 +412,26 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
         if int(blocks["size"].sum()) != dt.active_at(index):  # pragma: no cover - a replay bug
             raise AssertionError("attributed bytes differ from the replayed active bytes")
         t = snapshot.trace(d)
-        if t.user_metadata is None or not any(t.user_metadata_names):
-            notes.append(f"device {d}: no request identity recorded (user_metadata empty), so bytes of other "
-                         "requests batched into the same forward cannot be told apart")
+        has_markers = len(request_markers(markers)) > 0
+        if (t.user_metadata is None or not any(t.user_metadata_names)) and not has_markers:
+            notes.append(f"device {d}: no request identity recorded (user_metadata empty, no request markers), "
+                         "so bytes of other requests batched into the same forward cannot be told apart")
+        if ambiguous:
+            notes.append(f"device {d}: {ambiguous} live block(s) were allocated while requests of different "
+                         "threads were running; the trace does not say which thread allocated them, so they "
+                         "keep their frame categories")
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
     return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks,
                        summary=summarize_blocks(blocks), rules=rules, notes=tuple(notes))
 
 
 def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,
-                    rules: RuleSet | None = None) -> pd.DataFrame:
+                    rules: RuleSet | None = None, markers: pd.DataFrame | None = None) -> pd.DataFrame:
     """Label any set of block lifetimes of `device` (rows of `DeviceTimeline.lifetimes`, e.g. every block
     of a window) with the same rules, signals and heuristics as `attribute`, one row each in their order
     (columns as `Attribution.blocks`). Context signals (the main request, size hints) are taken over the
     given set together, so a label can differ from `attribute` at one instant in rare cases."""
-    return _label(snapshot, device, lifetimes, _Decider(snapshot, rules or load_rules()))[0]
+    return _label(snapshot, device, lifetimes, _Decider(snapshot, rules or load_rules()), markers)[0]
 
 
 def top_sites(attribution: Attribution, by: str = "frame", category: str | None = None,

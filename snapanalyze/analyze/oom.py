@@ -315,9 +315,10 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
     }
 
 
-def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int, rules: RuleSet | None) \
-        -> pd.DataFrame:
-    result = attribute(snapshot, at=f"event:{index}", rules=rules, device=device, timeline=timeline)
+def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int, rules: RuleSet | None,
+                markers: pd.DataFrame | None) -> pd.DataFrame:
+    result = attribute(snapshot, at=f"event:{index}", rules=rules, device=device, timeline=timeline,
+                       markers=markers)
     b = result.blocks
     total = int(b["size"].sum())
     g = b.assign(window=np.where(b["alloc_index"] >= 0, b["size"], 0)).groupby("category", sort=False).agg(
@@ -397,7 +398,7 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     ooms = snapshot.ooms
     rows, cats = [], []
     for row in ooms.itertuples(index=False):
-        c = _categories(snapshot, timeline, int(row.device), int(row.index), rules)
+        c = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers)
         cats.append(c)
         total, source = cap(int(row.device))
         rows.append(_one_oom(snapshot, timeline, row, c, nvml, total, source))

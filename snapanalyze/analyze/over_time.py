@@ -41,8 +41,9 @@ def sample_indices(n_events: int, samples: int) -> list[int]:
 class InstantAttributions:
     """`attribute()` at (device, event index), computed once per instant and kept."""
 
-    def __init__(self, snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None) -> None:
-        self.snapshot = snapshot
+    def __init__(self, snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
+                 markers: pd.DataFrame | None = None) -> None:
+        self.snapshot, self.markers = snapshot, markers
         self.timeline = timeline if timeline is not None else replay(snapshot)
         self.rules = rules if rules is not None else load_rules()
         self._cache: dict[tuple[int, int], Attribution] = {}
@@ -53,7 +54,7 @@ class InstantAttributions:
         found = self._cache.get(key)
         if found is None:
             found = attribute(self.snapshot, at=f"event:{int(index)}", rules=self.rules, device=device,
-                              timeline=self.timeline)
+                              timeline=self.timeline, markers=self.markers)
             self._cache[key] = found
         return found
 
@@ -61,7 +62,8 @@ class InstantAttributions:
         """The event index and label an `--at` spec (peak, peak:N, event:I, time:T) names on `device`.
 
         The attribution made to resolve it is kept, under its event index."""
-        result = attribute(self.snapshot, at=at, rules=self.rules, device=device, timeline=self.timeline)
+        result = attribute(self.snapshot, at=at, rules=self.rules, device=device, timeline=self.timeline,
+                           markers=self.markers)
         instant = result.instants[device]
         self._cache.setdefault((device, instant.event_index), result)
         return instant.event_index, instant.label

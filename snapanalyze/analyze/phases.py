@@ -185,10 +185,11 @@ def _measure(dt: DeviceTimeline, lo: int, hi: int) -> dict[str, int]:
 
 
 def _top_categories(snapshot: Snapshot, timeline: Timeline, device: int, lo: int, peak_index: int,
-                    rules: RuleSet | None, top: int) -> tuple[list[str], list[int]]:
+                    rules: RuleSet | None, top: int, markers: pd.DataFrame | None) -> tuple[list[str], list[int]]:
     if peak_index < lo:
         return [], []
-    result = attribute(snapshot, at=f"event:{peak_index}", rules=rules, device=device, timeline=timeline)
+    result = attribute(snapshot, at=f"event:{peak_index}", rules=rules, device=device, timeline=timeline,
+                       markers=markers)
     b = result.blocks
     inside = b[(b["alloc_index"] >= lo) & (b["alloc_index"] <= peak_index)]
     totals = inside.groupby("category", sort=False)["size"].sum().sort_values(ascending=False, kind="stable")
@@ -216,7 +217,7 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
             names: list[str] = []
             sizes: list[int] = []
             if categories:
-                names, sizes = _top_categories(snapshot, timeline, d, lo, m["peak_index"], rules, top)
+                names, sizes = _top_categories(snapshot, timeline, d, lo, m["peak_index"], rules, top, markers)
             rows.append({"device": d, "phase": span.phase, "occurrence": int(span.occurrence), "kind": span.kind,
                          "source": span.source, "start_us": span.start_us, "end_us": span.end_us,
                          "clipped": clipped, "open": span.end_us is pd.NA, "start_index": lo, "end_index": hi, **m,
@@ -264,7 +265,7 @@ def attribute_phase(snapshot: Snapshot, name: str, timeline: Timeline | None = N
     """`attribute` at the peak inside phase `name` (see `phase_instant`); the instant is labelled with the phase."""
     timeline = timeline or replay(snapshot)
     d, index, row = phase_instant(snapshot, name, timeline, markers, device)
-    result = attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline)
+    result = attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline, markers=markers)
     label = f"peak of phase {row['phase']!r} #{int(row['occurrence'])}"
     instants = {k: dataclasses.replace(v, label=label) for k, v in result.instants.items()}
     return dataclasses.replace(result, instants=instants)

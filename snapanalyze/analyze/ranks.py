@@ -100,7 +100,8 @@ def compare_ranks(run: str | Path, tag: str | None = None, rules: RuleSet | None
         for d in devices:
             peaks = find_peaks(timeline, top=1, device=d)
             outside = outside_at_peaks(timeline, samples.nvml_of(entry.rank), peaks).iloc[0]
-            result = attribute(snapshot, at="peak", rules=rules, device=d, timeline=timeline)
+            result = attribute(snapshot, at="peak", rules=rules, device=d, timeline=timeline,
+                               markers=samples.markers_of(entry.rank))
             summary = result.summary
             p = peaks.iloc[0]
             top = summary.iloc[0] if len(summary) else None

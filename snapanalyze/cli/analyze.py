@@ -73,7 +73,8 @@ def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str 
         result = attribute_phase(load(file, rank, tag), phase, markers=markers_for(file, rank, tag), rules=rules,
                                  device=device)
     else:
-        result = attribute_blocks(load(file, rank, tag), at=at, rules=rules, device=device)
+        result = attribute_blocks(load(file, rank, tag), at=at, rules=rules, device=device,
+                                  markers=markers_for(file, rank, tag))
     if fmt == "csv":
         click.echo(result.blocks.to_csv(index=False), nl=False)
         return

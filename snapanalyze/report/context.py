@@ -202,7 +202,7 @@ def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: R
     devices = [device] if device is not None else sorted(timeline.devices)
     step("finding peaks")
     peaks = find_peaks(timeline, top=top, device=device)
-    cache = InstantAttributions(snapshot, timeline, rules)
+    cache = InstantAttributions(snapshot, timeline, rules, markers=rank.markers if rank is not None else None)
     step("attributing")
     details: dict[int, list[DetailInstant]] = {}
     for d in devices:

@@ -1,0 +1,75 @@
+"""Request identity of trace events: user_metadata is exact; without it, the collector's request markers name
+the request by time, only where one thread's spans cover the event; and attribution uses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from conftest import BASE, SnapshotBuilder, write_pickle
+
+from snapanalyze import attribute, load
+from snapanalyze.analyze.requests import event_requests
+
+MiB = 1 << 20
+
+
+def _markers(*spans: tuple[str, int, int | None, int, int]) -> pd.DataFrame:
+    """(request id, start_us, end_us or None, thread_id, depth) → a markers table as `load.samples` reads it."""
+    return pd.DataFrame({
+        "rank": 0, "session": 0, "kind": "request", "name": [s[0] for s in spans],
+        "start_time_us": [s[1] for s in spans], "end_time_us": pd.array([s[2] for s in spans], dtype="Int64"),
+        "attrs": [{} for _ in spans], "thread_id": [s[3] for s in spans], "depth": [s[4] for s in spans]})
+
+
+def _two_requests(tmp_path: Path, metadata: bool = False):
+    """Request A allocates 10 MiB it keeps (a cached output), then request B runs and peaks with 40 MiB."""
+    b = SnapshotBuilder()
+    b.segment(BASE, [(10 * MiB, 10 * MiB, "active_allocated"), (40 * MiB, 40 * MiB, "active_allocated"),
+                     (14 * MiB, 0, "inactive")])
+    b.alloc(BASE, 10 * MiB, user_metadata="req=A" if metadata else "")            # event 0, during A
+    b.alloc(BASE + 10 * MiB, 40 * MiB, user_metadata="req=B" if metadata else "")  # event 1, during B
+    raw = b.build()
+    times = [e["time_us"] for e in raw["device_traces"][0]]
+    return load(write_pickle(tmp_path / f"two-{metadata}.pickle", raw)), times
+
+
+def test_metadata_is_exact_and_markers_fill_the_gaps(tmp_path):
+    snap, t = _two_requests(tmp_path)
+    markers = _markers(("A", t[0] - 5, t[0] + 5, 1, 0), ("B", t[1] - 5, None, 1, 0))
+    found = event_requests(snap.trace(0), np.array([0, 1]), markers)
+    assert found.names.tolist() == ["req=A", "req=B"]
+    assert found.inferred.tolist() == [True, True]
+    assert event_requests(snap.trace(0), np.array([0, 1])).names.tolist() == ["", ""]
+    exact, _ = _two_requests(tmp_path, metadata=True)
+    found = event_requests(exact.trace(0), np.array([0, 1]), _markers(("C", t[0] - 5, None, 1, 0)))
+    assert found.names.tolist() == ["req=A", "req=B"] and not found.inferred.any()
+
+
+def test_nested_spans_of_one_thread_pick_the_innermost_and_threads_that_overlap_are_unknown(tmp_path):
+    snap, t = _two_requests(tmp_path)
+    nested = _markers(("outer", t[0] - 10, t[1] + 10, 7, 0), ("inner", t[1] - 1, t[1] + 1, 7, 1))
+    assert event_requests(snap.trace(0), np.array([0, 1]), nested).names.tolist() == ["req=outer", "req=inner"]
+    overlapping = _markers(("A", t[0] - 10, t[1] + 10, 1, 0), ("B", t[1] - 1, t[1] + 1, 2, 0))
+    found = event_requests(snap.trace(0), np.array([0, 1]), overlapping)
+    assert found.names.tolist() == ["req=A", ""] and found.ambiguous == 1
+
+
+def test_another_requests_live_bytes_are_concurrent_request_by_marker(tmp_path):
+    snap, t = _two_requests(tmp_path)
+    markers = _markers(("A", t[0] - 5, t[0] + 5, 1, 0), ("B", t[1] - 5, None, 1, 0))
+    result = attribute(snap, at="event:1", markers=markers)
+    assert result.instants[0].request == "req=B"
+    other = result.blocks[result.blocks["category"] == "concurrent_request"]
+    assert other["size"].tolist() == [10 * MiB]
+    assert other.iloc[0]["rule"] == "signal.request_marker" and bool(other.iloc[0]["inferred"])
+    assert other.iloc[0]["user_metadata"] == "req=A"
+    # The same bytes per category as when torch recorded the request in user_metadata.
+    exact = attribute(_two_requests(tmp_path, metadata=True)[0], at="event:1")
+    assert result.summary.set_index("category")["bytes"].to_dict() == \
+        exact.summary.set_index("category")["bytes"].to_dict()
+    assert exact.blocks.loc[exact.blocks["category"] == "concurrent_request", "rule"].tolist() == \
+        ["signal.user_metadata"]
+    assert not any("no request identity" in n for n in result.notes)
+    assert any("no request identity" in n for n in attribute(snap, at="event:1").notes)
