@@ -88,6 +88,21 @@ def test_options_reach_the_report(tmp_path: Path) -> None:
     assert str(SCENARIOS) not in page and "srv/scoring" not in page
 
 
+def test_capacity_completes_the_oom_verdict_of_a_lone_snapshot(tmp_path: Path) -> None:
+    """A snapshot outside a run has no NVML or meta.json: --capacity supplies the device memory."""
+    path = SCENARIOS / "oom_live_exhaustion.pickle"
+    assert run("report", path, "-o", tmp_path / "a.html").exit_code == 0
+    assert "unknown: no NVML samples or meta.json" in (tmp_path / "a.html").read_text(encoding="utf-8")
+    result = run("report", path, "-o", tmp_path / "b.html", "--capacity", "23.52GiB")
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "b.html").read_text(encoding="utf-8")
+    assert "23.52 GiB capacity, 771.48 MiB of it outside the allocator" in page
+    assert "given (--capacity)" in page and "unknown: no NVML samples or meta.json" not in page
+    bad = run("report", path, "-o", tmp_path / "c.html", "--capacity", "lots")
+    assert bad.exit_code == 2 and bad.stderr.startswith("snapanalyze: error: --capacity: not a size: 'lots'")
+    assert not (tmp_path / "c.html").exists()
+
+
 def test_a_run_directory_reports_every_rank_and_rank_chooses_one(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     for rank, name in ((0, "oom_fragmentation"), (1, "prompt_logprobs_logits")):

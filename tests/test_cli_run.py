@@ -11,8 +11,6 @@ import pytest
 from click.testing import CliRunner, Result
 
 from snapanalyze.cli import main
-from snapanalyze.cli.run import parse_size
-from snapanalyze.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "fixtures" / "runs"
@@ -143,7 +141,8 @@ def test_explain_oom_with_a_missing_nvml_file_or_rank(tp2: Path) -> None:
 def test_explain_oom_bad_input() -> None:
     result = run("explain-oom", SCENARIOS / "oom_fragmentation.pickle", "--capacity", "forty")
     assert result.exit_code == 2
-    assert result.stderr == "snapanalyze: error: --capacity forty: expected bytes or a size such as 40GiB or 80GB\n"
+    assert result.stderr == ("snapanalyze: error: --capacity: not a size: 'forty' (expected e.g. 70GiB, 512MiB, "
+                             "1.5GB or a number of bytes)\n")
     result = run("explain-oom", ROOT / "README.md")
     assert result.exit_code == 2 and result.stderr.startswith("snapanalyze: error: ")
 
@@ -180,11 +179,12 @@ def test_attribute_phase_errors() -> None:
     assert result.exit_code == 2 and "no phase 'warmup' inside the trace window (phases: decode" in result.stderr
 
 
-def test_parse_size() -> None:
-    assert parse_size("40GiB") == 40 << 30 and parse_size("80 GB") == 80 * 10**9
-    assert parse_size("1.5 MiB") == 3 << 19 and parse_size("42949672960") == 42949672960
-    with pytest.raises(UsageError):
-        parse_size("40 parsecs")
+def test_sizes_as_people_write_them() -> None:
+    a = json.loads(run("explain-oom", SCENARIOS / "oom_fragmentation.pickle", "--capacity", "40GiB",
+                       "--format", "json").stdout)
+    b = json.loads(run("explain-oom", SCENARIOS / "oom_fragmentation.pickle", "--capacity", str(40 << 30),
+                       "--format", "json").stdout)
+    assert a == b and a["snapshots"][0]["ooms"][0]["capacity_bytes"] == 40 << 30
 
 
 def test_attribute_names_requests_from_run_markers_when_torch_recorded_none(tmp_path: Path) -> None:

@@ -7,7 +7,25 @@ from typing import Any
 
 import click
 
+from ..errors import UsageError
+from ..units import parse_bytes
+
 FORMATS = click.Choice(["table", "json"])
+
+
+class _Size(click.ParamType):
+    """A size as people write it (70GiB, 512 MiB, 1.5GB, 4096) → bytes; a bad one is a one-line UsageError."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            return parse_bytes(value)
+        except UsageError as exc:
+            raise UsageError(f"{param.opts[0] if param is not None else 'size'}: {exc}") from None
+
+
+SIZE = _Size()
 
 
 def input_argument(func: Any) -> Any:

@@ -12,7 +12,7 @@ from ..analyze.capacity import (
     measure_sweep,
     sweep_points,
 )
-from ..analyze.check import BudgetExceeded, parse_bytes, parse_limits
+from ..analyze.check import BudgetExceeded, parse_limits
 from ..analyze.check import check as check_limits
 from ..analyze.diff import diff as diff_snapshots
 from ..analyze.rules import load_rules
@@ -21,7 +21,7 @@ from ..load import load
 from ..report.compare_documents import capacity_document, check_document, diff_document
 from ..report.compare_terminal import render_capacity, render_check, render_diff
 from . import main
-from .common import FORMATS, emit_json, input_argument
+from .common import FORMATS, SIZE, emit_json, input_argument
 
 _RULES = click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
                       help="A TOML file of your own categories and rules, layered over the shipped packs.")
@@ -53,18 +53,14 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
     click.echo(render_diff(doc, top))
 
 
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    return None if value is None else parse_bytes(value)
-
-
 @main.command()
 @click.argument("inputs", nargs=-1, type=click.Path(dir_okay=True, path_type=str))
 @click.option("--shape-from", "shape_from", default="filename", show_default=True,
               help="Where each point's shape comes from: filename (ctx1024, tokens=32768, bs4, chunk=2048, "
                    "images=8), markers (phase attrs in a run's markers.parquet, or record_function span names), "
                    "or a manifest .csv mapping file → tokens/batch/chunk/images (no INPUTS: every file it lists).")
-@click.option("--budget", callback=_size, default=None, help="Device budget for the contract, e.g. 80GiB.")
-@click.option("--transient-budget", "transient_budget", callback=_size, default=None,
+@click.option("--budget", type=SIZE, default=None, help="Device budget for the contract, e.g. 80GiB.")
+@click.option("--transient-budget", "transient_budget", type=SIZE, default=None,
               help="Budget for the transient alone (e.g. the workspace an engine leaves free).")
 @click.option("--margin", type=click.FloatRange(0), default=None,
               help="Fraction added to modelled transients (default: the total fit's max relative residual).")
@@ -102,10 +98,10 @@ def capacity(inputs: tuple[str, ...], shape_from: str, budget: int | None, trans
 
 @main.command()
 @input_argument
-@click.option("--budget", callback=_size, default=None, help="Maximum peak bytes on a device, e.g. 70GiB.")
+@click.option("--budget", type=SIZE, default=None, help="Maximum peak bytes on a device, e.g. 70GiB.")
 @click.option("--max", "maxima", multiple=True, metavar="CATEGORY=SIZE",
               help="Maximum live bytes of one category anywhere in the trace (repeatable), e.g. logits=4GiB.")
-@click.option("--max-transient", "max_transient", callback=_size, default=None,
+@click.option("--max-transient", "max_transient", type=SIZE, default=None,
               help="Maximum transient at the peak (peak − baseline active bytes).")
 @click.option("--metric", type=click.Choice(["active", "reserved"]), default="active", show_default=True,
               help="What --budget limits: peak active (requested) bytes or the highest reserved bytes.")

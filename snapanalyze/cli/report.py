@@ -19,7 +19,7 @@ import click
 from ..analyze.rules import load_rules
 from ..errors import UsageError
 from . import main
-from .common import input_argument
+from .common import SIZE, input_argument
 from .progress import Progress
 
 
@@ -59,9 +59,11 @@ def write_atomic(path: Path, text: str) -> None:
               metavar="BASELINE",
               help="Add a section diffing this input against BASELINE (a snapshot or run; Δ = FILE − BASELINE, "
                    "as `snapanalyze diff BASELINE FILE`), rank by rank for two runs.")
+@click.option("--capacity", type=SIZE, default=None,
+              help="Device memory (e.g. 80GiB) for OOM verdicts and headroom, when the input has no NVML/meta.json.")
 def report(file: str, rank: int | None, tag: str | None, output: Path, force: bool, redact_paths: bool,
            at: tuple[str, ...], top: int, samples: int, device: int | None, rules_file: str | None,
-           baseline: str | None) -> None:
+           baseline: str | None, capacity: int | None) -> None:
     """Write one HTML postmortem that opens offline in any browser.
 
     FILE is a snapshot, or a run directory: then every rank is reported (--rank N: only that one) with its
@@ -76,7 +78,8 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
         from ..report.html import build_path_report  # plotly and jinja2 load only for this command
 
         page = build_path_report(file, rank=rank, tag=tag, compare=baseline, rules=rules, top=top, at=at,
-                                 samples=samples, device=device, redact_paths=redact_paths, progress=progress.step)
+                                 samples=samples, device=device, redact_paths=redact_paths, progress=progress.step,
+                                 capacity=capacity)
         progress.step("writing")
         write_atomic(output, page)
     finally:

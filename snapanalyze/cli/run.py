@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import re
-
 import click
 
 from ..analyze.oom import explain_path
 from ..analyze.phases import phase_table
 from ..analyze.ranks import compare_ranks
 from ..analyze.rules import load_rules
-from ..errors import UsageError
 from ..load import load
 from ..load.samples import markers_for
 from ..report.run_documents import oom_document, phases_document, ranks_document
 from ..report.run_terminal import render_oom, render_phases, render_ranks
 from . import main
-from .common import FORMATS, emit_json, input_argument
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """'40GiB', '80 GB', '42949672960' → bytes (decimal KB/MB/GB, binary KiB/MiB/GiB)."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise UsageError(f"--capacity {text}: expected bytes or a size such as 40GiB or 80GB")
-    return int(float(m.group(1)) * _UNITS[unit])
+from .common import FORMATS, SIZE, emit_json, input_argument
 
 
 @main.command()
@@ -51,15 +36,16 @@ def ranks(run: str, tag: str | None, rules_file: str | None, threshold: float, f
 
 @main.command("explain-oom")
 @input_argument
-@click.option("--capacity", default=None, help="Device memory (e.g. 40GiB) when the file has no NVML/meta.json.")
+@click.option("--capacity", type=SIZE, default=None,
+              help="Device memory (e.g. 40GiB) when the file has no NVML/meta.json.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="A TOML file of your own categories and rules.")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def explain_oom(file: str, rank: int | None, tag: str | None, capacity: str | None, rules_file: str | None,
+def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | None, rules_file: str | None,
                 fmt: str) -> None:
     """Why each allocation failed (fragmentation, live exhaustion, pressure from outside) — or that none did."""
     items, problems = explain_path(file, rank=rank, tag=tag, rules=load_rules(rules_file),
-                                   capacity=parse_size(capacity) if capacity is not None else None)
+                                   capacity=capacity)
     doc = oom_document(items, problems, file)
     if fmt == "json":
         emit_json(doc)

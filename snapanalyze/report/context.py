@@ -136,6 +136,11 @@ class ReportContext:
     run: RunInfo | None = None                 # set on the top-level context of a run
     diffs: list[BaselineDiff] = field(default_factory=list)         # against the baseline (--compare)
     problems: tuple[str, ...] = ()             # what the baseline comparison could not do
+    given_capacity: int | None = None          # device memory the user gave (--capacity), for every device
+
+    def capacity(self, device: int) -> tuple[int | None, str]:
+        """Device memory in bytes and where it came from: given, else the run's NVML/meta.json, else unknown."""
+        return _capacity(self.given_capacity, self.rank, device)
 
     def attribution(self, device: int, event_index: int) -> Attribution:
         """The attribution of `device` right after `event_index` (cached)."""
@@ -185,13 +190,15 @@ def _named(label: str, index: int) -> tuple[str, str]:
 def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
                   top: int = 3, at: Sequence[str] = (), samples: int = 32, device: int | None = None,
                   redact_paths: bool = False, inputs: Mapping[str, Any] | None = None,
-                  progress: Progress | None = None, rank: RankInfo | None = None) -> ReportContext:
+                  progress: Progress | None = None, rank: RankInfo | None = None,
+                  capacity: int | None = None) -> ReportContext:
     """Run the analyses a report shows (see the module docstring).
 
     top: peaks per device to find, mark and (without `at`) attribute in detail. at: instant specs
     (peak, peak:N, event:I, time:T) to attribute in detail instead. samples: instants per device for the
     categories-over-time chart (every detail instant and OOM entry is added). device: only this one.
-    rank: the rank of a run the snapshot is (its markers, NVML samples and capacity join the analyses)."""
+    rank: the rank of a run the snapshot is (its markers, NVML samples and capacity join the analyses).
+    capacity: the device memory in bytes, overriding the run's (and all a lone snapshot can know)."""
     step = progress or (lambda _: None)
     if timeline is None:
         step("replaying")
@@ -234,8 +241,8 @@ def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: R
     if 0 < len(phases) <= MAX_PHASE_CATEGORIES:
         phases = phase_table(snapshot, timeline, markers, rules=rules, categories=True, device=device)
     step("explaining OOMs")
-    capacity = {d: rank.capacity(d) for d in timeline.devices} if rank is not None else None
-    oom = explain_oom(snapshot, timeline, nvml=nvml, capacity=capacity, markers=markers, rules=rules)
+    capacities = {d: _capacity(capacity, rank, d) for d in timeline.devices}
+    oom = explain_oom(snapshot, timeline, nvml=nvml, capacity=capacities, markers=markers, rules=rules)
     outside = None
     joined: dict[int, pd.DataFrame] = {}
     if nvml is not None:
@@ -245,7 +252,13 @@ def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: R
     return ReportContext(snapshot=snapshot, timeline=timeline, rules=rules, devices=devices, peaks=peaks,
                          details=details, attributions=cache, series=series,
                          redactor=Redactor(snapshot, enabled=redact_paths), inputs=dict(inputs or {}),
-                         phases=phases, oom=oom, rank=rank, outside=outside, joined=joined)
+                         phases=phases, oom=oom, rank=rank, outside=outside, joined=joined, given_capacity=capacity)
+
+
+def _capacity(given: int | None, rank: RankInfo | None, device: int) -> tuple[int | None, str]:
+    if given is not None:
+        return given, "given (--capacity)"
+    return rank.capacity(device) if rank is not None else (None, "unknown")
 
 
 def is_run_path(path: str | Path) -> bool:

@@ -120,11 +120,12 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
                       compare: str | Path | None = None, rules: RuleSet | None = None, top: int = 3,
                       at: Sequence[str] = (), samples: int = 32, device: int | None = None,
                       redact_paths: bool = False, sections: Sequence[SectionFunction] = DEFAULT_SECTIONS,
-                      progress: Progress | None = None) -> str:
+                      progress: Progress | None = None, capacity: int | None = None) -> str:
     """The HTML report of a snapshot file or a run directory (every rank, or `rank`), optionally with the
     diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`."""
     context = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
-                                 top=top, at=at, samples=samples, device=device, redact_paths=redact_paths)
+                                 top=top, at=at, samples=samples, device=device, redact_paths=redact_paths,
+                                 capacity=capacity)
     return render_report(context, sections, progress)
 
 

@@ -474,7 +474,7 @@ def facts_section(context: ReportContext) -> Section | None:
         ranks = []
         for view in info.views:
             assert view.rank is not None
-            caps = [(d, *view.rank.capacity(d)) for d in view.devices]
+            caps = [(d, *view.capacity(d)) for d in view.devices]
             ranks.append({"rank": view.rank.rank, "tag": view.rank.tag, "path": view.redactor.path(view.rank.path),
                           "nvml": len(view.rank.nvml), "interval_ms": view.rank.interval_ms,
                           "markers": len(view.rank.markers), "capacity": caps})
@@ -545,7 +545,7 @@ def _outside_row(view: ReportContext, o: dict[str, Any]) -> dict[str, Any]:
     device = int(o["device"])
     dt = view.timeline[device]
     index = int(o["event_index"])
-    capacity, capacity_source = view.rank.capacity(device) if view.rank is not None else (None, "unknown")
+    capacity, capacity_source = view.capacity(device)
     used = o["nvml_used_bytes"]
     origin = dt.time_at(0)
 
