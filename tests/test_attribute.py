@@ -135,3 +135,26 @@ def test_malformed_frames_are_shown_not_fatal(tmp_path):
     result = attribute(load(path))
     assert int(result.blocks["size"].sum()) == 40
     assert set(result.blocks["frame"]) == {"", "x.py:0:f"}
+
+
+def test_repeated_attributions_share_decisions_and_let_the_snapshot_go():
+    """The stack decisions are kept per snapshot and rule set (phases and reports attribute many instants),
+    without keeping the snapshot alive once the caller drops it."""
+    import gc
+    import weakref
+
+    from snapanalyze import load_rules
+    from snapanalyze.analyze.attribute import _Decider
+
+    snap = load(SCENARIOS / "concurrent_requests.pickle")
+    rules = load_rules()
+    first = attribute(snap, at="peak", rules=rules)
+    decider = _Decider.for_snapshot(snap, rules)
+    again = attribute(snap, at="event:700", rules=rules)
+    assert _Decider.for_snapshot(snap, rules) is decider and len(decider.cache) > 1
+    assert first.blocks["category"].notna().all() and again.blocks["category"].notna().all()
+    assert _Decider.for_snapshot(snap, load_rules()) is not decider      # another rule set decides afresh
+    gone = weakref.ref(snap)
+    del snap, first, again, decider
+    gc.collect()
+    assert gone() is None

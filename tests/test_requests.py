@@ -10,7 +10,7 @@ import pandas as pd
 from conftest import BASE, SnapshotBuilder, write_pickle
 
 from snapanalyze import attribute, load
-from snapanalyze.analyze.requests import event_requests
+from snapanalyze.analyze.requests import event_requests, request_at
 
 MiB = 1 << 20
 
@@ -23,16 +23,15 @@ def _markers(*spans: tuple[str, int, int | None, int, int]) -> pd.DataFrame:
         "attrs": [{} for _ in spans], "thread_id": [s[3] for s in spans], "depth": [s[4] for s in spans]})
 
 
-def _two_requests(tmp_path: Path, metadata: bool = False):
-    """Request A allocates 10 MiB it keeps (a cached output), then request B runs and peaks with 40 MiB."""
+def _two_requests(tmp_path: Path, metadata: bool = False, kept: int = 10 * MiB, peak: int = 40 * MiB):
+    """Request A allocates `kept` bytes it keeps (a cached output), then request B runs and allocates `peak`."""
     b = SnapshotBuilder()
-    b.segment(BASE, [(10 * MiB, 10 * MiB, "active_allocated"), (40 * MiB, 40 * MiB, "active_allocated"),
-                     (14 * MiB, 0, "inactive")])
-    b.alloc(BASE, 10 * MiB, user_metadata="req=A" if metadata else "")            # event 0, during A
-    b.alloc(BASE + 10 * MiB, 40 * MiB, user_metadata="req=B" if metadata else "")  # event 1, during B
+    b.segment(BASE, [(kept, kept, "active_allocated"), (peak, peak, "active_allocated"), (14 * MiB, 0, "inactive")])
+    b.alloc(BASE, kept, user_metadata="req=A" if metadata else "")            # event 0, during A
+    b.alloc(BASE + kept, peak, user_metadata="req=B" if metadata else "")     # event 1, during B
     raw = b.build()
     times = [e["time_us"] for e in raw["device_traces"][0]]
-    return load(write_pickle(tmp_path / f"two-{metadata}.pickle", raw)), times
+    return load(write_pickle(tmp_path / f"two-{metadata}-{kept}.pickle", raw)), times
 
 
 def test_metadata_is_exact_and_markers_fill_the_gaps(tmp_path):
@@ -73,3 +72,29 @@ def test_another_requests_live_bytes_are_concurrent_request_by_marker(tmp_path):
         ["signal.user_metadata"]
     assert not any("no request identity" in n for n in result.notes)
     assert any("no request identity" in n for n in attribute(snap, at="event:1").notes)
+
+
+def test_adjacent_and_open_spans(tmp_path):
+    snap, t = _two_requests(tmp_path)
+    # A ends exactly one µs before B begins, and B is still open: each event falls in exactly one of them.
+    adjacent = _markers(("A", t[0], t[1] - 1, 1, 0), ("B", t[1], None, 2, 0))
+    assert event_requests(snap.trace(0), np.array([0, 1]), adjacent).names.tolist() == ["req=A", "req=B"]
+    assert request_at(adjacent, t[1] - 1) == "req=A" and request_at(adjacent, t[1] + 10**9) == "req=B"
+    assert request_at(adjacent, t[0] - 1) is None and request_at(None, t[0]) is None
+    ends_on_b = _markers(("A", t[0], t[1], 1, 0), ("B", t[1], None, 2, 0))      # both cover t[1], two threads
+    found = event_requests(snap.trace(0), np.array([0, 1]), ends_on_b)
+    assert found.names.tolist() == ["req=A", ""] and request_at(ends_on_b, t[1]) is None
+
+
+def test_the_request_running_at_the_instant_is_the_instants_request(tmp_path):
+    """A kept more bytes than B holds at B's peak: by bytes alone A would be the instant's request; the marker
+    span running at the instant says it is B, so A's bytes are the other request's."""
+    snap, t = _two_requests(tmp_path, kept=40 * MiB, peak=10 * MiB)
+    markers = _markers(("A", t[0] - 5, t[0] + 5, 1, 0), ("B", t[1] - 5, None, 1, 0))
+    by_markers = attribute(snap, at="event:1", markers=markers)
+    assert by_markers.instants[0].request == "req=B"
+    other = by_markers.blocks[by_markers.blocks["category"] == "concurrent_request"]
+    assert other["size"].tolist() == [40 * MiB] and "was running at this instant" in other.iloc[0]["reason"]
+    by_bytes = attribute(_two_requests(tmp_path, metadata=True, kept=40 * MiB, peak=10 * MiB)[0], at="event:1")
+    assert by_bytes.instants[0].request == "req=A"
+    assert by_bytes.blocks.loc[by_bytes.blocks["category"] == "concurrent_request", "size"].tolist() == [10 * MiB]

@@ -6,8 +6,8 @@ and labels each with a primary category plus tags. Signals, strongest first: a p
 `graph_capture` (unless lifecycle frames show a MemPool user: weights or KV cache kept in a pool);
 lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; the request of the alloc entry (its
 `user_metadata`, else a run's request marker span covering it, flagged `inferred`: see `requests`) naming
-another request than the instant's main one (the request holding the most live bytes allocated in the
-window) → `concurrent_request`;
+another request than the instant's main one (the request whose marker span was running then, else the one
+holding the most live bytes allocated in the window) → `concurrent_request`;
 then frame rules by category precedence (op categories: innermost meaningful frame wins); then shape
 heuristics, flagged `inferred`. Only the stacks of live blocks are ever resolved. The bytes of the per-block
 table sum exactly to the instant's active bytes.
@@ -21,7 +21,9 @@ first), top_frame_bytes (their live bytes).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -30,8 +32,9 @@ import pandas as pd
 from ..errors import UsageError
 from ..model import Snapshot
 from ..replay import Timeline, replay
+from ..stacks import StackInterner
 from .peaks import find_peaks, global_peak_index
-from .requests import event_requests, request_markers
+from .requests import RequestIndex, event_requests, request_at
 from .rules import RuleSet, load_rules
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
@@ -74,9 +77,13 @@ class Attribution:
     timeline: Timeline
     instants: dict[int, Instant]
     blocks: pd.DataFrame
-    summary: pd.DataFrame
     rules: RuleSet = field(repr=False)
     notes: tuple[str, ...] = ()
+
+    @cached_property
+    def summary(self) -> pd.DataFrame:
+        """`summarize_blocks(blocks)`: by device and category (made on first use)."""
+        return summarize_blocks(self.blocks)
 
     def _repr_html_(self) -> str:
         from ..report.notebook import attribution_html
@@ -98,10 +105,21 @@ def short_path(filename: str) -> str:
 
 
 class _Decider:
-    """Decides a stack's category from its frames; cached per stack id."""
+    """Decides a stack's category from its frames; cached per stack id. The last one made for a snapshot is
+    kept (`for_snapshot`), so that the many attributions of one snapshot with one rule set (phases, reports)
+    decide each stack once."""
 
-    def __init__(self, snapshot: Snapshot, rules: RuleSet) -> None:
-        self.snapshot, self.rules = snapshot, rules
+    _kept: weakref.WeakKeyDictionary[Snapshot, _Decider] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def for_snapshot(cls, snapshot: Snapshot, rules: RuleSet) -> _Decider:
+        decider = cls._kept.get(snapshot)
+        if decider is None or decider.rules is not rules:
+            decider = cls._kept[snapshot] = cls(snapshot.interner, rules)
+        return decider
+
+    def __init__(self, interner: StackInterner, rules: RuleSet) -> None:
+        self.interner, self.rules = interner, rules        # not the snapshot: it keys `_kept` weakly
         self.cache: dict[int, Decision] = {-1: Decision("other", "no_frames",
                                                          "the allocation carries no stack frames", -1)}
         self.display_cache: dict[int, int] = {-1: -1}
@@ -111,8 +129,8 @@ class _Decider:
         hit = self.display_cache.get(stack_id)
         if hit is not None:
             return hit
-        frames = self.snapshot.interner.frames
-        ids = self.snapshot.interner.stacks[stack_id]
+        frames = self.interner.frames
+        ids = self.interner.stacks[stack_id]
         fallback = -1
         chosen = -1
         for fid in ids:
@@ -132,10 +150,10 @@ class _Decider:
         hit = self.cache.get(stack_id)
         if hit is not None:
             return hit
-        frames = self.snapshot.interner.frames
+        frames = self.interner.frames
         rules, cats = self.rules.rules, self.rules.categories
         found: dict[str, tuple[int, int, int]] = {}      # category -> (depth, rule index, frame id)
-        for depth, fid in enumerate(self.snapshot.interner.stacks[stack_id]):
+        for depth, fid in enumerate(self.interner.stacks[stack_id]):
             filename, _, name = frames[fid]
             plumbing, matched = self.rules.match_frame(filename, name)
             for ri in matched:
@@ -263,7 +281,8 @@ def vocab_hints(sizes: np.ndarray) -> frozenset[int]:
 class _Context:
     """What the block-level signals know about the whole set of blocks being labelled."""
 
-    request: str | None            # the request holding most live transient bytes (user_metadata)
+    request: str | None            # the instant's request: running then (markers), else holding most bytes
+    request_why: str               # which of the two, for the reason text
     vocab: frozenset[int]          # the vocabulary of the live embedding weight, if readable
     scores_floor: int              # half the largest block under a user-code attention function
     mlp_outputs: frozenset[int]    # sizes of live MLP activation outputs (≥ 1 MiB)
@@ -290,8 +309,8 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
     if d.category not in _LIFECYCLE and ctx.request and request and request != ctx.request:
         how = "by time: its alloc fell inside that request's marker span" if request_by_time else ""
         return Decision("concurrent_request", "signal.request_marker" if request_by_time else "signal.user_metadata",
-                        f"allocated by {request!r}{f' ({how})' if how else ''}; the request holding most of the "
-                        f"live transient bytes at this instant is {ctx.request!r}", d.frame,
+                        f"allocated by {request!r}{f' ({how})' if how else ''}; {ctx.request_why} is "
+                        f"{ctx.request!r}", d.frame,
                         tuple(x for x in (request, d.category, *d.tags) if x != "other"), inferred=request_by_time)
     if d.category == "other" and origin == "trace":   # weights (V × hidden) are not transient
         logits = _shape_logits(size, ctx.vocab)
@@ -328,8 +347,9 @@ def _frame_label(frame: tuple[str, int, str] | None) -> str:
 
 
 def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decider,
-           markers: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str | None, int]:
-    """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order."""
+           markers: pd.DataFrame | None = None, at_time: int | None = None) -> tuple[pd.DataFrame, str | None, int]:
+    """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order; `at_time`: the
+    instant they are live at, if one (the request running then is the instant's request)."""
     alloc_index = live["alloc_index"].to_numpy()
     block_row = live["block_row"].to_numpy()
     stack = np.full(len(live), -1, dtype=np.int64)
@@ -350,8 +370,11 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
 
     decisions = [decider.decide(int(s)) for s in stack]
     categories = np.array([d.category for d in decisions], dtype=object)
+    running = request_at(markers, at_time)
     ctx = _Context(
-        request=_main_request(metadata, sizes),
+        request=running or _main_request(metadata, sizes),
+        request_why=("the request whose marker span was running at this instant" if running else
+                     "the request holding most of the live transient bytes at this instant"),
         vocab=vocab_hints(sizes[(categories == "weights") | ((origin != "trace") & (stack < 0))]),
         scores_floor=max((int(sz) for sz, d in zip(sizes, decisions) if _user_attention(d)), default=0) // 2,
         mlp_outputs=frozenset(int(sz) for sz, c in zip(sizes, categories) if c == "mlp" and sz >= (1 << 20)),
@@ -398,12 +421,12 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
     for d in devices:
         if d not in timeline.devices:
             raise UsageError(f"{snapshot.source}: no device {d} (devices: {sorted(timeline.devices)})")
-    decider = _Decider(snapshot, rules)
+    decider = _Decider.for_snapshot(snapshot, rules)
     parts, instants, notes = [], {}, []
     for d in devices:
         dt = timeline[d]
         index, label = _instant(timeline, d, at)
-        blocks, request, ambiguous = _label(snapshot, d, dt.live_at(index), decider, markers)
+        blocks, request, ambiguous = _label(snapshot, d, dt.live_at(index), decider, markers, dt.time_at(index))
         blocks = blocks.sort_values(["size", "address"], ascending=[False, True], kind="stable",
                                     ignore_index=True)
         parts.append(blocks)
@@ -412,7 +435,7 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
         if int(blocks["size"].sum()) != dt.active_at(index):  # pragma: no cover - a replay bug
             raise AssertionError("attributed bytes differ from the replayed active bytes")
         t = snapshot.trace(d)
-        has_markers = len(request_markers(markers)) > 0
+        has_markers = len(RequestIndex.of(markers)) > 0
         if (t.user_metadata is None or not any(t.user_metadata_names)) and not has_markers:
             notes.append(f"device {d}: no request identity recorded (user_metadata empty, no request markers), "
                          "so bytes of other requests batched into the same forward cannot be told apart")
@@ -421,8 +444,8 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
                          "threads were running; the trace does not say which thread allocated them, so they "
                          "keep their frame categories")
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
-    return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks,
-                       summary=summarize_blocks(blocks), rules=rules, notes=tuple(notes))
+    return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks, rules=rules,
+                       notes=tuple(notes))
 
 
 def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,
@@ -431,7 +454,7 @@ def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,
     of a window) with the same rules, signals and heuristics as `attribute`, one row each in their order
     (columns as `Attribution.blocks`). Context signals (the main request, size hints) are taken over the
     given set together, so a label can differ from `attribute` at one instant in rare cases."""
-    return _label(snapshot, device, lifetimes, _Decider(snapshot, rules or load_rules()), markers)[0]
+    return _label(snapshot, device, lifetimes, _Decider.for_snapshot(snapshot, rules or load_rules()), markers)[0]
 
 
 def top_sites(attribution: Attribution, by: str = "frame", category: str | None = None,

@@ -276,10 +276,7 @@ def _attribute_at(snapshot: Snapshot, timeline: Timeline, instants: dict[int, tu
              for d, (index, _) in sorted(instants.items())]
     if len(parts) == 1:
         return parts[0]
-    from .attribute import summarize_blocks
-
     blocks = pd.concat([p.blocks for p in parts], ignore_index=True)
     return Attribution(snapshot=snapshot, timeline=timeline,
                        instants={d: i for p in parts for d, i in p.instants.items()}, blocks=blocks,
-                       summary=summarize_blocks(blocks), rules=rules,
-                       notes=tuple(n for p in parts for n in p.notes))
+                       rules=rules, notes=tuple(n for p in parts for n in p.notes))
