@@ -8,23 +8,62 @@ compare `diff`, `capacity`, `check`. Collecting lives in `snapanalyze.collect`. 
 never imports torch.
 """
 
-from .analyze.attribute import Attribution, attribute, label_lifetimes, top_sites
-from .analyze.capacity import Capacity, capacity, capacity_contract, fit_capacity, measure_sweep, sweep_points
-from .analyze.check import BudgetExceeded, CheckResult, check
-from .analyze.diff import Diff, diff
-from .analyze.oom import OomExplanation, explain_oom, explain_path
-from .analyze.outside import join_samples, outside_at_peaks
-from .analyze.peaks import find_peaks
-from .analyze.phases import attribute_phase, phase_table
-from .analyze.ranks import RankComparison, compare_ranks
-from .analyze.rules import RuleSet, load_rules
-from .analyze.summary import summarize
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Light modules (numpy and pyarrow only) are imported now; `load` and `replay` also name subpackages, which
+# importing them would otherwise leave bound here in place of the functions.
 from .errors import BadInputError, RulesError, SnapanalyzeError, UnsafePickleError, UsageError
 from .load import load
-from .load.samples import RunSamples, read_run
 from .model import Snapshot
 from .replay import Timeline, replay
 from .units import parse_bytes
+
+# The analyses (pandas), imported on first use (PEP 562): `snapanalyze peaks` on a converted run needs none.
+_EXPORTS = {
+    ".analyze.attribute": ("Attribution", "attribute", "label_lifetimes", "top_sites"),
+    ".analyze.capacity": ("Capacity", "capacity", "capacity_contract", "fit_capacity", "measure_sweep",
+                          "sweep_points"),
+    ".analyze.check": ("BudgetExceeded", "CheckResult", "check"),
+    ".analyze.diff": ("Diff", "diff"),
+    ".analyze.oom": ("OomExplanation", "explain_oom", "explain_path"),
+    ".analyze.outside": ("join_samples", "outside_at_peaks"),
+    ".analyze.peaks": ("find_peaks",),
+    ".analyze.phases": ("attribute_phase", "phase_table"),
+    ".analyze.ranks": ("RankComparison", "compare_ranks"),
+    ".analyze.rules": ("RuleSet", "load_rules"),
+    ".analyze.summary": ("summarize",),
+    ".load.samples": ("RunSamples", "read_run"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'snapanalyze' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_MODULE_OF])
+
+
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors
+    from .analyze.attribute import Attribution, attribute, label_lifetimes, top_sites
+    from .analyze.capacity import Capacity, capacity, capacity_contract, fit_capacity, measure_sweep, sweep_points
+    from .analyze.check import BudgetExceeded, CheckResult, check
+    from .analyze.diff import Diff, diff
+    from .analyze.oom import OomExplanation, explain_oom, explain_path
+    from .analyze.outside import join_samples, outside_at_peaks
+    from .analyze.peaks import find_peaks
+    from .analyze.phases import attribute_phase, phase_table
+    from .analyze.ranks import RankComparison, compare_ranks
+    from .analyze.rules import RuleSet, load_rules
+    from .analyze.summary import summarize
+    from .load.samples import RunSamples, read_run
 
 __all__ = [
     "load", "replay", "find_peaks", "attribute", "label_lifetimes", "top_sites", "load_rules", "summarize",

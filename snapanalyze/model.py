@@ -1,7 +1,9 @@
 """The columnar Snapshot: what every analysis reads, built only by the loader.
 
 Contract: a Snapshot holds, per device, the trace as numpy columns (`DeviceTrace`) and the end state as
-DataFrames (`segments`, `blocks`), plus annotations, allocator settings and format facts (`Format`).
+numpy columns too (shown as the DataFrames `segments` and `blocks`, made on first use), plus annotations,
+allocator settings and format facts (`Format`). Replay reads only numpy, so this module and replay never
+import pandas before a DataFrame is asked for.
 Nothing here touches raw snapshot dicts except through the stack interner, which resolves frames lazily.
 Units are in column names' meaning: bytes for sizes, µs since the epoch for `time_us`.
 
@@ -18,15 +20,17 @@ DataFrame columns:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from .stacks import StackInterner
+
+if TYPE_CHECKING:                     # pandas loads on first use: `peaks` on a converted run never needs it
+    import pandas as pd
 
 ACTIONS: tuple[str, ...] = (
     "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
@@ -36,6 +40,30 @@ ACTION_CODE: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, \
     SNAPSHOT, OOM, ANNOTATE = range(len(ACTIONS))
 ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
+
+# The end state as numpy columns (name → dtype); object columns hold str and become categoricals in the
+# DataFrames. A converted run's blocks also carry `stack_id`.
+SEGMENT_COLUMNS: dict[str, Any] = {
+    "device": np.int64, "address": np.uint64, "total_size": np.int64, "allocated_size": np.int64,
+    "active_size": np.int64, "requested_size": np.int64, "stream": np.int64, "segment_type": object,
+    "pool_id": object, "is_expandable": np.bool_}
+BLOCK_COLUMNS: dict[str, Any] = {
+    "device": np.int64, "segment_address": np.uint64, "address": np.uint64, "size": np.int64,
+    "requested_size": np.int64, "state": object, "stream": np.int64, "pool_id": object, "segment_type": object,
+    "is_expandable": np.bool_}
+CATEGORICAL = ("segment_type", "pool_id", "state")
+
+
+def columns_from_rows(rows: Sequence[tuple[Any, ...]], spec: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Rows of values in `spec`'s column order → one numpy array per column, of `spec`'s dtype."""
+    values = list(zip(*rows)) if rows else [()] * len(spec)
+    return {name: np.array(list(col), dtype=dtype) for (name, dtype), col in zip(spec.items(), values)}
+
+
+def _frame(columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
+    import pandas as pd
+    return pd.DataFrame({name: pd.Categorical(col) if name in CATEGORICAL else col
+                         for name, col in columns.items()})
 
 
 @dataclass(frozen=True)
@@ -125,17 +153,34 @@ class Format:
 
 @dataclass(frozen=True, eq=False)
 class Snapshot:
-    """A loaded memory snapshot: columnar, device-indexed, frames interned on demand."""
+    """A loaded memory snapshot: columnar, device-indexed, frames interned on demand.
+
+    The end state is held as numpy columns (`segment_columns`, `block_columns`: SEGMENT_COLUMNS and
+    BLOCK_COLUMNS, what replay reads) and shown as DataFrames (`segments`, `blocks`) made on first use;
+    `annotations` is given, or read on first use."""
 
     source: str
     traces: dict[int, DeviceTrace]
-    segments: pd.DataFrame
-    blocks: pd.DataFrame
+    segment_columns: Mapping[str, np.ndarray]
+    block_columns: Mapping[str, np.ndarray]
     block_frames: list[Any]
-    annotations: pd.DataFrame
+    annotations_source: pd.DataFrame | Callable[[], pd.DataFrame]
     allocator_settings: dict[str, Any] | None
     format: Format
     interner_source: StackInterner | Callable[[], StackInterner] = field(default_factory=StackInterner, repr=False)
+
+    @cached_property
+    def segments(self) -> pd.DataFrame:
+        return _frame(self.segment_columns)
+
+    @cached_property
+    def blocks(self) -> pd.DataFrame:
+        return _frame(self.block_columns)
+
+    @cached_property
+    def annotations(self) -> pd.DataFrame:
+        source = self.annotations_source
+        return source() if callable(source) else source
 
     @cached_property
     def interner(self) -> StackInterner:
@@ -146,7 +191,7 @@ class Snapshot:
     @property
     def devices(self) -> list[int]:
         """Devices that appear in the trace or the end state, ascending."""
-        seen = set(self.traces) | set(int(d) for d in self.segments["device"].unique())
+        seen = set(self.traces) | set(np.unique(self.segment_columns["device"]).tolist())
         return sorted(seen)
 
     def trace(self, device: int) -> DeviceTrace:
@@ -166,8 +211,8 @@ class Snapshot:
 
     def block_stack_ids(self, rows: np.ndarray) -> np.ndarray:
         """Stack id of each given row of `blocks` (−1 where the block carries no frames)."""
-        if "stack_id" in self.blocks.columns:
-            return self.blocks["stack_id"].to_numpy()[np.asarray(rows, dtype=np.int64)]
+        if "stack_id" in self.block_columns:
+            return self.block_columns["stack_id"][np.asarray(rows, dtype=np.int64)]
         intern = self.interner.intern
         return np.fromiter((intern(self.block_frames[i]) for i in rows), dtype=np.int64, count=len(rows))
 
@@ -181,10 +226,12 @@ class Snapshot:
     @cached_property
     def events(self) -> pd.DataFrame:
         """All devices' trace entries as one DataFrame (see the module docstring). Interns every stack."""
+        import pandas as pd
         parts = [self._events_of(d, self.traces[d]) for d in sorted(self.traces)]
         return pd.concat(parts, ignore_index=True) if parts else self._events_of(0, _empty_trace(0))
 
     def _events_of(self, device: int, t: DeviceTrace) -> pd.DataFrame:
+        import pandas as pd
         n = len(t)
         return pd.DataFrame({
             "device": np.full(n, device, dtype=np.int64),
@@ -201,6 +248,7 @@ class Snapshot:
 
     @property
     def ooms(self) -> pd.DataFrame:
+        import pandas as pd
         rows = []
         for device in sorted(self.traces):
             t = self.traces[device]
@@ -225,10 +273,11 @@ class Snapshot:
     def __repr__(self) -> str:
         n = sum(len(t) for t in self.traces.values())
         return (f"<Snapshot {self.source!r}: {len(self.devices)} device(s), {n:,} events, "
-                f"{len(self.segments):,} segments>")
+                f"{len(self.segment_columns['device']):,} segments>")
 
 
 def _decode(codes: np.ndarray | None, names: tuple[str, ...], n: int) -> pd.Categorical:
+    import pandas as pd
     if codes is None or not names:
         return pd.Categorical([None] * n, categories=pd.Index([], dtype=object))
     return pd.Categorical.from_codes(codes, categories=list(names))

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from .model import (
     ACTIVE_STATES,
@@ -37,6 +37,9 @@ from .model import (
     SEGMENT_UNMAP,
     Snapshot,
 )
+
+if TYPE_CHECKING:                     # pandas loads when lifetimes are first asked for
+    import pandas as pd
 
 ORIGINS = ("trace", "before window, freed in trace", "before window, live throughout")
 
@@ -69,7 +72,7 @@ class DeviceTimeline:
     def lifetimes(self) -> pd.DataFrame:
         """One row per block lifetime (built on first use: peaks never need it)."""
         source = self.lifetimes_source
-        return source if isinstance(source, pd.DataFrame) else source()
+        return source() if callable(source) else source
 
     def active_at(self, index: int) -> int:
         """Active bytes after event `index` (−1: before the first event)."""
@@ -125,6 +128,33 @@ def _first_per_span(mask: np.ndarray, span_id: np.ndarray, order: np.ndarray, n_
     return out
 
 
+def _address_order(addr: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """`idx` sorted by (address, index). When the address range and the positions fit in 64 bits together,
+    one in-place sort of packed keys (address offset high, position low) does it in half the time of a
+    stable argsort."""
+    keys = addr[idx]
+    if len(keys) < 2:
+        return idx
+    low = keys.min()
+    pos_bits = (len(keys) - 1).bit_length()
+    if int(keys.max() - low).bit_length() + pos_bits > 64:
+        return idx[np.argsort(keys, kind="stable")]
+    packed = keys - low
+    packed <<= np.uint64(pos_bits)
+    packed |= np.arange(len(keys), dtype=np.uint64)
+    packed.sort()
+    packed &= np.uint64((1 << pos_bits) - 1)
+    return idx[packed.astype(np.int64)]
+
+
+def _member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """values ∈ pool, element-wise, for an ascending `pool` (binary search instead of np.isin's sort)."""
+    if not len(pool) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(pool, values), len(pool) - 1)
+    return pool[pos] == values
+
+
 def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     trace = snapshot.trace(device)
     action, addr, size = trace.action, trace.addr, trace.size
@@ -133,7 +163,7 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     # Pair allocs with their frees: sort block events by (address, index); a span starts at each alloc
     # (or at the first event of an address, which then belongs to a block from before the window).
     idx = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED) | (action == FREE_COMPLETED))
-    order = idx[np.argsort(addr[idx], kind="stable")]
+    order = _address_order(addr, idx)
     addr_s, act_s = addr[order], action[order]
     new_addr = np.ones(len(order), dtype=bool)
     new_addr[1:] = addr_s[1:] != addr_s[:-1]
@@ -145,29 +175,28 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     from_alloc = act_s[start_pos] == ALLOC
     completed = _first_per_span(act_s == FREE_COMPLETED, span_id, order, n_spans)
     requested = _first_per_span(act_s == FREE_REQUESTED, span_id, order, n_spans)
-    span_addr = addr_s[start_pos]
+    span_addr = addr_s[start_pos]                     # ascending: spans are in address order
 
     # Active blocks of the end state, and which of them the trace explains.
-    blocks = snapshot.blocks
-    dev_rows = np.flatnonzero((blocks["device"].to_numpy() == device)
-                              & blocks["state"].isin(ACTIVE_STATES).to_numpy())
-    block_addr = blocks["address"].to_numpy()[dev_rows]
-    block_req = blocks["requested_size"].to_numpy()[dev_rows].astype(np.int64)
-    block_size = blocks["size"].to_numpy()[dev_rows].astype(np.int64)
+    blocks = snapshot.block_columns
+    dev_rows = np.flatnonzero((blocks["device"] == device) & np.isin(blocks["state"], ACTIVE_STATES))
+    block_addr = blocks["address"][dev_rows]
+    block_req = blocks["requested_size"][dev_rows].astype(np.int64)
+    block_size = blocks["size"][dev_rows].astype(np.int64)
 
     # A free_requested whose completion is still pending when the snapshot was taken (the last span at
     # its address, with no free_completed, and the block `active_pending_free` in segments) stays active.
     last_span = np.ones(n_spans, dtype=bool)
     last_span[:-1] = span_addr[1:] != span_addr[:-1]
-    pending_addr = block_addr[blocks["state"].to_numpy()[dev_rows] != "active_allocated"]
-    pending = (completed < 0) & (requested >= 0) & last_span & np.isin(span_addr, pending_addr)
+    pending_addr = block_addr[blocks["state"][dev_rows] != "active_allocated"]
+    pending = (completed < 0) & (requested >= 0) & last_span & _member(span_addr, np.sort(pending_addr))
     free_ev = np.where(completed >= 0, completed, requested)
     active_end = np.where(pending, -1, free_ev)
     allocated_end = np.where(requested >= 0, requested, completed)
     span_size = np.where(from_alloc, size[start_ev], size[np.maximum(free_ev, 0)]) if n_spans else \
         np.zeros(0, dtype=np.int64)
     live_end = active_end < 0
-    explained = np.isin(block_addr, span_addr[live_end])
+    explained = _member(block_addr, span_addr[live_end])
     pre_live_rows = dev_rows[~explained]
 
     # Map each span live at the end to its end-state block row (for exact sizes, frames, checks).
@@ -183,7 +212,7 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     est = rounded_size(span_size)
     known = span_block >= 0
     if known.any():
-        est[known] = blocks["size"].to_numpy()[span_block[known]].astype(np.int64)
+        est[known] = blocks["size"][span_block[known]].astype(np.int64)
 
     # Curves.
     delta = np.zeros(n, dtype=np.int64)
@@ -205,17 +234,18 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     allocated += baseline_alloc
 
     sdelta = np.zeros(n, dtype=np.int64)
-    grow = (action == SEGMENT_ALLOC) | (action == SEGMENT_MAP)
-    shrink = (action == SEGMENT_FREE) | (action == SEGMENT_UNMAP)
+    grow = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_MAP))
+    shrink = np.flatnonzero((action == SEGMENT_FREE) | (action == SEGMENT_UNMAP))
     sdelta[grow] = size[grow]
     sdelta[shrink] = -size[shrink]
-    segs = snapshot.segments
-    end_reserved = int(segs["total_size"].to_numpy()[segs["device"].to_numpy() == device].sum())
+    segs = snapshot.segment_columns
+    end_reserved = int(segs["total_size"][segs["device"] == device].sum())
     baseline_reserved = end_reserved - int(sdelta.sum())
     reserved = np.cumsum(sdelta, out=sdelta)
     reserved += baseline_reserved
 
     def lifetimes() -> pd.DataFrame:
+        import pandas as pd
         pre = len(pre_live_rows)
         return pd.DataFrame({
             "addr": np.concatenate([span_addr, block_addr[~explained]]).astype(np.uint64),
@@ -225,7 +255,7 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
             "free_index": np.concatenate([active_end, np.full(pre, -1)]).astype(np.int64),
             "free_requested_index": np.concatenate([requested, np.full(pre, -1)]).astype(np.int64),
             "stream": np.concatenate([trace.stream[start_ev] if n_spans else np.zeros(0, np.int64),
-                                      blocks["stream"].to_numpy()[pre_live_rows]]).astype(np.int64),
+                                      blocks["stream"][pre_live_rows]]).astype(np.int64),
             "block_row": np.concatenate([span_block, pre_live_rows]).astype(np.int64),
             "origin": pd.Categorical.from_codes(
                 np.concatenate([np.where(from_alloc, 0, 1), np.full(pre, 2)]).astype(np.int8),
@@ -233,7 +263,7 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
         })
 
     problems = []
-    all_req = blocks["requested_size"].to_numpy()
+    all_req = blocks["requested_size"]
     known_req = all_req[np.maximum(span_block, 0)] if len(all_req) else span_size  # no blocks at all
     mismatch = live_end & ((span_block < 0) | (span_size != np.where(span_block >= 0, known_req, span_size)))
     for i in np.flatnonzero(mismatch)[:5]:
@@ -241,7 +271,7 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
                         "live at the end of the trace but not active with that size in segments")
     if mismatch.sum() > 5:
         problems.append(f"device {device}: … {int(mismatch.sum()) - 5} more such blocks")
-    stale = np.isin(block_addr[~explained], span_addr[~live_end & from_alloc])
+    stale = _member(block_addr[~explained], span_addr[~live_end & from_alloc])
     if stale.any():
         problems.append(f"device {device}: {int(stale.sum())} block(s) active in segments were freed in the "
                         "trace and never allocated again")

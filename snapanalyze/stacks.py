@@ -9,10 +9,12 @@ The raw lists stay referenced by the Snapshot, which keeps the identity keys val
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Frame = tuple[str, int, str]  # (filename, line, name)
 
@@ -83,12 +85,14 @@ class StackInterner:
 
     def frames_table(self) -> pd.DataFrame:
         """Columns: frame_id, filename, line, name."""
+        import pandas as pd
         files, lines, names = zip(*self.frames) if self.frames else ((), (), ())
         return pd.DataFrame({"frame_id": range(len(self.frames)), "filename": list(files),
                              "line": list(lines), "name": list(names)})
 
     def stacks_table(self) -> pd.DataFrame:
         """Long format, one row per frame of each stack: stack_id, depth (0 = innermost), frame_id."""
+        import pandas as pd
         sids: list[int] = []
         depths: list[int] = []
         fids: list[int] = []

@@ -216,3 +216,14 @@ def test_real_peaks_against_the_reference_curve(path: Path, real_raw: dict[str, 
     # Reserved at the peak is the reference's reserved at that event.
     i = int(df.iloc[0]["event_index"])
     assert df.iloc[0]["reserved_bytes"] == (ref.reserved[i] if i >= 0 else ref.baseline_reserved)
+
+
+def test_candidates_come_highest_first_across_batches():
+    """The growing batches give exactly the full sort's order, ties broken by the earlier event."""
+    from snapanalyze.analyze.peaks import _highest_first
+
+    rng = np.random.default_rng(3)
+    heights = rng.integers(0, 50, size=6000)          # many ties, and far more candidates than one batch
+    tops = np.sort(rng.choice(10**6, size=6000, replace=False))
+    assert list(_highest_first(tops, heights, batch=64)) == np.lexsort((tops, -heights)).tolist()
+    assert list(_highest_first(tops[:3], heights[:3])) == np.lexsort((tops[:3], -heights[:3])).tolist()

@@ -568,3 +568,19 @@ def test_random_traces_match_the_reference_replay(plan: dict[str, Any]) -> None:
     assert dt.reserved.tolist() == ref.reserved
     assert end_live_set(dt) == truth.end_live == ref.live_end
     assert tl.check_invariants() == []
+
+
+def test_address_order_is_a_stable_sort_by_address_on_both_paths():
+    """Block events are paired by (address, index): packed keys where they fit in 64 bits, else argsort."""
+    from snapanalyze.replay import _address_order, _member
+
+    rng = np.random.default_rng(7)
+    for low, high in ((0x7F00_0000_0000, 0x7F00_0000_0000 + (1 << 20)), (0, 1 << 63)):
+        addr = rng.integers(low, high, size=5000, dtype=np.uint64)
+        addr[::3] = addr[1::3][: len(addr[::3])]             # repeated addresses: order must keep the index order
+        idx = np.flatnonzero(rng.random(len(addr)) < 0.8)
+        np.testing.assert_array_equal(_address_order(addr, idx), idx[np.argsort(addr[idx], kind="stable")])
+    pool = np.array([3, 5, 5, 9], dtype=np.uint64)
+    assert _member(np.array([1, 3, 5, 6, 9, 10], dtype=np.uint64), pool).tolist() == \
+        [False, True, True, False, True, False]
+    assert _member(np.array([1], dtype=np.uint64), pool[:0]).tolist() == [False]

@@ -14,11 +14,15 @@ allocated_est_bytes (an estimate, see replay), baseline_active_bytes, transient_
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from ..replay import DeviceTimeline, Timeline
+
+if TYPE_CHECKING:                     # `peak_records` serves the CLI without loading pandas
+    import pandas as pd
 
 COLUMNS = ["device", "rank", "event_index", "until_index", "time_us", "duration_us", "active_bytes",
            "reserved_bytes", "allocated_est_bytes", "baseline_active_bytes", "transient_bytes"]
@@ -51,13 +55,14 @@ def global_peak_index(dt: DeviceTimeline) -> int:
     return -1 if dt.baseline_active >= int(dt.active[i]) else i
 
 
-def _candidates(dt: DeviceTimeline) -> tuple[np.ndarray, np.ndarray]:
-    """Local maxima (event index, or −1 for the baseline) and the index of the next change after each."""
-    curve = np.concatenate([[dt.baseline_active], dt.active])
-    change = np.flatnonzero(np.diff(curve) != 0)           # event indices whose event changed active bytes
+def _candidates(curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Local maxima (event index, or −1 for the baseline) and the index of the next change after each, on
+    the active curve with the baseline in front (position = event index + 1)."""
+    step = np.diff(curve)
+    change = np.flatnonzero(step)                          # event indices whose event changed active bytes
     if len(change) == 0:
         return np.array([-1]), np.array([-1])
-    rising = np.diff(curve)[change] > 0
+    rising = step[change] > 0
     nxt_falls = np.ones(len(change), dtype=bool)
     nxt_falls[:-1] = ~rising[1:]
     top = change[rising & nxt_falls]
@@ -71,18 +76,32 @@ def _candidates(dt: DeviceTimeline) -> tuple[np.ndarray, np.ndarray]:
     return top.astype(np.int64), until
 
 
-def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[dict[str, int | None]]:
-    tops, until = _candidates(dt)
-    curve = np.concatenate([[dt.baseline_active], dt.active]).astype(np.int64)   # position = index + 1
+def _highest_first(tops: np.ndarray, heights: np.ndarray, batch: int = 256) -> Iterator[int]:
+    """Positions of the candidates, highest first (earliest first on ties), sorted in growing batches: the top
+    few peaks are usually accepted long before the hundreds of thousands of local maxima run out."""
+    remaining = np.arange(len(tops))
+    while len(remaining):
+        if len(remaining) > batch:
+            cut = np.partition(heights[remaining], len(remaining) - batch)[len(remaining) - batch]
+            high = heights[remaining] >= cut
+            take, remaining = remaining[high], remaining[~high]
+        else:
+            take, remaining = remaining, remaining[:0]
+        yield from take[np.lexsort((tops[take], -heights[take]))].tolist()
+        batch *= 16
+
+
+def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[dict[str, Any]]:
+    curve = np.concatenate([np.array([dt.baseline_active], dtype=np.int64), dt.active])  # position = index + 1
+    tops, until = _candidates(curve)
     heights = curve[tops + 1]
     span = int(curve.max() - curve.min())
     need = max(1, int(span * min_prominence))
     rmq = _RangeMin(curve)
     g = global_peak_index(dt)
-    order = np.lexsort((tops, -heights))                      # highest first, earliest first on ties
     accepted: list[int] = []                                 # positions in curve, sorted
     chosen: list[int] = []
-    for k in order.tolist():
+    for k in _highest_first(tops, heights):
         if len(chosen) >= top:
             break
         pos = int(tops[k]) + 1
@@ -115,14 +134,20 @@ def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[d
     return rows
 
 
-def find_peaks(timeline: Timeline, top: int = 5, device: int | None = None,
-               min_prominence: float = 0.05) -> pd.DataFrame:
-    """Top peaks of each device (or one device), highest first; see the module docstring."""
+def peak_records(timeline: Timeline, top: int = 5, device: int | None = None,
+                 min_prominence: float = 0.05) -> list[dict[str, Any]]:
+    """`find_peaks` as a list of dicts (keys COLUMNS; None where a time is unknown)."""
     if top < 1:
         raise ValueError("top must be at least 1")
     devices = [device] if device is not None else sorted(timeline.devices)
-    rows = [r for d in devices for r in _device_peaks(timeline[d], top, min_prominence)]
-    df = pd.DataFrame(rows, columns=COLUMNS)
+    return [r for d in devices for r in _device_peaks(timeline[d], top, min_prominence)]
+
+
+def find_peaks(timeline: Timeline, top: int = 5, device: int | None = None,
+               min_prominence: float = 0.05) -> pd.DataFrame:
+    """Top peaks of each device (or one device), highest first; see the module docstring."""
+    import pandas as pd
+    df = pd.DataFrame(peak_records(timeline, top, device, min_prominence), columns=COLUMNS)
     for c in ("time_us", "duration_us"):
         df[c] = df[c].astype("Int64")
     return df

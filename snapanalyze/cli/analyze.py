@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..analyze.attribute import attribute as attribute_blocks
-from ..analyze.peaks import find_peaks
-from ..analyze.phases import attribute_phase
-from ..analyze.rules import load_rules
-from ..analyze.summary import summarize
+from ..analyze.peaks import peak_records
 from ..errors import UsageError
 from ..load import load
-from ..load.samples import markers_for
 from ..replay import replay
 from ..report.documents import attribution_document, peaks_document
 from ..report.terminal import render_attribution, render_peaks, render_summary
@@ -29,8 +24,7 @@ def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | 
     timeline = replay(load(file, rank, tag))
     if device is not None and device not in timeline.devices:
         raise UsageError(f"{file}: no device {device} (devices: {sorted(timeline.devices)})")
-    df = find_peaks(timeline, top=top, device=device)
-    doc = peaks_document(timeline, df)
+    doc = peaks_document(timeline, peak_records(timeline, top=top, device=device))  # no DataFrame: fast start
     if fmt == "json":
         emit_json(doc)
         return
@@ -42,6 +36,7 @@ def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | 
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
     """What the file holds: format, torch version (inferred), devices, events, optional parts."""
+    from ..analyze.summary import summarize
     facts = summarize(load(file, rank, tag))
     if fmt == "json":
         emit_json(facts)
@@ -66,6 +61,11 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str | None, device: int | None,
               rules_file: str | None, top: int, fmt: str, explain: bool) -> None:
     """Attribute every live byte at a peak (or another instant) to a category."""
+    from ..analyze.attribute import attribute as attribute_blocks
+    from ..analyze.phases import attribute_phase
+    from ..analyze.rules import load_rules
+    from ..load.samples import markers_for
+
     rules = load_rules(rules_file)
     if phase is not None:
         if at != "peak":

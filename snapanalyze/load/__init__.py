@@ -11,10 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model import Snapshot
-from .columns import to_snapshot
 from .parquet import read_tables
 from .runs import resolve
-from .safe_pickle import read_raw
 
 
 def load(path: str | Path, rank: int | None = None, tag: str | None = None) -> Snapshot:
@@ -24,6 +22,9 @@ def load(path: str | Path, rank: int | None = None, tag: str | None = None) -> S
         if chosen.is_dir():
             return read_tables(chosen)
         path = chosen
+    from .columns import to_snapshot  # the pickle path (and pandas, for its annotations) only when needed
+    from .safe_pickle import read_raw
+
     raw, container = read_raw(path)
     return to_snapshot(raw, str(path), container)
 

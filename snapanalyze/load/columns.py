@@ -17,7 +17,18 @@ import numpy as np
 import pandas as pd
 
 from ..errors import BadInputError
-from ..model import ACTION_CODE, ACTIONS, OOM, DeviceTrace, Format, Snapshot, TraceDetails
+from ..model import (
+    ACTION_CODE,
+    ACTIONS,
+    BLOCK_COLUMNS,
+    OOM,
+    SEGMENT_COLUMNS,
+    DeviceTrace,
+    Format,
+    Snapshot,
+    TraceDetails,
+    columns_from_rows,
+)
 from .safe_pickle import gc_paused
 
 
@@ -81,13 +92,7 @@ def _trace(device: int, entries: list[dict[str, Any]]) -> DeviceTrace:
     )
 
 
-_SEGMENT_COLUMNS = ("device", "address", "total_size", "allocated_size", "active_size", "requested_size",
-                    "stream", "segment_type", "pool_id", "is_expandable")
-_BLOCK_COLUMNS = ("device", "segment_address", "address", "size", "requested_size", "state", "stream",
-                  "pool_id", "segment_type", "is_expandable")
-
-
-def _segments(segments: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFrame, list[Any], bool]:
+def _segments(segments: list[dict[str, Any]]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Any], bool]:
     seg_rows: list[tuple[Any, ...]] = []
     block_rows: list[tuple[Any, ...]] = []
     block_frames: list[Any] = []
@@ -127,16 +132,8 @@ def _segments(segments: list[dict[str, Any]]) -> tuple[pd.DataFrame, pd.DataFram
                                expandable))
             block_frames.append(frames)
             offset += size
-    seg_df = pd.DataFrame(seg_rows, columns=list(_SEGMENT_COLUMNS))
-    block_df = pd.DataFrame(block_rows, columns=list(_BLOCK_COLUMNS))
-    for df, cols in ((seg_df, ("address",)), (block_df, ("segment_address", "address"))):
-        for c in cols:
-            df[c] = df[c].astype(np.uint64)
-    for df in (seg_df, block_df):
-        for c in ("segment_type", "pool_id"):
-            df[c] = df[c].astype("category")
-    block_df["state"] = block_df["state"].astype("category")
-    return seg_df, block_df, block_frames, legacy
+    return (columns_from_rows(seg_rows, SEGMENT_COLUMNS), columns_from_rows(block_rows, BLOCK_COLUMNS),
+            block_frames, legacy)
 
 
 def _annotations(items: Any) -> pd.DataFrame:
@@ -201,7 +198,7 @@ def _to_snapshot(raw: Any, source: str, container: str) -> Snapshot:
             traces[device] = _trace(device, entries)
             for k in _keys(entries) + _keys(entries[-50:]):
                 entry_keys.setdefault(k, None)
-    seg_df, block_df, block_frames, legacy = _segments(segments)
+    seg_columns, block_columns, block_frames, legacy = _segments(segments)
     fmt = Format(
         container=container,
         layout=layout,
@@ -215,10 +212,10 @@ def _to_snapshot(raw: Any, source: str, container: str) -> Snapshot:
     return Snapshot(
         source=source,
         traces=traces,
-        segments=seg_df,
-        blocks=block_df,
+        segment_columns=seg_columns,
+        block_columns=block_columns,
         block_frames=block_frames,
-        annotations=_annotations(annotations),
+        annotations_source=_annotations(annotations),
         allocator_settings=settings if isinstance(settings, dict) else None,
         format=fmt,
     )

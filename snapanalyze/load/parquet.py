@@ -17,17 +17,19 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import schema
 from ..errors import BadInputError, UsageError
-from ..model import ACTION_CODE, DeviceTrace, Format, Snapshot, TraceDetails
+from ..model import ACTION_CODE, BLOCK_COLUMNS, SEGMENT_COLUMNS, DeviceTrace, Format, Snapshot, TraceDetails
 from ..stacks import StackInterner
+
+if TYPE_CHECKING:                 # reading what `peaks` needs makes no DataFrame: pandas loads on first use
+    import pandas as pd
 
 
 def _write(table: pa.Table, path: Path) -> None:
@@ -37,6 +39,8 @@ def _write(table: pa.Table, path: Path) -> None:
 
 def write_tables(snapshot: Snapshot, directory: str | Path, force: bool = False) -> Path:
     """Write `snapshot` as Parquet tables into `directory` (see the module docstring)."""
+    import pandas as pd
+
     target = Path(directory)
     if target.exists() and not force:
         raise UsageError(f"{target}: already exists (use --force to replace it)")
@@ -97,10 +101,64 @@ def _read(directory: Path, name: str) -> pd.DataFrame:
     return _read_arrow(directory, name).to_pandas()
 
 
-def _numpy(column: pa.ChunkedArray, dtype: Any, fill: int = 0) -> np.ndarray:
-    if column.null_count:
-        column = column.fill_null(fill)
-    return column.to_numpy().astype(dtype, copy=False)
+def _bits(buffer: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), count=offset + n, bitorder="little")[offset:] \
+        .astype(bool)
+
+
+def _values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """(values, valid — None when nothing is null) of a fixed-width column, read from its Arrow buffers.
+
+    pyarrow's own `to_numpy` goes through its pandas conversion layer, which imports pandas (≈ 0.3 s a
+    process) even for plain integers; reading the buffers keeps `peaks` on a converted run free of it."""
+    dtype = np.dtype(bool) if pa.types.is_boolean(column.type) else np.dtype(column.type.to_pandas_dtype())
+    parts, valid_parts = [], []
+    for array in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
+        n, offset = len(array), array.offset
+        if not n:
+            continue
+        validity, data = array.buffers()[:2]
+        if dtype.kind == "b":
+            parts.append(_bits(data, offset, n))
+        else:
+            parts.append(np.frombuffer(data, dtype=dtype, count=n, offset=offset * dtype.itemsize))
+        valid_parts.append(_bits(validity, offset, n) if array.null_count else np.ones(n, dtype=bool))
+    if not parts:
+        return np.zeros(0, dtype=dtype), None
+    values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return values, (np.concatenate(valid_parts) if column.null_count else None)
+
+
+def _columns(table: pa.Table, spec: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Every column of an end-state table as numpy (strings as object arrays), typed as `spec` says."""
+    out = {}
+    for name in table.column_names:
+        column = table.column(name)
+        found = _dictionary(column) if pa.types.is_dictionary(column.type) or pa.types.is_string(column.type) \
+            else None
+        if found is not None:
+            codes, names = found
+            values = np.array(names, dtype=object)[codes] if names else np.full(len(codes), "", dtype=object)
+        elif pa.types.is_dictionary(column.type) or pa.types.is_string(column.type):   # all null
+            values = np.full(len(column), "", dtype=object)
+        else:
+            values = _numpy(column, spec.get(name, np.int64))
+        out[name] = values.astype(spec.get(name, values.dtype), copy=False)
+    return out
+
+
+def _annotations(directory: Path) -> pd.DataFrame:
+    annotations = _read(directory, "annotations")
+    annotations["time_us"] = annotations["time_us"].astype("Int64")
+    return annotations
+
+
+def _numpy(column: pa.ChunkedArray | pa.Array, dtype: Any, fill: int = 0) -> np.ndarray:
+    """A fixed-width column as numpy of `dtype`, nulls as `fill`."""
+    values, valid = _values(column)
+    if valid is not None:
+        values = np.where(valid, values, fill)
+    return values.astype(dtype, copy=False)
 
 
 def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]] | None:
@@ -111,8 +169,7 @@ def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]] |
     if not pa.types.is_dictionary(array.type):
         array = array.dictionary_encode()
     names = tuple("" if v is None else str(v) for v in array.dictionary.to_pylist())
-    codes = array.indices.fill_null(0).to_numpy().astype(np.int32, copy=False)
-    return codes, names
+    return _numpy(array.indices, np.int32), names
 
 
 # What replay and peaks need is read at once; the rest of the events table on first use (TraceDetails).
@@ -130,8 +187,9 @@ def _details(table: Callable[[], pa.Table], rows: np.ndarray | None, index: np.n
     um = _dictionary(ev.column("user_metadata"))
     cc = _dictionary(ev.column("compile_context"))
     free = ev.column("device_free")                     # null except on oom entries
-    free_rows = np.flatnonzero(free.is_valid().to_numpy(zero_copy_only=False))
-    free_values = free.drop_null().to_numpy().astype(np.int64, copy=False)
+    values, valid = _values(free)
+    free_rows = np.flatnonzero(valid) if valid is not None else np.arange(len(values))
+    free_values = values[free_rows].astype(np.int64, copy=False)
     if rows is not None:                                 # table row → position in this device's trace
         position = np.full(len(ev), -1, dtype=np.int64)
         position[rows] = np.arange(len(rows))
@@ -195,17 +253,13 @@ def read_tables(directory: str | Path) -> Snapshot:
             time_us=None if time_column is None else _pick(time_column, rows),
             frames=[], action_names=tuple(table),
             details_source=functools.partial(_details, detail_table, rows, index))
-    segments = _read(directory, "segments")
-    blocks = _read(directory, "blocks")
-    for df, cols in ((segments, ("address",)), (blocks, ("segment_address", "address"))):
-        for c in cols:
-            df[c] = df[c].astype(np.uint64)
-    annotations = _read(directory, "annotations")
-    annotations["time_us"] = annotations["time_us"].astype("Int64")
     fmt = meta["format"]
     return Snapshot(
-        source=str(directory), traces=traces, segments=segments, blocks=blocks, block_frames=[],
-        annotations=annotations, allocator_settings=meta.get("allocator_settings"),
+        source=str(directory), traces=traces, block_frames=[],
+        segment_columns=_columns(_read_arrow(directory, "segments"), SEGMENT_COLUMNS),
+        block_columns=_columns(_read_arrow(directory, "blocks"), {**BLOCK_COLUMNS, "stack_id": np.int64}),
+        annotations_source=functools.partial(_annotations, directory),
+        allocator_settings=meta.get("allocator_settings"),
         format=Format(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fmt.items()}),  # type: ignore[arg-type]
         interner_source=functools.partial(_interner, directory),
     )

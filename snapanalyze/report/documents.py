@@ -7,22 +7,26 @@ new keys may be added.
 
 from __future__ import annotations
 
-from typing import Any
-
-import pandas as pd
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..replay import Timeline
 
+if TYPE_CHECKING:                     # `peaks_document` of plain records needs no pandas
+    import pandas as pd
+
 
 def _plain(value: Any) -> Any:
-    if value is None or value is pd.NA:
+    pandas = sys.modules.get("pandas")    # pd.NA can only come from a pandas that is already loaded
+    if value is None or (pandas is not None and value is pandas.NA):
         return None
     if hasattr(value, "item"):
         return value.item()
     return value
 
 
-def peak_record(row: pd.Series) -> dict[str, Any]:
+def peak_record(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "event_index": int(row["event_index"]),
         "time_us": _plain(row["time_us"]),
@@ -48,12 +52,15 @@ def device_header(timeline: Timeline, device: int) -> dict[str, Any]:
     }
 
 
-def peaks_document(timeline: Timeline, peaks: pd.DataFrame) -> dict[str, Any]:
-    """{"source", "devices": [{"device", "baseline_active_bytes", "peak", "peaks": [...]} ...]}"""
+def peaks_document(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """{"source", "devices": [{"device", "baseline_active_bytes", "peak", "peaks": [...]} ...]} from
+    `find_peaks` rows (a DataFrame, or `peak_records`)."""
+    rows = peaks.to_dict("records") if hasattr(peaks, "to_dict") else list(peaks)
     devices = []
-    for device, group in peaks.groupby("device", sort=True):
-        records = [peak_record(r) for _, r in group.sort_values("rank").iterrows()]
-        devices.append({**device_header(timeline, int(device)), "peak": records[0], "peaks": records})
+    for device in sorted({int(r["device"]) for r in rows}):
+        mine = sorted((r for r in rows if int(r["device"]) == device), key=lambda r: int(r["rank"]))
+        records = [peak_record(r) for r in mine]
+        devices.append({**device_header(timeline, device), "peak": records[0], "peaks": records})
     return {"source": timeline.snapshot.source, "devices": devices,
             "notes": {"allocated_est_bytes": "estimate: rounded block sizes, exact only for blocks in segments"}}
 
