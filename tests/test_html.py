@@ -442,3 +442,22 @@ def test_compare_with_itself_is_unchanged_rank_by_rank() -> None:
     for rank in (0, 1):
         assert f"the peak on rank {rank} is unchanged" in verdict
         assert f'id="fig-diff-r{rank}-d0"' in page
+
+
+def test_a_run_report_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Comparing the ranks and reporting each of them share one load and replay per rank."""
+    import snapanalyze.analyze.ranks as ranks
+    import snapanalyze.report.context as context
+
+    read: list[str] = []
+
+    def counting(path: Any, *args: Any) -> Any:
+        read.append(str(path))
+        return load(path, *args)
+
+    monkeypatch.setattr(ranks, "load", counting)
+    monkeypatch.setattr(context, "load", counting)
+    run = Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
+    ctx = context.build_path_context(run, samples=4)
+    assert len(ctx.views()) == 2 and ctx.run is not None and ctx.run.comparison is not None
+    assert sorted(Path(p).parent.name for p in read) == ["rank=0", "rank=1"]

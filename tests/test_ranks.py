@@ -109,3 +109,19 @@ def test_outliers_below_the_median_and_the_tolerance() -> None:
     assert not out["outlier"].any()
     empty, d, m = rank_outliers(table.iloc[0:0], cats, 0.02)
     assert m is None and len(d) == 0 and len(empty) == 0
+
+
+def test_ranks_the_caller_loaded_are_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report loads every rank it shows; compare_ranks uses those and reads only the rest."""
+    import snapanalyze.analyze.ranks as ranks
+    from snapanalyze import load, replay
+
+    snap = load(TP2 / "rank=1" / "snapshot-final.pickle")
+    loaded = {1: (snap, replay(snap))}
+    read: list[str] = []
+    real_load = ranks.load
+    monkeypatch.setattr(ranks, "load", lambda path: read.append(Path(path).parent.name) or real_load(path))
+    reused = compare_ranks(TP2, loaded=loaded)
+    assert read == ["rank=0"]
+    monkeypatch.setattr(ranks, "load", real_load)
+    pd.testing.assert_frame_equal(reused.table, compare_ranks(TP2).table)

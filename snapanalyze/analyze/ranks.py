@@ -15,6 +15,7 @@ has a snapshot raises BadInputError.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,8 @@ import pandas as pd
 from ..errors import BadInputError
 from ..load import load
 from ..load.samples import RunSamples, pick_snapshots, read_run
-from ..replay import replay
+from ..model import Snapshot
+from ..replay import Timeline, replay
 from .attribute import attribute
 from .outside import outside_at_peaks
 from .peaks import find_peaks
@@ -80,9 +82,19 @@ def rank_outliers(table: pd.DataFrame, categories: pd.DataFrame, threshold: floa
     return table, pd.DataFrame(rows, columns=DIFF_COLUMNS), key
 
 
+def _load(path: Path) -> tuple[Snapshot, Timeline]:
+    snapshot = load(path)
+    return snapshot, replay(snapshot)
+
+
 def compare_ranks(run: str | Path, tag: str | None = None, rules: RuleSet | None = None,
-                  threshold: float = 0.02, min_bytes: int = 256 << 20) -> RankComparison:
-    """One row per rank (and device) at its peak; outliers against the median rank (see the docstring)."""
+                  threshold: float = 0.02, min_bytes: int = 256 << 20,
+                  loaded: Mapping[int, tuple[Snapshot, Timeline]] | None = None) -> RankComparison:
+    """One row per rank (and device) at its peak; outliers against the median rank (see the docstring).
+
+    `loaded`: ranks the caller has already loaded and replayed (rank → (snapshot, timeline)), used instead
+    of reading them again; the others are read one at a time."""
+    loaded = loaded or {}
     samples = read_run(run)
     chosen, problems = pick_snapshots(run, tag=tag)
     problems = [*samples.problems, *problems]
@@ -91,8 +103,7 @@ def compare_ranks(run: str | Path, tag: str | None = None, rules: RuleSet | None
     rules = rules or load_rules()
     rows, cats = [], []
     for entry in chosen:
-        snapshot = load(entry.path)
-        timeline = replay(snapshot)
+        snapshot, timeline = loaded.get(entry.rank) or _load(entry.path)
         devices = [d for d in sorted(timeline.devices) if len(timeline[d])] or sorted(timeline.devices)
         if not devices:
             problems.append(f"rank {entry.rank}: {entry.path} holds no device")

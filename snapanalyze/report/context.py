@@ -324,9 +324,15 @@ def build_run_context(path: str | Path, rank: int | None = None, tag: str | None
         raise BadInputError(path, "no snapshot to report: " + "; ".join(problems))
     comparison = None
     shown = [e.rank for e in chosen]
+    loaded: dict[int, tuple[Snapshot, Timeline]] = {}
+    if len(chosen) <= MAX_DETAILED_RANKS:           # every rank is shown: read each once, for both uses
+        for entry in chosen:
+            step(f"loading rank {entry.rank}")
+            snapshot = load(entry.path)
+            loaded[entry.rank] = (snapshot, replay(snapshot))
     if len(chosen) > 1:
         step("comparing ranks")
-        comparison = compare_ranks(path, tag=tag, rules=rules)
+        comparison = compare_ranks(path, tag=tag, rules=rules, loaded=loaded)
         if len(chosen) > MAX_DETAILED_RANKS:
             shown = detail_ranks(comparison) or shown[:MAX_DETAILED_RANKS]
     base = dict(options.pop("inputs", None) or {})
@@ -334,8 +340,13 @@ def build_run_context(path: str | Path, rank: int | None = None, tag: str | None
     for entry in chosen:
         if entry.rank not in shown:
             continue
-        step(f"loading rank {entry.rank}")
-        views.append(build_context(load(entry.path), rules=rules, progress=progress, rank=_rank_info(samples, entry),
+        if entry.rank not in loaded:
+            step(f"loading rank {entry.rank}")
+            snapshot = load(entry.path)
+            loaded[entry.rank] = (snapshot, replay(snapshot))
+        snapshot, timeline = loaded.pop(entry.rank)
+        views.append(build_context(snapshot, timeline=timeline, rules=rules, progress=progress,
+                                   rank=_rank_info(samples, entry),
                                    inputs={**base, "rank": entry.rank, "tag": entry.tag or None}, **options))
     if not views:
         raise BadInputError(path, "no snapshot to report: " + "; ".join(problems))
