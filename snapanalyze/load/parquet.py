@@ -111,7 +111,10 @@ def _values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray 
 
     pyarrow's own `to_numpy` goes through its pandas conversion layer, which imports pandas (≈ 0.3 s a
     process) even for plain integers; reading the buffers keeps `peaks` on a converted run free of it."""
-    dtype = np.dtype(bool) if pa.types.is_boolean(column.type) else np.dtype(column.type.to_pandas_dtype())
+    kind = column.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+        raise TypeError(f"a column of {kind} where numbers belong")
+    dtype = np.dtype(bool) if pa.types.is_boolean(kind) else np.dtype(kind.to_pandas_dtype())
     parts, valid_parts = [], []
     for array in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
         n, offset = len(array), array.offset
@@ -181,9 +184,16 @@ def _pick(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
     return values if rows is None else values[rows]
 
 
-def _details(table: Callable[[], pa.Table], rows: np.ndarray | None, index: np.ndarray) -> TraceDetails:
+def _details(directory: Path, table: Callable[[], pa.Table], rows: np.ndarray | None,
+             index: np.ndarray) -> TraceDetails:
     """The detail columns of one device's events (`rows` of the table, in trace order; None: all)."""
-    ev = table()
+    try:
+        return _detail_columns(table(), rows, index)
+    except TypeError as exc:
+        raise BadInputError(directory, f"damaged snapshot tables ({exc}): convert the pickle again") from None
+
+
+def _detail_columns(ev: pa.Table, rows: np.ndarray | None, index: np.ndarray) -> TraceDetails:
     um = _dictionary(ev.column("user_metadata"))
     cc = _dictionary(ev.column("compile_context"))
     free = ev.column("device_free")                     # null except on oom entries
@@ -218,6 +228,13 @@ def read_tables(directory: str | Path) -> Snapshot:
         raise BadInputError(directory, "not a converted snapshot: snapshot.json is missing") from None
     except ValueError as exc:
         raise BadInputError(directory / "snapshot.json", f"damaged ({exc})") from None
+    try:
+        return _read_tables(directory, meta)
+    except (TypeError, KeyError) as exc:
+        raise BadInputError(directory, f"damaged snapshot tables ({exc}): convert the pickle again") from None
+
+
+def _read_tables(directory: Path, meta: dict[str, Any]) -> Snapshot:
     events = _read_arrow(directory, "events", REPLAY_COLUMNS)
     found = _dictionary(events.column("action"))
     if found is None and len(events):
@@ -252,7 +269,7 @@ def read_tables(directory: str | Path) -> Snapshot:
             stream=_pick(columns["stream"], rows),
             time_us=None if time_column is None else _pick(time_column, rows),
             frames=[], action_names=tuple(table),
-            details_source=functools.partial(_details, detail_table, rows, index))
+            details_source=functools.partial(_details, directory, detail_table, rows, index))
     fmt = meta["format"]
     return Snapshot(
         source=str(directory), traces=traces, block_frames=[],
