@@ -110,7 +110,7 @@ class DeviceTrace:
     @cached_property
     def details(self) -> TraceDetails:
         source = self.details_source
-        return source if isinstance(source, TraceDetails) else source()
+        return source() if callable(source) else source
 
     @property
     def user_metadata(self) -> np.ndarray | None:
@@ -186,7 +186,7 @@ class Snapshot:
     def interner(self) -> StackInterner:
         """Frame and stack tables (given, or read on first use: a converted run's frames and stacks)."""
         source = self.interner_source
-        return source if isinstance(source, StackInterner) else source()
+        return source() if callable(source) else source
 
     @property
     def devices(self) -> list[int]:
