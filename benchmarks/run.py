@@ -14,6 +14,9 @@ Linux):
                is printed (goal: >= 10x), both for the CLI (wall time, interpreter start and imports
                included) and in process (load + replay + find_peaks after imports, the analysis itself)
 
+and, in process on the converted run, ``phase_table`` with the categories of 2,000 back-to-back request
+marker spans (a serving run's markers; each span's peak is attributed), reported without a goal.
+
 It prints a table (median wall time, the largest max RSS of the repeats, both as ratios to the baseline, and
 the goals: peaks <= 1.25x time and <= 1.5x RSS, attribute <= 1.5x time) and writes the same results as JSON to
 ``benchmarks/results/latest.json``.  ``--quick`` means ``--events 100000``.  Exit status: 0; 1 when a
@@ -158,6 +161,35 @@ for name, source in (("pickle", sys.argv[1]), ("run", sys.argv[2])):
     out[name] = time.perf_counter() - t
 print(json.dumps(out))
 """
+
+
+PHASES = """
+import json, sys, time
+import numpy as np, pandas as pd
+import snapanalyze as sa
+snapshot = sa.load(sys.argv[1])
+timeline = sa.replay(snapshot)
+n = int(sys.argv[2])
+t = snapshot.trace(0).time_us
+edges = np.linspace(t[0], t[-1], n + 1).astype(np.int64)
+markers = pd.DataFrame({"rank": 0, "session": 0, "kind": "request", "name": [f"req-{i}" for i in range(n)],
+                        "start_time_us": edges[:-1], "end_time_us": pd.array(edges[1:] - 1, dtype="Int64"),
+                        "attrs": [{} for _ in range(n)], "thread_id": 1, "depth": 0})
+start = time.perf_counter()
+table = sa.phase_table(snapshot, timeline, markers)
+print(json.dumps({"seconds": time.perf_counter() - start, "rows": len(table)}))
+"""
+PHASE_SPANS = 2000
+
+
+def phases_time(run: Path, repeat: int) -> float:
+    """Median seconds of phase_table (with categories) over PHASE_SPANS request spans on the converted run."""
+    samples = []
+    for _ in range(repeat):
+        done = subprocess.run([sys.executable, "-c", PHASES, str(run), str(PHASE_SPANS)], cwd=REPO,
+                              capture_output=True, text=True, check=True)
+        samples.append(json.loads(done.stdout)["seconds"])
+    return statistics.median(samples)
 
 
 def inprocess_times(path: Path, run: Path, repeat: int) -> dict[str, float]:
@@ -314,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"in process (after imports): load + replay + find_peaks {library['pickle']:.2f} s from the pickle, "
           f"{library['run']:.3f} s from the run: {library_speedup:.1f}x faster "
           f"({'ok' if library_speedup >= 10 else 'MISSED'})")
+    phases_s = phases_time(Path(run_peaks.argv[-3]), args.repeat)
+    print(f"phase_table with categories over {PHASE_SPANS:,} request spans (run, in process): {phases_s:.2f} s")
 
     doc: dict[str, Any] = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -328,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "parquet_speedup": speedup,
         "parquet_inprocess_s": library,
         "parquet_inprocess_speedup": library_speedup,
+        "phase_table_s": {"request_spans": PHASE_SPANS, "seconds": phases_s},
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(doc, indent=2) + "\n")

@@ -137,7 +137,7 @@ def test_malformed_frames_are_shown_not_fatal(tmp_path):
     assert set(result.blocks["frame"]) == {"", "x.py:0:f"}
 
 
-def test_repeated_attributions_share_decisions_and_let_the_snapshot_go():
+def test_repeated_attributions_share_decisions_and_let_the_snapshot_go(tmp_path):
     """The stack decisions are kept per snapshot and rule set (phases and reports attribute many instants),
     without keeping the snapshot alive once the caller drops it."""
     import gc
@@ -153,7 +153,9 @@ def test_repeated_attributions_share_decisions_and_let_the_snapshot_go():
     again = attribute(snap, at="event:700", rules=rules)
     assert _Decider.for_snapshot(snap, rules) is decider and len(decider.cache) > 1
     assert first.blocks["category"].notna().all() and again.blocks["category"].notna().all()
-    assert _Decider.for_snapshot(snap, load_rules()) is not decider      # another rule set decides afresh
+    assert load_rules() is rules                                         # the shipped set is parsed once
+    (tmp_path / "mine.toml").write_text("")
+    assert _Decider.for_snapshot(snap, load_rules(tmp_path / "mine.toml")) is not decider   # another set
     gone = weakref.ref(snap)
     del snap, first, again, decider
     gc.collect()

@@ -31,7 +31,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..model import Snapshot
-from ..replay import Timeline, replay
+from ..replay import ORIGINS, Timeline, replay
 from ..stacks import StackInterner
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
@@ -206,18 +206,18 @@ def _instant(timeline: Timeline, device: int, at: str) -> tuple[int, str]:
 
 def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndarray) -> np.ndarray:
     """Pool id text of each block: from its end-state block, else from the segment that holds it."""
-    blocks, segs = snapshot.blocks, snapshot.segments
+    blocks, segs = snapshot.block_columns, snapshot.segment_columns
     out = np.full(len(addr), "0,0", dtype=object)
     known = block_row >= 0
     if known.any():
-        out[known] = blocks["pool_id"].astype(str).to_numpy()[block_row[known]]
-    dev = segs[segs["device"] == device]
-    if (~known).any() and len(dev):
-        start = dev["address"].to_numpy()
+        out[known] = blocks["pool_id"][block_row[known]]
+    mine = segs["device"] == device
+    if (~known).any() and mine.any():
+        start = segs["address"][mine]
         order = np.argsort(start)
         start = start[order]
-        end = start + dev["total_size"].to_numpy()[order].astype(np.uint64)
-        pools = dev["pool_id"].astype(str).to_numpy()[order]
+        end = start + segs["total_size"][mine][order].astype(np.uint64)
+        pools = segs["pool_id"][mine][order]
         pos = np.searchsorted(start, addr[~known], side="right") - 1
         ok = (pos >= 0) & (addr[~known] < end[np.maximum(pos, 0)])
         sub = np.full(len(pos), "0,0", dtype=object)
@@ -364,7 +364,7 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     requests = event_requests(snapshot.trace(device), alloc_index[from_trace], markers)
     metadata[from_trace], by_time[from_trace] = requests.names, requests.inferred
     sizes = live["size"].to_numpy()
-    origin = live["origin"].astype(str).to_numpy()
+    origin = np.array(ORIGINS, dtype=object)[live["origin"].cat.codes.to_numpy()]
     allocated_est = live["allocated_est"].to_numpy()
     streams = live["stream"].to_numpy()
 

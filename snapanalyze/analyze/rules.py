@@ -11,6 +11,7 @@ RulesError naming the file and the problem. `RuleSet.match_frame` is cached per 
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -146,7 +147,19 @@ def _rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, 
 
 
 def load_rules(user_file: str | Path | None = None) -> RuleSet:
-    """The shipped categories and packs, with `user_file` (TOML) layered on top (see module docstring)."""
+    """The shipped categories and packs, with `user_file` (TOML) layered on top (see module docstring).
+
+    Without a file the shipped set is parsed once per process and the same RuleSet returned each time
+    (treat it as read-only), so repeated attributions share their per-stack decisions."""
+    return _shipped_rules() if user_file is None else _build_rules(user_file)
+
+
+@functools.cache
+def _shipped_rules() -> RuleSet:
+    return _build_rules(None)
+
+
+def _build_rules(user_file: str | Path | None) -> RuleSet:
     base = resources.files("snapanalyze.analyze")
     categories: dict[str, Category] = {}
     _categories(_read_toml(base.joinpath("categories.toml").read_text(), "categories.toml"),
