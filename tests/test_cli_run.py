@@ -215,3 +215,12 @@ def test_attribute_names_requests_from_run_markers_when_torch_recorded_none(tmp_
     cats = {c["category"]: c for c in doc["devices"][0]["categories"]}
     assert cats["concurrent_request"]["bytes"] == 10 * mib
     assert doc["devices"][0]["request"] == "req=B"
+
+
+def test_phases_kind_and_largest() -> None:
+    doc = json.loads(run("phases", TP2, "--rank", "1", "--kind", "request", "--largest", "1",
+                         "--format", "json").stdout)
+    assert [(p["kind"], p["phase"]) for p in doc["phases"]] == [("request", "req-1")]
+    assert doc["phases"][0]["top_categories"][0] == "vision_encoder"
+    bad = run("phases", TP2, "--kind", "thread")
+    assert bad.exit_code == 2 and "Invalid value for '--kind'" in bad.stderr

@@ -155,3 +155,18 @@ def test_a_marker_spanning_two_devices_needs_a_device() -> None:
         phase_instant(snap, "prefill", markers=markers)
     device, index, _ = phase_instant(snap, "prefill", markers=markers, device=1)
     assert device == 1 and snap.trace(1).action[index] == 0      # the alloc: 1 MiB live
+
+
+def test_kinds_and_largest_narrow_the_table_and_keep_its_numbers() -> None:
+    snap, timeline, markers = rank_inputs("tp2_vision_encoder", 1)
+    full = phase_table(snap, timeline, markers)
+    requests = phase_table(snap, timeline, markers, kinds=["request"])
+    assert set(requests["kind"]) == {"request"} and len(requests) == int((full["kind"] == "request").sum())
+    top = phase_table(snap, timeline, markers, kinds=["request", "phase"], largest=2)
+    pool = full[full["kind"].isin(["request", "phase"])]
+    assert sorted(top["transient_bytes"], reverse=True) == sorted(pool["transient_bytes"], reverse=True)[:2]
+    same = pool.set_index(["phase", "occurrence", "kind"])
+    for row in top.itertuples(index=False):                     # the same numbers and categories as in full
+        want = same.loc[(row.phase, row.occurrence, row.kind)]
+        assert (row.peak_bytes, row.top_categories, row.top_category_bytes) == \
+            (want["peak_bytes"], want["top_categories"], want["top_category_bytes"])

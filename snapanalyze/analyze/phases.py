@@ -23,6 +23,7 @@ span every device of the rank), start_us, end_us (nullable: open, or before the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from ..errors import UsageError
 from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, attribute
-from .rules import RuleSet
+from .rules import RuleSet, load_rules
 
 SPAN_COLUMNS = ["phase", "occurrence", "kind", "source", "device", "start_us", "end_us", "depth", "attrs"]
 PHASE_COLUMNS = ["device", "phase", "occurrence", "kind", "source", "start_us", "end_us", "clipped", "open",
@@ -196,12 +197,31 @@ def _top_categories(snapshot: Snapshot, timeline: Timeline, device: int, lo: int
     return [str(c) for c in totals.index[:top]], [int(v) for v in totals.to_numpy()[:top]]
 
 
+def _largest(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The n rows with the largest transient on each device (the earlier span first on ties)."""
+    counts: dict[int, int] = {}
+    kept = []
+    for row in sorted(rows, key=lambda r: (r["device"], -r["transient_bytes"])):    # sorted() is stable
+        if counts.get(row["device"], 0) < n:
+            counts[row["device"]] = counts.get(row["device"], 0) + 1
+            kept.append(row)
+    return kept
+
+
 def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: pd.DataFrame | None = None,
                 rules: RuleSet | None = None, categories: bool = True, top: int = 3,
-                device: int | None = None) -> pd.DataFrame:
-    """Before / peak / after of every span on every device it touches (columns PHASE_COLUMNS)."""
+                device: int | None = None, kinds: Collection[str] | None = None,
+                largest: int | None = None) -> pd.DataFrame:
+    """Before / peak / after of every span on every device it touches (columns PHASE_COLUMNS).
+
+    `kinds`: only spans of these kinds ("phase", "request", "annotation", "metadata"). `largest`: only the
+    N spans with the largest transient on each device (a serving run marks thousands of requests); the
+    top `top` categories are then attributed for those alone."""
     timeline = timeline or replay(snapshot)
+    rules = rules or load_rules()
     table = spans(snapshot, markers)
+    if kinds is not None:
+        table = table[table["kind"].isin(list(kinds))]
     rows = []
     devices = [device] if device is not None else sorted(timeline.devices)
     for span in table.itertuples(index=False):
@@ -214,15 +234,17 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
                 continue
             lo, hi, clipped = found
             m = _measure(dt, lo, hi)
-            names: list[str] = []
-            sizes: list[int] = []
-            if categories:
-                names, sizes = _top_categories(snapshot, timeline, d, lo, m["peak_index"], rules, top, markers)
             rows.append({"device": d, "phase": span.phase, "occurrence": int(span.occurrence), "kind": span.kind,
                          "source": span.source, "start_us": span.start_us, "end_us": span.end_us,
                          "clipped": clipped, "open": span.end_us is pd.NA, "start_index": lo, "end_index": hi, **m,
-                         "peak_time_us": dt.time_at(m["peak_index"]), "top_categories": names,
-                         "top_category_bytes": sizes, "attrs": span.attrs})
+                         "peak_time_us": dt.time_at(m["peak_index"]), "top_categories": [],
+                         "top_category_bytes": [], "attrs": span.attrs})
+    if largest is not None:
+        rows = _largest(rows, largest)
+    if categories:
+        for row in rows:
+            row["top_categories"], row["top_category_bytes"] = _top_categories(
+                snapshot, timeline, row["device"], row["start_index"], row["peak_index"], rules, top, markers)
     df = pd.DataFrame(rows, columns=PHASE_COLUMNS)
     for c in ("start_us", "end_us", "peak_time_us"):
         df[c] = df[c].astype("Int64")

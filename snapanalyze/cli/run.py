@@ -59,13 +59,19 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="A TOML file of your own categories and rules.")
 @click.option("--no-categories", is_flag=True, help="Skip attributing each phase's peak (faster).")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(["phase", "request", "annotation", "metadata"]),
+              help="Only spans of this kind (repeat for several): collector phases or requests, record_function "
+                   "annotations, user_metadata values.")
+@click.option("--largest", type=click.IntRange(1), default=None,
+              help="Only the N spans with the largest transient per device (a serving run marks thousands of "
+                   "requests).")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 def phases(file: str, rank: int | None, tag: str | None, device: int | None, rules_file: str | None,
-           no_categories: bool, fmt: str) -> None:
+           no_categories: bool, kinds: tuple[str, ...], largest: int | None, fmt: str) -> None:
     """Before / peak / after of each phase (collector markers, record_function annotations, user_metadata)."""
     snapshot = load(file, rank, tag)
     table = phase_table(snapshot, markers=markers_for(file, rank, tag), rules=load_rules(rules_file),
-                        categories=not no_categories, device=device)
+                        categories=not no_categories, device=device, kinds=kinds or None, largest=largest)
     doc = phases_document(table, snapshot.source)
     if fmt == "json":
         emit_json(doc)
