@@ -170,3 +170,15 @@ def test_kinds_and_largest_narrow_the_table_and_keep_its_numbers() -> None:
         want = same.loc[(row.phase, row.occurrence, row.kind)]
         assert (row.peak_bytes, row.top_categories, row.top_category_bytes) == \
             (want["peak_bytes"], want["top_categories"], want["top_category_bytes"])
+
+
+def test_attribute_largest_keeps_every_span_and_attributes_the_largest() -> None:
+    snap, timeline, markers = rank_inputs("tp2_vision_encoder", 1)
+    full = phase_table(snap, timeline, markers)
+    some = phase_table(snap, timeline, markers, attribute_largest=2)
+    assert len(some) == len(full)
+    attributed = some[some["top_categories"].map(len) > 0]
+    biggest = full.sort_values(["transient_bytes", "start_index"], ascending=[False, True]).head(2)
+    assert sorted(attributed["transient_bytes"]) == sorted(biggest["transient_bytes"])
+    assert attributed["top_categories"].tolist() == \
+        full.loc[attributed.index, "top_categories"].tolist()

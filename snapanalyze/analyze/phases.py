@@ -198,10 +198,10 @@ def _top_categories(snapshot: Snapshot, timeline: Timeline, device: int, lo: int
 
 
 def _largest(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """The n rows with the largest transient on each device (the earlier span first on ties)."""
+    """The n rows with the largest transient on each device (the earlier start first on ties)."""
     counts: dict[int, int] = {}
     kept = []
-    for row in sorted(rows, key=lambda r: (r["device"], -r["transient_bytes"])):    # sorted() is stable
+    for row in sorted(rows, key=lambda r: (r["device"], -r["transient_bytes"], r["start_index"])):
         if counts.get(row["device"], 0) < n:
             counts[row["device"]] = counts.get(row["device"], 0) + 1
             kept.append(row)
@@ -211,12 +211,13 @@ def _largest(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: pd.DataFrame | None = None,
                 rules: RuleSet | None = None, categories: bool = True, top: int = 3,
                 device: int | None = None, kinds: Collection[str] | None = None,
-                largest: int | None = None) -> pd.DataFrame:
+                largest: int | None = None, attribute_largest: int | None = None) -> pd.DataFrame:
     """Before / peak / after of every span on every device it touches (columns PHASE_COLUMNS).
 
     `kinds`: only spans of these kinds ("phase", "request", "annotation", "metadata"). `largest`: only the
-    N spans with the largest transient on each device (a serving run marks thousands of requests); the
-    top `top` categories are then attributed for those alone."""
+    N spans with the largest transient on each device (a serving run marks thousands of requests), so the
+    top `top` categories are attributed for those alone. `attribute_largest`: keep every span but attribute
+    only the N largest per device (the others' categories stay empty)."""
     timeline = timeline or replay(snapshot)
     rules = rules or load_rules()
     table = spans(snapshot, markers)
@@ -242,7 +243,7 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
     if largest is not None:
         rows = _largest(rows, largest)
     if categories:
-        for row in rows:
+        for row in rows if attribute_largest is None else _largest(rows, attribute_largest):
             row["top_categories"], row["top_category_bytes"] = _top_categories(
                 snapshot, timeline, row["device"], row["start_index"], row["peak_index"], rules, top, markers)
     df = pd.DataFrame(rows, columns=PHASE_COLUMNS)

@@ -58,7 +58,8 @@ from .redact import Redactor
 
 Progress = Callable[[str], None]
 MAX_DETAILED_RANKS = 8          # ranks of a run with their own timelines, instants and rules in the report
-MAX_PHASE_CATEGORIES = 40       # spans per snapshot whose peak is attributed for the phases table
+MAX_PHASE_CATEGORIES = 40       # spans per device whose peak is attributed (the largest transients: every row
+                                # the phases table shows, MAX_PHASE_ROWS)
 
 
 @dataclass(frozen=True)
@@ -237,9 +238,8 @@ def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: R
     markers = rank.markers if rank is not None else None
     nvml = rank.nvml if rank is not None and len(rank.nvml) else None
     step("mapping phases")
-    phases = phase_table(snapshot, timeline, markers, rules=rules, categories=False, device=device)
-    if 0 < len(phases) <= MAX_PHASE_CATEGORIES:
-        phases = phase_table(snapshot, timeline, markers, rules=rules, categories=True, device=device)
+    phases = phase_table(snapshot, timeline, markers, rules=rules, device=device,
+                         attribute_largest=MAX_PHASE_CATEGORIES)
     step("explaining OOMs")
     capacities = {d: _capacity(capacity, rank, d) for d in timeline.devices}
     oom = explain_oom(snapshot, timeline, nvml=nvml, capacity=capacities, markers=markers, rules=rules)
