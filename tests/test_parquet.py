@@ -114,3 +114,15 @@ def test_a_column_of_the_wrong_type_is_a_clear_error(tmp_path):
     snapshot = read_tables(tmp_path / "u")
     with pytest.raises(BadInputError, match=r"u: damaged snapshot tables"):
         snapshot.trace(0).stack_ids  # noqa: B018  (reading it is the point)
+
+
+def test_tables_in_many_row_groups_answer_alike(tmp_path):
+    """Large runs come back from Parquet in several chunks (row groups): every column reader joins them."""
+    path = REAL / "cs336-step-user-metadata-t2.11.pickle"
+    write_tables(load(path), tmp_path / "t")
+    for name in ("events", "blocks", "segments"):
+        table = pq.read_table(tmp_path / "t" / f"{name}.parquet")
+        pq.write_table(table, tmp_path / "t" / f"{name}.parquet", row_group_size=7)
+    chunked = read_tables(tmp_path / "t")
+    assert chunked.trace(0).user_metadata is not None
+    assert _answers(chunked) == _answers(load(path))
