@@ -126,3 +126,19 @@ def test_tables_in_many_row_groups_answer_alike(tmp_path):
     chunked = read_tables(tmp_path / "t")
     assert chunked.trace(0).user_metadata is not None
     assert _answers(chunked) == _answers(load(path))
+
+
+def test_column_buffers_read_like_to_numpy_across_chunks_nulls_and_offsets():
+    import pyarrow as pa
+
+    from snapanalyze.load.parquet import _numpy, _values
+
+    whole = pa.array([1, None, 3, 4, None, 6, 7, 8, 9, 10], type=pa.int64())
+    column = pa.chunked_array([whole.slice(1, 4), whole.slice(5, 5), whole.slice(0, 0)])   # offsets, an empty chunk
+    values, valid = _values(column)
+    assert valid.tolist() == [False, True, True, False, True, True, True, True, True]
+    assert values[valid].tolist() == [3, 4, 6, 7, 8, 9, 10]
+    assert _numpy(column, np.int64, fill=-1).tolist() == [-1, 3, 4, -1, 6, 7, 8, 9, 10]
+    flags = pa.chunked_array([pa.array([True, False, True, True, False, False, True, False, True]).slice(3)])
+    assert _numpy(flags, bool).tolist() == [True, False, False, True, False, True]
+    assert _values(pa.chunked_array([], type=pa.uint64()))[0].dtype == np.uint64
