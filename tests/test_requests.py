@@ -81,6 +81,8 @@ def test_adjacent_and_open_spans(tmp_path):
     assert event_requests(snap.trace(0), np.array([0, 1]), adjacent).names.tolist() == ["req=A", "req=B"]
     assert request_at(adjacent, t[1] - 1) == "req=A" and request_at(adjacent, t[1] + 10**9) == "req=B"
     assert request_at(adjacent, t[0] - 1) is None and request_at(None, t[0]) is None
+    backwards = _markers(("A", t[0], t[0] - 7, 1, 0))                        # a clock that stepped back
+    assert request_at(backwards, t[0]) == "req=A" and request_at(backwards, t[0] + 1) is None
     ends_on_b = _markers(("A", t[0], t[1], 1, 0), ("B", t[1], None, 2, 0))      # both cover t[1], two threads
     found = event_requests(snap.trace(0), np.array([0, 1]), ends_on_b)
     assert found.names.tolist() == ["req=A", ""] and request_at(ends_on_b, t[1]) is None

@@ -81,13 +81,15 @@ def _build(markers: pd.DataFrame | None) -> RequestIndex:
     starts = spans["start_time_us"].to_numpy(dtype=np.int64)
     ends = spans["end_time_us"].astype("Int64")
     stops = np.where(ends.isna().to_numpy(), _OPEN, ends.fillna(0).to_numpy(dtype=np.int64) + 1)  # exclusive
+    stops = np.maximum(stops, starts + 1)            # an end recorded before its start covers its start alone
     sessions = spans["session"].tolist() if "session" in spans else [0] * len(spans)
     threads = pd.factorize(pd.Series(list(zip(sessions, spans["thread_id"].tolist()))))[0].tolist()
     depths = spans["depth"].to_numpy(dtype=np.int64).tolist()
     # Sweep the span ends in time order; at equal times spans close before others open.
     edges = sorted([(int(t), 0, k) for k, t in enumerate(stops.tolist())]
                    + [(int(t), 1, k) for k, t in enumerate(starts.tolist())])
-    active: dict[int, None] = {}
+    active: set[int] = set()
+    per_thread: dict[int, int] = {}                 # open spans of each thread
     points: list[int] = []
     owners: list[int] = []
     i = 0
@@ -95,17 +97,22 @@ def _build(markers: pd.DataFrame | None) -> RequestIndex:
         time = edges[i][0]
         while i < len(edges) and edges[i][0] == time:
             _, opens, k = edges[i]
+            th = threads[k]
             if opens:
-                active[k] = None
+                active.add(k)
+                per_thread[th] = per_thread.get(th, 0) + 1
             else:
-                active.pop(k, None)
+                active.discard(k)
+                per_thread[th] -= 1
+                if not per_thread[th]:
+                    del per_thread[th]
             i += 1
         if not active:
             owner = _NOBODY
-        elif len({threads[k] for k in active}) > 1:
+        elif len(per_thread) > 1:
             owner = _SEVERAL
-        else:
-            owner = max(active, key=lambda k: (depths[k], starts[k], k))   # innermost, then latest begun
+        else:                                        # one thread's nested spans: the innermost, latest begun
+            owner = max(active, key=lambda k: (depths[k], int(starts[k]), k))
         if owners and owners[-1] == owner:
             continue
         points.append(time)
