@@ -93,25 +93,24 @@ def test_detail_columns_round_trip_per_device(tmp_path):
     assert converted.ooms["device_free"].tolist() == [3 * MiB, 5 * MiB]
 
 
-def test_a_column_of_the_wrong_type_is_a_clear_error(tmp_path):
+def _with_text_column(directory, column):
+    """Converted tables of a real file whose events `column` was rewritten as strings."""
     import pyarrow as pa
 
-    write_tables(load(REAL / "cs336-forward-fp32-t2.6.pickle"), tmp_path / "t")
-    path = tmp_path / "t" / "events.parquet"
+    write_tables(load(REAL / "cs336-forward-fp32-t2.6.pickle"), directory)
+    path = directory / "events.parquet"
     table = pq.read_table(path)
-    i = table.schema.get_field_index("size")
-    pq.write_table(table.set_column(i, "size", table.column("size").cast(pa.string()))
+    i = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(i, column, table.column(column).cast(pa.string()))
                    .replace_schema_metadata(table.schema.metadata), path)
+    return directory
+
+
+def test_a_column_of_the_wrong_type_is_a_clear_error(tmp_path):
     with pytest.raises(BadInputError, match=r"damaged snapshot tables \(a column of string where numbers belong\)"):
-        read_tables(tmp_path / "t")
+        read_tables(_with_text_column(tmp_path / "t", "size"))
     # A detail column is read on first use: its damage is reported then, as clearly.
-    write_tables(load(REAL / "cs336-forward-fp32-t2.6.pickle"), tmp_path / "u")
-    path = tmp_path / "u" / "events.parquet"
-    table = pq.read_table(path)
-    i = table.schema.get_field_index("stack_id")
-    pq.write_table(table.set_column(i, "stack_id", table.column("stack_id").cast(pa.string()))
-                   .replace_schema_metadata(table.schema.metadata), path)
-    snapshot = read_tables(tmp_path / "u")
+    snapshot = read_tables(_with_text_column(tmp_path / "u", "stack_id"))
     with pytest.raises(BadInputError, match=r"u: damaged snapshot tables"):
         snapshot.trace(0).stack_ids  # noqa: B018  (reading it is the point)
 

@@ -422,6 +422,7 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
         if d not in timeline.devices:
             raise UsageError(f"{snapshot.source}: no device {d} (devices: {sorted(timeline.devices)})")
     decider = _Decider.for_snapshot(snapshot, rules)
+    has_markers = len(RequestIndex.of(markers)) > 0
     parts, instants, notes = [], {}, []
     for d in devices:
         dt = timeline[d]
@@ -435,7 +436,6 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
         if int(blocks["size"].sum()) != dt.active_at(index):  # pragma: no cover - a replay bug
             raise AssertionError("attributed bytes differ from the replayed active bytes")
         t = snapshot.trace(d)
-        has_markers = len(RequestIndex.of(markers)) > 0
         if (t.user_metadata is None or not any(t.user_metadata_names)) and not has_markers:
             notes.append(f"device {d}: no request identity recorded (user_metadata empty, no request markers), "
                          "so bytes of other requests batched into the same forward cannot be told apart")

@@ -137,13 +137,10 @@ def _columns(table: pa.Table, spec: dict[str, Any]) -> dict[str, np.ndarray]:
     out = {}
     for name in table.column_names:
         column = table.column(name)
-        found = _dictionary(column) if pa.types.is_dictionary(column.type) or pa.types.is_string(column.type) \
-            else None
-        if found is not None:
-            codes, names = found
-            values = np.array(names, dtype=object)[codes] if names else np.full(len(codes), "", dtype=object)
-        elif pa.types.is_dictionary(column.type) or pa.types.is_string(column.type):   # all null
-            values = np.full(len(column), "", dtype=object)
+        if pa.types.is_dictionary(column.type) or pa.types.is_string(column.type):
+            found = _dictionary(column)                  # None: all null
+            values = np.full(len(column), "", dtype=object) if found is None or not found[1] else \
+                np.array(found[1], dtype=object)[found[0]]
         else:
             values = _numpy(column, spec.get(name, np.int64))
         out[name] = values.astype(spec.get(name, values.dtype), copy=False)

@@ -324,12 +324,15 @@ def build_run_context(path: str | Path, rank: int | None = None, tag: str | None
         raise BadInputError(path, "no snapshot to report: " + "; ".join(problems))
     comparison = None
     shown = [e.rank for e in chosen]
+
+    def read(entry: RunEntry) -> tuple[Snapshot, Timeline]:
+        step(f"loading rank {entry.rank}")
+        snapshot = load(entry.path)
+        return snapshot, replay(snapshot)
+
     loaded: dict[int, tuple[Snapshot, Timeline]] = {}
     if len(chosen) <= MAX_DETAILED_RANKS:           # every rank is shown: read each once, for both uses
-        for entry in chosen:
-            step(f"loading rank {entry.rank}")
-            snapshot = load(entry.path)
-            loaded[entry.rank] = (snapshot, replay(snapshot))
+        loaded = {entry.rank: read(entry) for entry in chosen}
     if len(chosen) > 1:
         step("comparing ranks")
         comparison = compare_ranks(path, tag=tag, rules=rules, loaded=loaded)
@@ -340,11 +343,7 @@ def build_run_context(path: str | Path, rank: int | None = None, tag: str | None
     for entry in chosen:
         if entry.rank not in shown:
             continue
-        if entry.rank not in loaded:
-            step(f"loading rank {entry.rank}")
-            snapshot = load(entry.path)
-            loaded[entry.rank] = (snapshot, replay(snapshot))
-        snapshot, timeline = loaded.pop(entry.rank)
+        snapshot, timeline = loaded.pop(entry.rank) if entry.rank in loaded else read(entry)
         views.append(build_context(snapshot, timeline=timeline, rules=rules, progress=progress,
                                    rank=_rank_info(samples, entry),
                                    inputs={**base, "rank": entry.rank, "tag": entry.tag or None}, **options))
