@@ -1,12 +1,21 @@
 """Attribution rules as data: categories, frame rules and plumbing patterns, loaded from TOML.
 
-Contract: `load_rules(user_file=None)` returns a RuleSet built from `categories.toml` and the shipped rule
-packs (`rulepacks/{torch,vllm,sglang,transformers,generic}.toml`, in that order), with a user's TOML file
-layered on top: its `[[categories]]` are added (or redefine a shipped one's precedence/owner), its
-`[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` is added, and `disable = [names]`
-switches shipped rules off. A rule matches a frame when every pattern it gives (`file`, `function`:
-Python regexes, `re.search`) matches; file paths are matched with '/' separators. A malformed file raises
-RulesError naming the file and the problem. `RuleSet.match_frame` is cached per distinct frame.
+Contract: `load_rules(user_file=None, source=None)` returns a RuleSet built from `categories.toml` and the
+shipped rule packs (`rulepacks/{torch,vllm,sglang,transformers,generic}.toml`, in that order), with a user's
+TOML file layered on top: its `[[categories]]` are added (or redefine a shipped one's precedence/owner), its
+`[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` and `[[passthrough]]` are added, and
+`disable = [names]` switches shipped rules off. A rule matches a frame when every pattern it gives matches
+(Python regexes, `re.search`): `file` (paths with '/' separators) and `function` on the frame itself;
+`qualname` (``Class.method``), `class` (the enclosing class or any of its bases), `code` (the statement at
+the line) and `call` (the only call that statement makes) on what the program's source says about the frame
+(`load.source`), so a rule giving any of those four matches only frames whose source was found. `where =
+"allocating"` limits a rule to the allocating line (the innermost meaningful Python frame); `confirm = true`
+makes a rule a hint that counts only when another frame of the same stack proves the same category (an
+activation function is MLP only inside an MLP). `[[plumbing]]` frames never decide and are hidden; their
+`tags` mark the stack's context (``autograd``, ``autocast``, ``optimizer``). `[[passthrough]]` frames (a
+Linear, a norm, torch itself) decide nothing of their own: the module that called them does. A malformed
+file raises RulesError naming the file and the problem. `source` binds the rules to a `SourceIndex`
+(`with_source`); matches are cached per distinct frame.
 """
 
 from __future__ import annotations
@@ -20,9 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RulesError
+from ..load.source import FrameSource, SourceIndex
 
 PACKS = ("torch", "vllm", "sglang", "transformers", "generic")
 OWNERS = ("outermost", "innermost")
+SOURCE_KEYS = ("qualname", "class", "code", "call")
+Frame = tuple[str, int, str]
 
 
 @dataclass(frozen=True)
@@ -44,10 +56,42 @@ class Rule:
     function: re.Pattern[str] | None
     tags: tuple[str, ...] = ()
     pack: str = ""
+    qualname: re.Pattern[str] | None = None
+    cls: re.Pattern[str] | None = None
+    code: re.Pattern[str] | None = None
+    call: re.Pattern[str] | None = None
+    allocating: bool = False          # where = "allocating": only on the allocating line
+    confirm: bool = False             # a hint another frame of the stack must confirm
 
-    def matches(self, filename: str, function: str) -> bool:
-        return ((self.file is None or self.file.search(filename) is not None)
-                and (self.function is None or self.function.search(function) is not None))
+    @property
+    def needs_source(self) -> bool:
+        return any(p is not None for p in (self.qualname, self.cls, self.code, self.call))
+
+    def matches(self, filename: str, function: str, source: FrameSource | None = None) -> bool:
+        if not ((self.file is None or self.file.search(filename) is not None)
+                and (self.function is None or self.function.search(function) is not None)):
+            return False
+        if not self.needs_source:
+            return True
+        if source is None:
+            return False
+        return ((self.qualname is None or self.qualname.search(source.qualname) is not None)
+                and (self.cls is None or any(self.cls.search(c) is not None for c in (source.cls, *source.bases)
+                                             if c))
+                and (self.code is None or self.code.search(source.code) is not None)
+                and (self.call is None or self.call.search(source.call) is not None))
+
+
+@dataclass(frozen=True)
+class FrameFacts:
+    """What the rules say about one frame: hidden plumbing (with the context tags it marks), a pass-through
+    layer, the rules that match it (indices, in order) and what its source says (None: not found)."""
+
+    plumbing: bool
+    context: tuple[str, ...]
+    passthrough: bool
+    matched: tuple[int, ...]
+    source: FrameSource | None
 
 
 @dataclass
@@ -56,22 +100,54 @@ class RuleSet:
     rules: list[Rule]
     plumbing: list[Rule]
     sources: list[str] = field(default_factory=list)
-    _frame_cache: dict[tuple[str, str], tuple[bool, tuple[int, ...]]] = field(default_factory=dict, repr=False)
+    passthrough: list[Rule] = field(default_factory=list)
+    source: SourceIndex | None = None
+    _frame_cache: dict[Frame, FrameFacts] = field(default_factory=dict, repr=False)
+    _plumbing_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
+    _bound: dict[int, tuple[SourceIndex | None, RuleSet]] = field(default_factory=dict, repr=False)
 
-    def match_frame(self, filename: str, function: str) -> tuple[bool, tuple[int, ...]]:
-        """(is plumbing, indices of matching rules in order) for one frame."""
-        key = (filename, function)
-        hit = self._frame_cache.get(key)
+    def with_source(self, source: SourceIndex | None) -> RuleSet:
+        """These rules bound to a source index: a RuleSet with its own frame cache, made once per index."""
+        if source is self.source:
+            return self
+        kept = self._bound.get(id(source))
+        if kept is None or kept[0] is not source:
+            kept = self._bound[id(source)] = (source, RuleSet(
+                categories=self.categories, rules=self.rules, plumbing=self.plumbing, sources=self.sources,
+                passthrough=self.passthrough, source=source))
+        return kept[1]
+
+    def facts(self, frame: Frame) -> FrameFacts:
+        """What the rules (and the bound source) say about one frame, cached per distinct frame."""
+        hit = self._frame_cache.get(frame)
         if hit is None:
-            plumbing = any(p.matches(filename, function) for p in self.plumbing)
-            matched = () if plumbing else tuple(i for i, r in enumerate(self.rules)
-                                                if r.matches(filename, function))
-            hit = (plumbing, matched)
-            self._frame_cache[key] = hit
+            filename, line, function = frame
+            plumbing_rules = [p for p in self.plumbing if p.matches(filename, function)] \
+                if self.is_plumbing(filename, function) else []
+            source = None
+            if not plumbing_rules and self.source is not None and filename.endswith(".py"):
+                source = self.source.resolve(filename, line, function)
+            if plumbing_rules:
+                hit = FrameFacts(True, tuple(dict.fromkeys(t for p in plumbing_rules for t in p.tags)), False, (),
+                                 None)
+            else:
+                hit = FrameFacts(False, (), any(p.matches(filename, function, source) for p in self.passthrough),
+                                 tuple(i for i, r in enumerate(self.rules) if r.matches(filename, function, source)),
+                                 source)
+            self._frame_cache[frame] = hit
         return hit
 
+    def match_frame(self, filename: str, function: str) -> tuple[bool, tuple[int, ...]]:
+        """(is plumbing, indices of matching rules in order) for one frame, by its file and function alone."""
+        facts = (self if self.source is None else self.with_source(None)).facts((filename, 0, function))
+        return facts.plumbing, facts.matched
+
     def is_plumbing(self, filename: str, function: str) -> bool:
-        return self.match_frame(filename, function)[0]
+        hit = self._plumbing_cache.get((filename, function))
+        if hit is None:
+            hit = self._plumbing_cache[(filename, function)] = any(p.matches(filename, function)
+                                                                    for p in self.plumbing)
+        return hit
 
 
 def _compile(pattern: Any, where: str, what: str) -> re.Pattern[str] | None:
@@ -85,23 +161,30 @@ def _compile(pattern: Any, where: str, what: str) -> re.Pattern[str] | None:
         raise RulesError(f"{where}: '{what}' is not a valid regex ({exc})") from None
 
 
-def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], plumbing: bool) -> Rule:
+def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kind: str) -> Rule:
     if not isinstance(item, dict):
         raise RulesError(f"{where}: each rule must be a table")
     name = item.get("name")
     if not isinstance(name, str) or not name:
         raise RulesError(f"{where}: a rule needs a 'name'")
     where = f"{where}: rule '{name}'"
-    known = {"name", "category", "reason", "file", "function", "tags"}
+    known = {"name", "category", "reason", "file", "function", "tags", *SOURCE_KEYS, "where", "confirm"}
     unknown = set(item) - known
     if unknown:
         raise RulesError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(known)})")
-    category = "plumbing" if plumbing else item.get("category")
-    if not plumbing and category not in categories:
+    category = kind if kind != "rules" else item.get("category")
+    if kind == "rules" and category not in categories:
         raise RulesError(f"{where}: unknown category {category!r} (known: {', '.join(categories)}; "
                          "declare new ones under [[categories]])")
-    if "file" not in item and "function" not in item:
-        raise RulesError(f"{where}: give at least one of 'file' or 'function'")
+    if not any(k in item for k in ("file", "function", *SOURCE_KEYS)):
+        raise RulesError(f"{where}: give at least one of 'file' or 'function' (or, matched on the program's "
+                         f"source, {', '.join(map(repr, SOURCE_KEYS))})")
+    if kind == "plumbing" and any(k in item for k in SOURCE_KEYS):
+        raise RulesError(f"{where}: plumbing matches on 'file' and 'function' only")
+    if item.get("where", "any") not in ("any", "allocating"):
+        raise RulesError(f"{where}: 'where' must be \"any\" or \"allocating\"")
+    if not isinstance(item.get("confirm", False), bool):
+        raise RulesError(f"{where}: 'confirm' must be true or false")
     tags = item.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise RulesError(f"{where}: 'tags' must be a list of strings")
@@ -110,7 +193,11 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], plu
         raise RulesError(f"{where}: a rule needs a one-line 'reason'")
     return Rule(name=name, category=str(category), reason=reason,
                 file=_compile(item.get("file"), where, "file"),
-                function=_compile(item.get("function"), where, "function"), tags=tuple(tags), pack=pack)
+                function=_compile(item.get("function"), where, "function"), tags=tuple(tags), pack=pack,
+                qualname=_compile(item.get("qualname"), where, "qualname"),
+                cls=_compile(item.get("class"), where, "class"),
+                code=_compile(item.get("code"), where, "code"), call=_compile(item.get("call"), where, "call"),
+                allocating=item.get("where") == "allocating", confirm=bool(item.get("confirm", False)))
 
 
 def _read_toml(text: str, where: str) -> dict[str, Any]:
@@ -143,15 +230,17 @@ def _rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, 
     items = doc.get(key, [])
     if not isinstance(items, list):
         raise RulesError(f"{where}: '{key}' must be an array of tables ([[{key}]])")
-    return [_rule(item, where, pack, categories, plumbing=(key == "plumbing")) for item in items]
+    return [_rule(item, where, pack, categories, key) for item in items]
 
 
-def load_rules(user_file: str | Path | None = None) -> RuleSet:
-    """The shipped categories and packs, with `user_file` (TOML) layered on top (see module docstring).
+def load_rules(user_file: str | Path | None = None, source: SourceIndex | None = None) -> RuleSet:
+    """The shipped categories and packs, with `user_file` (TOML) layered on top (see module docstring),
+    bound to `source` when given.
 
     Without a file the shipped set is parsed once per process and the same RuleSet returned each time
     (treat it as read-only), so repeated attributions share their per-stack decisions."""
-    return _shipped_rules() if user_file is None else _build_rules(user_file)
+    rules = _shipped_rules() if user_file is None else _build_rules(user_file)
+    return rules.with_source(source)
 
 
 @functools.cache
@@ -166,6 +255,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
                 "categories.toml", categories)
     shipped: list[Rule] = []
     plumbing: list[Rule] = []
+    passthrough: list[Rule] = []
     sources = []
     for pack in PACKS:
         ref = base.joinpath("rulepacks", f"{pack}.toml")
@@ -175,6 +265,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         doc = _read_toml(ref.read_text(), where)
         shipped += _rules_of(doc, where, pack, categories, "rules")
         plumbing += _rules_of(doc, where, pack, categories, "plumbing")
+        passthrough += _rules_of(doc, where, pack, categories, "passthrough")
         sources.append(where)
     user: list[Rule] = []
     if user_file is not None:
@@ -184,26 +275,29 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         except OSError as exc:
             raise RulesError(f"{where}: cannot read the rules file ({exc.strerror or exc})") from None
         doc = _read_toml(text, where)
-        unknown = set(doc) - {"categories", "rules", "plumbing", "disable", "pack"}
+        unknown = set(doc) - {"categories", "rules", "plumbing", "passthrough", "disable", "pack"}
         if unknown:
             raise RulesError(f"{where}: unknown top-level key(s) {sorted(unknown)} "
-                             "(allowed: categories, rules, plumbing, disable, pack)")
+                             "(allowed: categories, rules, plumbing, passthrough, disable, pack)")
         _categories(doc, where, categories)
         user = _rules_of(doc, where, "user", categories, "rules")
         plumbing = _rules_of(doc, where, "user", categories, "plumbing") + plumbing
+        passthrough = _rules_of(doc, where, "user", categories, "passthrough") + passthrough
         disable = doc.get("disable", [])
         if not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
             raise RulesError(f"{where}: 'disable' must be a list of rule names")
-        names = {r.name for r in shipped} | {p.name for p in plumbing}
+        names = {r.name for r in (*shipped, *plumbing, *passthrough)}
         missing = [d for d in disable if d not in names]
         if missing:
             raise RulesError(f"{where}: 'disable' names unknown rule(s): {', '.join(missing)}")
         shipped = [r for r in shipped if r.name not in disable]
         plumbing = [p for p in plumbing if p.name not in disable]
+        passthrough = [p for p in passthrough if p.name not in disable]
         sources.insert(0, where)
     seen: dict[str, str] = {}
     for r in user + shipped:
         if r.name in seen:
             raise RulesError(f"{r.pack}: rule name '{r.name}' is used twice")
         seen[r.name] = r.pack
-    return RuleSet(categories=categories, rules=user + shipped, plumbing=plumbing, sources=sources)
+    return RuleSet(categories=categories, rules=user + shipped, plumbing=plumbing, sources=sources,
+                   passthrough=passthrough)
