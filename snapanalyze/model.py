@@ -20,6 +20,7 @@ DataFrame columns:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -168,6 +169,7 @@ class Snapshot:
     allocator_settings: dict[str, Any] | None
     format: Format
     interner_source: StackInterner | Callable[[], StackInterner] = field(default_factory=StackInterner, repr=False)
+    _frameless: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
 
     @cached_property
     def segments(self) -> pd.DataFrame:
@@ -215,6 +217,24 @@ class Snapshot:
             return self.block_columns["stack_id"][np.asarray(rows, dtype=np.int64)]
         intern = self.interner.intern
         return np.fromiter((intern(self.block_frames[i]) for i in rows), dtype=np.int64, count=len(rows))
+
+    def frameless_allocations(self, device: int) -> bool:
+        """Whether some allocations of the device's trace carry no frames while others carry some: a thread
+        without a Python stack allocated (on CUDA, the autograd engine's device thread runs backward)."""
+        found = self._frameless.get(device)
+        if found is None:
+            trace = self.trace(device)
+            allocs = np.flatnonzero(trace.action == ALLOC)
+            if trace.stack_ids is not None:
+                framed = trace.stack_ids[allocs] >= 0
+            elif len(allocs):
+                picked = operator.itemgetter(*allocs.tolist())(trace.frames)
+                framed = np.fromiter(map(bool, picked if len(allocs) > 1 else (picked,)), dtype=bool,
+                                     count=len(allocs))
+            else:
+                framed = np.zeros(0, dtype=bool)
+            found = self._frameless[device] = bool(framed.any() and not framed.all())
+        return found
 
     def stack(self, stack_id: int) -> list[tuple[str, int, str]]:
         """The frames of one stack, innermost first, as (filename, line, name)."""

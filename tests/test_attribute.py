@@ -60,11 +60,30 @@ def test_vllm_pools_holding_kv_and_weights_are_not_called_graph_capture():
     assert "workspace" in by.index  # cuBLAS workspace from at::cuda::getNewWorkspace()
 
 
-def test_blocks_from_before_the_window_without_frames_are_reported_not_hidden():
+def test_persistent_blocks_without_frames_are_weights_inferred_with_the_fix():
+    """Inference: everything live before the window, never freed and without a stack is the model's state
+    (flagged inferred, the reason says why and how to record it); the cuBLAS-sized one is the workspace."""
     result = attribute(load(REAL / "cs336-medium-ctx1024-inference-t2.11.pickle"))
-    before = result.blocks[result.blocks["rule"] == "unknown.before_window"]
-    assert len(before) > 0 and (before["category"] == "other").all()
+    before = result.blocks[result.blocks["origin"] == "before window, live throughout"]
     assert int(before["size"].sum()) == result.instants[0].baseline_active_bytes
+    assert before["inferred"].all() and set(before["category"]) == {"weights", "workspace"}
+    weights = before[before["category"] == "weights"]
+    assert (weights["rule"] == "state.persistent").all()
+    assert weights.iloc[0]["reason"].count("no backward or optimizer") == 1
+    assert "_record_memory_history before the model is built" in weights.iloc[0]["reason"]
+    assert before.loc[before["category"] == "workspace", "size"].tolist() == [8519680]
+
+
+def test_blocks_freed_by_the_optimizer_are_its_state_and_others_are_named_unknown():
+    replaced = attribute(load(REAL / "cs336-step-annotations-t2.10.pickle"))
+    freed = replaced.blocks[replaced.blocks["rule"] == "state.freed_by_optimizer"]
+    assert len(freed) > 100 and (freed["category"] == "optimizer_state").all() and freed["inferred"].all()
+    assert freed["reason"].str.contains("optimizer.py").mean() > 0.9
+    unknown = attribute(load(REAL / "cs336-step-user-metadata-t2.11.pickle")).blocks
+    unknown = unknown[unknown["rule"] == "unknown.before_window"]
+    assert len(unknown) == 1 and unknown.iloc[0]["category"] == "other"
+    assert "freed at" in unknown.iloc[0]["reason"] and "benchmarking_script.py" in unknown.iloc[0]["reason"]
+    assert "_record_memory_history" in unknown.iloc[0]["reason"]
 
 
 def test_instants_peak_n_event_and_time():

@@ -135,7 +135,7 @@ def test_verdict_names_the_peak_and_the_transient_categories() -> None:
 def test_inferred_categories_are_flagged() -> None:
     page = body(build_report(load(SCENARIOS / "concurrent_requests.pickle"), samples=4))
     verdict = page[page.index('<section id="verdict"'):page.index("</section>")]
-    assert "7.34 GiB logits (inferred from tensor sizes)" in verdict
+    assert "on top of 2.30 GiB weights (inferred, not proven by a frame)" in verdict
     assert '<span class="flag"' in page
 
 

@@ -25,7 +25,7 @@ def test_sample_indices_are_bounded_spread_and_include_both_ends() -> None:
 
 
 def test_series_sums_to_active_bytes_at_every_instant_and_includes_the_asked_ones() -> None:
-    snap = load(SCENARIOS / "prompt_logprobs_logits.pickle")
+    snap = load(SCENARIOS / "concurrent_requests.pickle")
     timeline = replay(snap)
     peak = int(find_peaks(timeline)["event_index"].iloc[0])
     series = categories_over_time(snap, timeline, samples=8, include={0: [peak]})
@@ -39,7 +39,7 @@ def test_series_sums_to_active_bytes_at_every_instant_and_includes_the_asked_one
     counts = series.groupby("event_index")["category"].nunique()
     assert counts.nunique() == 1
     at_peak = series[series["event_index"] == peak].set_index("category")["bytes"]
-    assert at_peak["logits"] == 10_260_736_520
+    assert at_peak["concurrent_request"] == 7_880_073_212      # request B's logits, A's allocation reached the peak
 
 
 def test_inferred_bytes_follow_the_attribution() -> None:
@@ -47,11 +47,11 @@ def test_inferred_bytes_follow_the_attribution() -> None:
     timeline = replay(snap)
     peak = int(find_peaks(timeline)["event_index"].iloc[0])
     series = categories_over_time(snap, timeline, samples=2, include={0: [peak]})
-    row = series[(series["event_index"] == peak) & (series["category"] == "logits")].iloc[0]
+    row = series[(series["event_index"] == peak) & (series["category"] == "weights")].iloc[0]
     blocks = attribute(snap, timeline=timeline).blocks
-    logits = blocks[blocks["category"] == "logits"]
-    assert row["inferred_bytes"] == int(logits.loc[logits["inferred"], "size"].sum()) > 0
-    assert row["bytes"] == int(logits["size"].sum())
+    weights = blocks[blocks["category"] == "weights"]        # frameless weights from before the window
+    assert row["inferred_bytes"] == int(weights.loc[weights["inferred"], "size"].sum()) > 0
+    assert row["bytes"] == int(weights["size"].sum())
 
 
 def test_instant_attributions_are_computed_once_and_shared() -> None:

@@ -88,15 +88,27 @@ def test_adjacent_and_open_spans(tmp_path):
     assert found.names.tolist() == ["req=A", ""] and request_at(ends_on_b, t[1]) is None
 
 
-def test_the_request_running_at_the_instant_is_the_instants_request(tmp_path):
-    """A kept more bytes than B holds at B's peak: by bytes alone A would be the instant's request; the marker
-    span running at the instant says it is B, so A's bytes are the other request's."""
+def test_the_request_whose_allocation_reached_the_instant_is_the_instants_request(tmp_path):
+    """A kept more bytes than B holds at B's peak: by bytes alone A would be the instant's request. B's allocation
+    reached the instant, so B is, named by its metadata or by the marker span around that allocation; A's
+    bytes are the other request's."""
     snap, t = _two_requests(tmp_path, kept=40 * MiB, peak=10 * MiB)
     markers = _markers(("A", t[0] - 5, t[0] + 5, 1, 0), ("B", t[1] - 5, None, 1, 0))
-    by_markers = attribute(snap, at="event:1", markers=markers)
-    assert by_markers.instants[0].request == "req=B"
-    other = by_markers.blocks[by_markers.blocks["category"] == "concurrent_request"]
-    assert other["size"].tolist() == [40 * MiB] and "was running at this instant" in other.iloc[0]["reason"]
-    by_bytes = attribute(_two_requests(tmp_path, metadata=True, kept=40 * MiB, peak=10 * MiB)[0], at="event:1")
-    assert by_bytes.instants[0].request == "req=A"
-    assert by_bytes.blocks.loc[by_bytes.blocks["category"] == "concurrent_request", "size"].tolist() == [10 * MiB]
+    exact = _two_requests(tmp_path, metadata=True, kept=40 * MiB, peak=10 * MiB)[0]
+    for result in (attribute(snap, at="event:1", markers=markers), attribute(exact, at="event:1")):
+        assert result.instants[0].request == "req=B"
+        other = result.blocks[result.blocks["category"] == "concurrent_request"]
+        assert other["size"].tolist() == [40 * MiB]
+        assert "whose allocation reached this instant is 'req=B'" in other.iloc[0]["reason"]
+
+
+def test_without_the_allocations_request_the_most_bytes_decide_as_a_last_resort(tmp_path):
+    """B's allocation carries no identity and no span covers it: the request holding the most bytes is taken,
+    and a block of another request says that this was only a last resort."""
+    snap, t = _two_requests(tmp_path, kept=10 * MiB, peak=40 * MiB)
+    a_and_c = _markers(("A", t[0] - 5, t[0] + 5, 1, 0), ("C", t[0] + 6, t[0] + 7, 1, 0))
+    by_bytes = attribute(snap, at="event:1", markers=a_and_c)
+    assert by_bytes.instants[0].request == "req=A"      # the only request with live bytes
+    assert not (by_bytes.blocks["category"] == "concurrent_request").any()
+    exact = attribute(_two_requests(tmp_path, metadata=True, kept=40 * MiB, peak=10 * MiB)[0], at="event:0")
+    assert exact.instants[0].request == "req=A"

@@ -1,19 +1,31 @@
 """Attribute every live byte at an instant to one category, naming the rule and frame that decided it.
 
-Contract: `attribute(snapshot, at="peak", rules=None)` picks an instant per device (`peak`, `peak:N`,
-`event:I`, `time:T` with T in µs since the epoch), takes the blocks live right after it from the replay,
-and labels each with a primary category plus tags. Signals, strongest first: a private pool →
-`graph_capture` (unless lifecycle frames show a MemPool user: weights or KV cache kept in a pool);
-lifecycle frames (outermost owner wins) → `weights`/`kv_cache`; the request of the alloc entry (its
-`user_metadata`, else a run's request marker span covering it, flagged `inferred`: see `requests`) naming
-another request than the instant's main one (the request whose marker span was running then, else the one
-holding the most live bytes allocated in the window) → `concurrent_request`;
-then frame rules by category precedence (op categories: innermost meaningful frame wins); then shape
-heuristics, flagged `inferred`. Only the stacks of live blocks are ever resolved. The bytes of the per-block
-table sum exactly to the instant's active bytes.
+Contract: `attribute(snapshot, at="peak", rules=None, source=None)` picks an instant per device (`peak`,
+`peak:N`, `event:I`, `time:T` with T in µs since the epoch), takes the blocks live right after it from the
+replay, and labels each with a primary category plus tags. First the frames decide (`_Decider`: rules by
+category precedence, lifecycle categories by their outermost frame, op categories by their innermost one
+inside the owning module; with `source`, rules also see each frame's class, qualified name and code). Then
+block-level evidence, strongest first:
+- no stack and from before the window: persistent state (`state`: cuBLAS workspace, weights, and in a
+  training program gradients / optimizer moments as copies of the parameters), or state an optimizer step
+  freed (it replaced it), or unknown, said plainly with how to record it;
+- a private pool → `graph_capture` (unless frames prove a MemPool user: weights or KV cache in a pool);
+- made by the autograd engine and still live after that backward ended → `gradients`;
+- the request of the alloc entry (`user_metadata`, else a run's request marker span covering it: see
+  `requests`) naming another request than the instant's → `concurrent_request`. The instant's request is
+  the one whose allocation reached it (at an OOM, whose allocation failed), else the marker span running
+  then, else, as a stated last resort, the one holding the most live bytes;
+- size relations, only where the stack is consistent with them (never in a module the source says owns the
+  block, in a backward pass or an optimizer step): an autocast copy of a live weight, tokens × vocab logits,
+  a gate/up output twice a live MLP output, PyTorch's default cuBLAS workspace size, B·H·L² attention
+  scores under user attention code and their gradients in the backward.
+Everything not proven by a frame, pool or metadata is flagged `inferred`, with the arithmetic in `reason`.
+Only the stacks of live blocks (and the frees of pre-window ones) are resolved, each distinct frame once.
+The bytes of the per-block table sum exactly to the instant's active bytes.
 
 `Attribution.blocks` columns: device, address, size (requested bytes), allocated_est, category, tags
-(comma-separated), rule, reason, frame (deciding or innermost meaningful frame, "file:line:function"),
+(comma-separated), rule, reason, frame (deciding or innermost meaningful frame, "file:line:function", the
+function as Class.method where the source was found),
 inferred, stack_id, user_metadata, pool, stream, origin, alloc_index.
 `Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str, largest
 first), top_frame_bytes (their live bytes).
@@ -21,7 +33,9 @@ first), top_frame_bytes (their live bytes).
 
 from __future__ import annotations
 
+import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -30,12 +44,14 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UsageError
-from ..model import Snapshot
+from ..load.source import SourceIndex
+from ..model import ALLOC, OOM, Snapshot
 from ..replay import ORIGINS, Timeline, replay
 from ..stacks import StackInterner
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
 from .rules import RuleSet, load_rules
+from .state import ADVICE, CUBLAS_DEFAULT_WORKSPACE, StateGuess, persistent_state
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
                  "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index"]
@@ -45,6 +61,7 @@ KNOWN_VOCABS = (32000, 32001, 32064, 32256, 32768, 49152, 50257, 50272, 50280, 5
                 92544, 100352, 102400, 128000, 128256, 129280, 151646, 151936, 152064, 163840, 200064,
                 201088, 256000, 262144, 262208)
 _CPP_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".c")
+SourceRoots = SourceIndex | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,8 @@ class Decision:
     frame: int          # deciding frame id (−1: none)
     tags: tuple[str, ...] = ()
     inferred: bool = False
+    context: tuple[str, ...] = ()   # tags of the plumbing the stack passed through (autograd, autocast, …)
+    owner: str = ""                 # the module (Class.method) that owns the allocation, when the source says
 
 
 @dataclass(frozen=True)
@@ -107,7 +126,15 @@ def short_path(filename: str) -> str:
 class _Decider:
     """Decides a stack's category from its frames; cached per stack id. The last one made for a snapshot is
     kept (`for_snapshot`), so that the many attributions of one snapshot with one rule set (phases, reports)
-    decide each stack once."""
+    decide each stack once.
+
+    Frames are walked innermost first. Plumbing is skipped (its tags mark the stack's context); every other
+    frame is matched against the rules. Outermost-owner categories (lifecycle) take their outermost match;
+    innermost-owner categories (ops) their innermost, but only inside the owning module: the first frame
+    of a class that the source names, that is no pass-through layer and that matches no op rule owns the
+    allocation (a residual add in `TransformerBlock.forward` is the block's own, not the attention's that
+    encloses nothing), so op matches further out no longer count. `confirm` rules count only when another
+    frame proves the same category; `where = "allocating"` rules only on the allocating line."""
 
     _kept: weakref.WeakKeyDictionary[Snapshot, _Decider] = weakref.WeakKeyDictionary()
 
@@ -124,27 +151,38 @@ class _Decider:
                                                          "the allocation carries no stack frames", -1)}
         self.display_cache: dict[int, int] = {-1: -1}
 
+    def qualname(self, frame: tuple[str, int, str] | None) -> str:
+        """The frame's qualified name where its source was found ("" otherwise)."""
+        if frame is None:
+            return ""
+        source = self.rules.facts(frame).source
+        return source.qualname if source is not None and source.qualname != "<module>" else ""
+
     def display_frame(self, stack_id: int) -> int:
-        """Innermost meaningful frame: first non-plumbing Python frame, else first non-plumbing frame."""
+        """Innermost meaningful frame: the first Python frame that is neither plumbing nor a pass-through
+        layer, else the first non-plumbing Python frame, else the first non-plumbing frame."""
         hit = self.display_cache.get(stack_id)
         if hit is not None:
             return hit
         frames = self.interner.frames
         ids = self.interner.stacks[stack_id]
-        fallback = -1
-        chosen = -1
+        python = other = chosen = -1
         for fid in ids:
-            filename, _, name = frames[fid]
-            if self.rules.is_plumbing(filename, name):
+            facts = self.rules.facts(frames[fid])
+            if facts.plumbing:
                 continue
-            if is_python_frame(filename):
-                chosen = fid
+            if is_python_frame(frames[fid][0]):
+                if not facts.passthrough:
+                    chosen = fid
+                    break
+                python = fid if python < 0 else python
+            elif other < 0:
+                other = fid
+        for candidate in (chosen, python, other, ids[0] if ids else -1):
+            if candidate >= 0:
                 break
-            if fallback < 0:
-                fallback = fid
-        chosen = chosen if chosen >= 0 else (fallback if fallback >= 0 else (ids[0] if ids else -1))
-        self.display_cache[stack_id] = chosen
-        return chosen
+        self.display_cache[stack_id] = candidate
+        return candidate
 
     def decide(self, stack_id: int) -> Decision:
         hit = self.cache.get(stack_id)
@@ -153,16 +191,44 @@ class _Decider:
         frames = self.interner.frames
         rules, cats = self.rules.rules, self.rules.categories
         found: dict[str, tuple[int, int, int]] = {}      # category -> (depth, rule index, frame id)
+        proven: set[str] = set()                         # categories a non-confirm rule matched
+        context: list[str] = []
+        owner = ""
+        allocating = True                                # the next meaningful Python frame allocated
         for depth, fid in enumerate(self.interner.stacks[stack_id]):
-            filename, _, name = frames[fid]
-            plumbing, matched = self.rules.match_frame(filename, name)
-            for ri in matched:
-                cat = rules[ri].category
+            facts = self.rules.facts(frames[fid])
+            if facts.plumbing:
+                context.extend(facts.context)
+                continue
+            python = is_python_frame(frames[fid][0])
+            here = allocating and python and not facts.passthrough
+            op_match = False
+            for ri in facts.matched:
+                rule = rules[ri]
+                if rule.allocating and not here:
+                    continue
+                cat = rule.category
+                c = cats[cat]
+                if c.owner == "innermost":
+                    if owner:
+                        continue
+                    op_match = True
+                if not rule.confirm:
+                    proven.add(cat)
                 prev = found.get(cat)
-                if prev is None or (cats[cat].owner == "outermost" and depth > prev[0]):
+                if prev is None or (c.owner == "outermost" and depth > prev[0]):
                     found[cat] = (depth, ri, fid)
+            if here:
+                allocating = False
+            source = facts.source
+            if not owner and not op_match and source is not None and source.cls and not facts.passthrough:
+                owner = source.qualname
+        found = {cat: hit for cat, hit in found.items() if not rules[hit[1]].confirm or cat in proven}
+        ctx = tuple(dict.fromkeys(context))
         if not found:
-            decision = Decision("other", "unmatched", "no rule matched any frame of this stack", -1)
+            decision = Decision("other", "unmatched", "no rule matched any frame of this stack"
+                                + (f" inside {owner}, which owns it" if owner else ""), -1,
+                                context=ctx, owner=owner)
         else:
             def key(item: tuple[str, tuple[int, int, int]]) -> tuple[int, int]:
                 cat, (depth, _, _) = item
@@ -171,7 +237,8 @@ class _Decider:
             cat, (depth, ri, fid) = max(found.items(), key=key)
             rule = rules[ri]
             tags = tuple(dict.fromkeys([*rule.tags, *(c for c in found if c != cat)]))
-            decision = Decision(cat, rule.name, rule.reason, fid, tuple(t for t in tags if t != cat))
+            decision = Decision(cat, rule.name, rule.reason, fid, tuple(t for t in tags if t != cat),
+                                context=ctx, owner=owner)
         self.cache[stack_id] = decision
         return decision
 
@@ -227,7 +294,7 @@ def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndar
 
 
 def _main_request(metadata: np.ndarray, sizes: np.ndarray) -> str | None:
-    """The request at the instant: the one holding the most live bytes allocated in the window."""
+    """The request holding the most live bytes allocated in the window (the last resort for the instant's)."""
     totals: dict[str, int] = {}
     for request, size in zip(metadata.tolist(), sizes.tolist()):
         if request:
@@ -236,14 +303,14 @@ def _main_request(metadata: np.ndarray, sizes: np.ndarray) -> str | None:
 
 
 def _shape_scores(size: int) -> tuple[int, int, int] | None:
-    """(k, L, bytes per element) with size = k·L²·b, L ≥ 512 a multiple of 64, 8 ≤ k ≤ 4096 — or None.
+    """(k, L, bytes per element) with size = k·L²·b, L ≥ 128 a multiple of 64, 8 ≤ k ≤ 4096 — or None.
 
     k stands for batch × heads; several (k, L) usually fit, so the largest L is only an example."""
     for b in (4, 2):
         if size % b:
             continue
         x = size // b
-        for L in range(int(np.sqrt(x / 8)) // 64 * 64, 511, -64):
+        for L in range(int(np.sqrt(x / 8)) // 64 * 64, 127, -64):
             if x % (L * L) == 0 and 8 <= x // (L * L) <= 4096:
                 return x // (L * L), L, b
     return None
@@ -281,23 +348,41 @@ def vocab_hints(sizes: np.ndarray) -> frozenset[int]:
 class _Context:
     """What the block-level signals know about the whole set of blocks being labelled."""
 
-    request: str | None            # the instant's request: running then (markers), else holding most bytes
-    request_why: str               # which of the two, for the reason text
+    request: str | None            # the instant's request (see `_instant_request`)
+    request_why: str               # how it was chosen, for the reason text
     vocab: frozenset[int]          # the vocabulary of the live embedding weight, if readable
     scores_floor: int              # half the largest block under a user-code attention function
     mlp_outputs: frozenset[int]    # sizes of live MLP activation outputs (≥ 1 MiB)
+    weight_sizes: dict[int, int]   # size → live weights of that size (for autocast copies of them)
+    copy_sizes: dict[int, int]     # size → live blocks made by an autocast cast, of that size
+    in_backward: bool              # the allocation that reached the instant ran in a backward pass
 
 
-_LIFECYCLE = ("weights", "kv_cache", "graph_capture")
+# State that lives across steps (the rest of a peak rises on top of it); frame decisions in these categories
+# are never overridden by request identity or shape heuristics.
+PERSISTENT_CATEGORIES = ("weights", "kv_cache", "graph_capture", "gradients", "optimizer_state")
+_LIFECYCLE = PERSISTENT_CATEGORIES
+_TRAINING = ("gradients", "optimizer_state")
+
+
+def _before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: str) -> Decision:
+    """A block live before the window whose allocation carries no stack: persistent state (`state`), state an
+    optimizer replaced (freed inside its step), or unknown, said plainly with the fix."""
+    if guess is not None:
+        return Decision(guess.category, guess.rule, guess.reason, -1, inferred=True)
+    if freed_by is not None and (freed_by.category == "optimizer_state" or "optimizer" in freed_by.context):
+        return Decision("optimizer_state", "state.freed_by_optimizer",
+                        f"no frames, live before the window, freed inside the optimizer step ({free_site}): "
+                        "state that the step replaced (an out-of-place update of a moment)", -1, inferred=True)
+    return Decision("other", "unknown.before_window",
+                    "allocated before the trace window began and no stack was recorded for it"
+                    + (f"; freed at {free_site}" if free_site else "") + f"; {ADVICE}", -1)
 
 
 def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: bool, origin: str,
-             has_stack: bool, ctx: _Context) -> Decision:
+             has_stack: bool, persistent: bool, ctx: _Context) -> Decision:
     """Block-level signals over the frames' decision, strongest first (see the module docstring)."""
-    if not has_stack and origin != "trace":
-        d = Decision("other", "unknown.before_window",
-                     "allocated before the trace window began and no stack was recorded for it", -1)
-    if pool != "0,0" and d.category in ("weights", "kv_cache"):
+    if pool != "0,0" and d.category in ("weights", "kv_cache") and not d.inferred:
         # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames prove
         # the lifecycle, so they decide, and the pool is kept as a tag.
         return Decision(d.category, d.rule, d.reason + f" (in private memory pool {pool})", d.frame,
@@ -306,13 +391,29 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
         return Decision("graph_capture", "signal.private_pool",
                         f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool", d.frame,
                         tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
+    if d.category not in _LIFECYCLE and "autograd" in d.context and not ctx.in_backward:
+        return Decision("gradients", "lifetime.survived_backward",
+                        "allocated by the autograd engine in a backward pass and still live after that backward "
+                        "ended: a parameter's .grad (the engine hands a gradient buffer to .grad)", d.frame,
+                        tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
     if d.category not in _LIFECYCLE and ctx.request and request and request != ctx.request:
         how = "by time: its alloc fell inside that request's marker span" if request_by_time else ""
         return Decision("concurrent_request", "signal.request_marker" if request_by_time else "signal.user_metadata",
                         f"allocated by {request!r}{f' ({how})' if how else ''}; {ctx.request_why} is "
                         f"{ctx.request!r}", d.frame,
                         tuple(x for x in (request, d.category, *d.tags) if x != "other"), inferred=request_by_time)
-    if d.category == "other" and origin == "trace":   # weights (V × hidden) are not transient
+    if d.category not in _LIFECYCLE and "autocast" in d.context and size * 2 in ctx.weight_sizes \
+            and ctx.copy_sizes.get(size, 0) <= ctx.weight_sizes[size * 2]:
+        n, m = ctx.weight_sizes[size * 2], ctx.copy_sizes.get(size, 0)
+        return Decision("weights", "shape.autocast_weight_copy",
+                        f"made by an autocast cast and exactly half the size of a live weight ({size * 2:,} B): a "
+                        f"16-bit copy of a parameter (autocast keeps one per weight; {m} such copies, {n} weights "
+                        "of that size — inferred from the size)", d.frame,
+                        tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
+    # Size coincidences only where the stack is consistent with them: never in a module the source says owns
+    # the block, in a backward pass or under an optimizer step.
+    if d.category == "other" and origin == "trace" and not d.owner and not set(d.context) & {"autograd",
+                                                                                                "optimizer"}:
         logits = _shape_logits(size, ctx.vocab)
         if logits:
             return Decision("logits", "shape.tokens_x_vocab",
@@ -322,6 +423,11 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
             return Decision("mlp", "shape.gate_up_of_mlp",
                             f"size = 2 × a live MLP activation output ({size // 2:,} bytes): the fused gate/up "
                             "projection that feeds it (inferred from the size)", d.frame, inferred=True)
+    if size == CUBLAS_DEFAULT_WORKSPACE and persistent and d.category in ("other", "attention", "mlp", "logits"):
+        return Decision("workspace", "shape.cublas_workspace",
+                        f"never freed, and its size is PyTorch's default cuBLAS workspace ({size:,} B), which the "
+                        "first matmul on a stream allocates (inferred from the size)", d.frame,
+                        tuple(x for x in (d.category,) if x != "other"), inferred=True)
     if _user_attention(d) and size >= max(ctx.scores_floor, 8 << 20):
         scores = _shape_scores(size)
         if scores:
@@ -332,26 +438,66 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
     return d
 
 
+def _scores_backward(d: Decision, size: int, scores: frozenset[int]) -> Decision:
+    """A backward-pass block with the size of live materialised attention scores is a gradient of them."""
+    if "autograd" not in d.context or d.category != "other" or size not in scores:
+        return d
+    return Decision("fallback_kernel", "shape.scores_backward",
+                    f"made in a backward pass with the size of live materialised attention scores ({size:,} B): a "
+                    "gradient of those scores (inferred from the size)", d.frame, ("attention",), inferred=True,
+                    context=d.context)
+
+
 def _user_attention(d: Decision) -> bool:
     """Decided `attention` by a name heuristic on user code (not a library's fused kernel)."""
     return d.category == "attention" and d.rule.startswith("generic.")
 
 
-def _frame_label(frame: tuple[str, int, str] | None) -> str:
+def _frame_label(frame: tuple[str, int, str] | None, qualname: str = "") -> str:
     if frame is None:
         return ""
     filename, line, name = frame
     if is_python_frame(filename):
-        return f"{short_path(filename)}:{line}:{name}"
+        return f"{short_path(filename)}:{line}:{qualname or name}"
     return name.split("(", 1)[0] or name   # C++: drop the argument list
 
 
+def _instant_event(trace: Any, index: int) -> int:
+    """The event whose allocation reached the instant: the oom entry at it, else the last alloc at or before
+    it (−1: none)."""
+    if index < 0 or not len(trace):
+        return -1
+    if trace.action[index] == OOM:
+        return index
+    allocs = np.flatnonzero(trace.action[:index + 1] == ALLOC)
+    return int(allocs[-1]) if len(allocs) else -1
+
+
+def _instant_request(snapshot: Snapshot, device: int, event: int, markers: pd.DataFrame | None,
+                     at_time: int | None, metadata: np.ndarray, sizes: np.ndarray) -> tuple[str | None, str]:
+    """The instant's request and how it was chosen: the request of the allocation that reached it (at an OOM,
+    the one whose allocation failed), else the request marker span running then, else — a stated last
+    resort — the request holding most of the live transient bytes."""
+    if event >= 0:
+        own = event_requests(snapshot.trace(device), np.array([event]), markers)
+        if own.names[0]:
+            return str(own.names[0]), "the request whose allocation reached this instant"
+    running = request_at(markers, at_time)
+    if running:
+        return running, "the request whose marker span was running at this instant"
+    most = _main_request(metadata, sizes)
+    return most, ("for want of a better sign, the request holding most of the live transient bytes at this "
+                  "instant" if most else "")
+
+
 def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decider,
-           markers: pd.DataFrame | None = None, at_time: int | None = None) -> tuple[pd.DataFrame, str | None, int]:
-    """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order; `at_time`: the
-    instant they are live at, if one (the request running then is the instant's request)."""
+           markers: pd.DataFrame | None = None, at_time: int | None = None,
+           at_index: int | None = None) -> tuple[pd.DataFrame, str | None, int]:
+    """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order; `at_index` /
+    `at_time`: the instant they are live at, if one (its allocation names the instant's request)."""
     alloc_index = live["alloc_index"].to_numpy()
     block_row = live["block_row"].to_numpy()
+    free_index = live["free_index"].to_numpy()
     stack = np.full(len(live), -1, dtype=np.int64)
     from_trace = alloc_index >= 0
     stack[from_trace] = snapshot.event_stack_ids(device, alloc_index[from_trace])
@@ -361,7 +507,8 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     pools = _pools(snapshot, device, addr, block_row)
     metadata = np.full(len(live), "", dtype=object)
     by_time = np.zeros(len(live), dtype=bool)
-    requests = event_requests(snapshot.trace(device), alloc_index[from_trace], markers)
+    trace = snapshot.trace(device)
+    requests = event_requests(trace, alloc_index[from_trace], markers)
     metadata[from_trace], by_time[from_trace] = requests.names, requests.inferred
     sizes = live["size"].to_numpy()
     origin = np.array(ORIGINS, dtype=object)[live["origin"].cat.codes.to_numpy()]
@@ -369,28 +516,64 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     streams = live["stream"].to_numpy()
 
     decisions = [decider.decide(int(s)) for s in stack]
+    # Blocks from before the window without a stack: persistent state, or decided by the stack of their free.
+    frameless_pre = (stack < 0) & (origin != "trace")
+    persistent = frameless_pre & (free_index < 0) & (pools == "0,0")
+    freed_pre = np.flatnonzero(frameless_pre & (free_index >= 0))
+    free_stacks = snapshot.event_stack_ids(device, free_index[freed_pre]) if len(freed_pre) else \
+        np.zeros(0, dtype=np.int64)
+    freed_by = {int(i): decider.decide(int(sid)) for i, sid in zip(freed_pre, free_stacks)}
+    free_sites = {int(i): _frame_label(*_display(decider, int(sid), freed_by[int(i)].frame))
+                  for i, sid in zip(freed_pre, free_stacks)}
+    training = any(d.category in _TRAINING or set(d.context) & {"autograd", "optimizer"}
+                   for d in (*decisions, *freed_by.values())) or snapshot.frameless_allocations(device)
+    guesses = dict(zip(np.flatnonzero(persistent).tolist(),
+                       persistent_state(sizes[persistent], addr[persistent], training)))
+    decisions = [_before_window(guesses.get(i), freed_by.get(i), free_sites.get(i, "")) if frameless_pre[i]
+                 else d for i, d in enumerate(decisions)]
+
     categories = np.array([d.category for d in decisions], dtype=object)
-    running = request_at(markers, at_time)
+    event = _instant_event(trace, at_index) if at_index is not None else -1
+    request, request_why = _instant_request(snapshot, device, event, markers, at_time, metadata, sizes)
+    instant_stack = int(snapshot.event_stack_ids(device, np.array([event]))[0]) if event >= 0 else -1
+    weights = categories == "weights"
+    autocast = np.array(["autocast" in d.context for d in decisions], dtype=bool)
     ctx = _Context(
-        request=running or _main_request(metadata, sizes),
-        request_why=("the request whose marker span was running at this instant" if running else
-                     "the request holding most of the live transient bytes at this instant"),
-        vocab=vocab_hints(sizes[(categories == "weights") | ((origin != "trace") & (stack < 0))]),
+        request=request, request_why=request_why,
+        vocab=vocab_hints(sizes[weights]),
         scores_floor=max((int(sz) for sz, d in zip(sizes, decisions) if _user_attention(d)), default=0) // 2,
         mlp_outputs=frozenset(int(sz) for sz, c in zip(sizes, categories) if c == "mlp" and sz >= (1 << 20)),
+        weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
+        in_backward="autograd" in decider.decide(instant_stack).context,
     )
+    final = [_signals(d, int(sizes[i]), pools[i], metadata[i], bool(by_time[i]), origin[i], stack[i] >= 0,
+                      free_index[i] < 0, ctx) for i, d in enumerate(decisions)]
+    scores = frozenset(int(sz) for sz, d in zip(sizes, final) if d.category == "fallback_kernel" and sz >= 8 << 20)
+    final = [_scores_backward(d, int(sz), scores) for d, sz in zip(final, sizes)] if scores else final
     frames = snapshot.interner.frames
     rows: list[tuple[Any, ...]] = []
     for i, frame_decision in enumerate(decisions):
-        d = _signals(frame_decision, int(sizes[i]), pools[i], metadata[i], bool(by_time[i]), origin[i],
-                     stack[i] >= 0, ctx)
+        d = final[i]
         frame_id = frame_decision.frame if frame_decision.frame >= 0 else decider.display_frame(int(stack[i]))
+        frame = frames[frame_id] if frame_id >= 0 else None
         rows.append((device, int(addr[i]), int(sizes[i]), int(allocated_est[i]), d.category, ",".join(d.tags),
-                     d.rule, d.reason, _frame_label(frames[frame_id] if frame_id >= 0 else None), d.inferred,
+                     d.rule, d.reason, _frame_label(frame, decider.qualname(frame)), d.inferred,
                      int(stack[i]), metadata[i], pools[i], int(streams[i]), origin[i], int(alloc_index[i])))
     df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
     df["address"] = df["address"].astype(np.uint64)
     return df, ctx.request, requests.ambiguous
+
+
+def _counts(sizes: np.ndarray) -> dict[int, int]:
+    values, counts = np.unique(sizes, return_counts=True)
+    return dict(zip(values.tolist(), counts.tolist()))
+
+
+def _display(decider: _Decider, stack_id: int, deciding: int = -1) -> tuple[tuple[str, int, str] | None, str]:
+    """The deciding frame (else the display frame) of a stack and its qualified name (for reason texts)."""
+    fid = deciding if deciding >= 0 else decider.display_frame(stack_id)
+    frame = decider.interner.frames[fid] if fid >= 0 else None
+    return frame, decider.qualname(frame)
 
 
 def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
@@ -412,10 +595,11 @@ def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
 
 def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None,
               device: int | None = None, timeline: Timeline | None = None,
-              markers: pd.DataFrame | None = None) -> Attribution:
+              markers: pd.DataFrame | None = None, source: SourceRoots = None) -> Attribution:
     """Attribute the live bytes at `at` on each device (or one); see the module docstring. `markers` (a
-    run's, `load.samples.markers_for`) lets request marker spans name requests the metadata does not."""
-    rules = rules or load_rules()
+    run's, `load.samples.markers_for`) lets request marker spans name requests the metadata does not;
+    `source` (directories of the program's checkout, or a `SourceIndex`) resolves frames to their classes."""
+    rules = bind_source(rules or load_rules(), source)
     timeline = timeline or replay(snapshot)
     devices = [device] if device is not None else sorted(timeline.devices)
     for d in devices:
@@ -427,7 +611,8 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
     for d in devices:
         dt = timeline[d]
         index, label = _instant(timeline, d, at)
-        blocks, request, ambiguous = _label(snapshot, d, dt.live_at(index), decider, markers, dt.time_at(index))
+        blocks, request, ambiguous = _label(snapshot, d, dt.live_at(index), decider, markers, dt.time_at(index),
+                                            index)
         blocks = blocks.sort_values(["size", "address"], ascending=[False, True], kind="stable",
                                     ignore_index=True)
         parts.append(blocks)
@@ -446,6 +631,11 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
     return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks, rules=rules,
                        notes=tuple(notes))
+
+
+def bind_source(rules: RuleSet, source: SourceRoots) -> RuleSet:
+    """`rules` bound to `source` (paths or a SourceIndex); unchanged when `source` is None."""
+    return rules if source is None else rules.with_source(SourceIndex.of(source))
 
 
 def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,

@@ -11,7 +11,7 @@ from ..replay import replay
 from ..report.documents import attribution_document, peaks_document
 from ..report.terminal import render_attribution, render_peaks, render_summary
 from . import main
-from .common import FORMATS, emit_json, input_argument
+from .common import FORMATS, emit_json, input_argument, rules_for, source_option
 
 
 @main.command()
@@ -58,15 +58,15 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
               show_default=True, help="csv prints one row per live block.")
 @click.option("--explain", is_flag=True, help="Show which rule fired on which frame.")
+@source_option
 def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str | None, device: int | None,
-              rules_file: str | None, top: int, fmt: str, explain: bool) -> None:
+              rules_file: str | None, source: tuple[str, ...], top: int, fmt: str, explain: bool) -> None:
     """Attribute every live byte at a peak (or another instant) to a category."""
     from ..analyze.attribute import attribute as attribute_blocks
     from ..analyze.phases import attribute_phase
-    from ..analyze.rules import load_rules
     from ..load.samples import markers_for
 
-    rules = load_rules(rules_file)
+    rules = rules_for(rules_file, source)
     if phase is not None:
         if at != "peak":
             raise UsageError("--phase and --at choose the instant two ways: give one of them")

@@ -35,5 +35,19 @@ def input_argument(func: Any) -> Any:
     return click.argument("file", type=click.Path(dir_okay=True, path_type=str))(func)
 
 
+def source_option(func: Any) -> Any:
+    """--source DIR (repeatable): the program's own source, so frames resolve to their classes and lines."""
+    return click.option("--source", "source", multiple=True, type=click.Path(file_okay=False, path_type=str),
+                        help="The program's source checkout (repeatable): frames resolve to Class.method and the "
+                             "code at their line, which rules can key on.")(func)
+
+
+def rules_for(rules_file: str | None, source: tuple[str, ...] = ()) -> Any:
+    """The rule set of --rules, bound to the --source roots (a UsageError names a missing one)."""
+    from ..analyze.rules import load_rules
+    from ..load.source import SourceIndex
+    return load_rules(rules_file, source=SourceIndex.of(list(source)))
+
+
 def emit_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, default=str))

@@ -15,13 +15,12 @@ from ..analyze.capacity import (
 from ..analyze.check import BudgetExceeded, parse_limits
 from ..analyze.check import check as check_limits
 from ..analyze.diff import diff as diff_snapshots
-from ..analyze.rules import load_rules
 from ..errors import UsageError
 from ..load import load
 from ..report.compare_documents import capacity_document, check_document, diff_document
 from ..report.compare_terminal import render_capacity, render_check, render_diff
 from . import main
-from .common import FORMATS, SIZE, emit_json, input_argument
+from .common import FORMATS, SIZE, emit_json, input_argument, rules_for, source_option
 
 _RULES = click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
                       help="A TOML file of your own categories and rules, layered over the shipped packs.")
@@ -41,10 +40,11 @@ _TAG = click.option("--tag", default=None, help="Snapshot tag in run directories
 @click.option("--top", default=15, show_default=True, type=click.IntRange(1), help="Stacks shown in the table.")
 @click.option("--all", "everything", is_flag=True, help="Also list unchanged categories and stacks (json).")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@source_option
 def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, device: int | None,
-         rules_file: str | None, top: int, everything: bool, fmt: str) -> None:
+         rules_file: str | None, source: tuple[str, ...], top: int, everything: bool, fmt: str) -> None:
     """What changed between A and B at the peak: aligned peaks, categories, stacks (new, vanished, grown)."""
-    rules = load_rules(rules_file)
+    rules = rules_for(rules_file, source)
     result = diff_snapshots(load(a, rank, tag), load(b, rank, tag), phase=phase, device=device, rules=rules)
     doc = diff_document(result, everything=everything)
     if fmt == "json":
@@ -76,11 +76,13 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
 @_TAG
 @_RULES
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@source_option
 def capacity(inputs: tuple[str, ...], shape_from: str, budget: int | None, transient_budget: int | None,
              margin: float | None, target: float | None, concurrency: tuple[int, ...], driver: str | None,
-             device: int | None, rank: int | None, tag: str | None, rules_file: str | None, fmt: str) -> None:
+             device: int | None, rank: int | None, tag: str | None, rules_file: str | None,
+             source: tuple[str, ...], fmt: str) -> None:
     """Fit a shape sweep (baseline / peak / transient per shape and category), find jumps, solve a budget."""
-    rules = load_rules(rules_file)
+    rules = rules_for(rules_file, source)
     points = sweep_points(list(inputs), shape_from, rank, tag)
     cap = fit_capacity(measure_sweep(points, rules, device), driver)
     contract = None
@@ -108,10 +110,12 @@ def capacity(inputs: tuple[str, ...], shape_from: str, budget: int | None, trans
 @click.option("--device", type=int, default=None, help="Only this device.")
 @_RULES
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@source_option
 def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxima: tuple[str, ...],
-          max_transient: int | None, metric: str, device: int | None, rules_file: str | None, fmt: str) -> None:
+          max_transient: int | None, metric: str, device: int | None, rules_file: str | None,
+          source: tuple[str, ...], fmt: str) -> None:
     """Exit 1 when the snapshot exceeds a budget, a category maximum or a transient maximum (for CI)."""
-    rules = load_rules(rules_file)
+    rules = rules_for(rules_file, source)
     limits = parse_limits(maxima)
     result = check_limits(load(file, rank, tag), budget=budget, max_category=limits, max_transient=max_transient,
                           metric=metric, rules=rules, device=device)

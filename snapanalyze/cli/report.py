@@ -16,10 +16,9 @@ from pathlib import Path
 
 import click
 
-from ..analyze.rules import load_rules
 from ..errors import UsageError
 from . import main
-from .common import SIZE, input_argument
+from .common import SIZE, input_argument, rules_for, source_option
 from .progress import Progress
 
 
@@ -61,8 +60,10 @@ def write_atomic(path: Path, text: str) -> None:
                    "as `snapanalyze diff BASELINE FILE`), rank by rank for two runs.")
 @click.option("--capacity", type=SIZE, default=None,
               help="Device memory (e.g. 80GiB) for OOM verdicts and headroom, when the input has no NVML/meta.json.")
+@source_option
 def report(file: str, rank: int | None, tag: str | None, output: Path, force: bool, redact_paths: bool,
            at: tuple[str, ...], top: int, samples: int, device: int | None, rules_file: str | None,
+           source: tuple[str, ...],
            baseline: str | None, capacity: int | None) -> None:
     """Write one HTML postmortem that opens offline in any browser.
 
@@ -72,7 +73,7 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
         raise UsageError(f"{output}: exists already; pass --force to replace it")
     if not output.parent.is_dir():
         raise UsageError(f"{output}: the directory {output.parent} does not exist")
-    rules = load_rules(rules_file)
+    rules = rules_for(rules_file, source)
     progress = Progress()
     try:
         from ..report.html import build_path_report  # plotly and jinja2 load only for this command

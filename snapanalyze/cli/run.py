@@ -7,13 +7,12 @@ import click
 from ..analyze.oom import explain_path
 from ..analyze.phases import phase_table
 from ..analyze.ranks import compare_ranks
-from ..analyze.rules import load_rules
 from ..load import load
 from ..load.samples import markers_for
 from ..report.run_documents import oom_document, phases_document, ranks_document
 from ..report.run_terminal import render_oom, render_phases, render_ranks
 from . import main
-from .common import FORMATS, SIZE, emit_json, input_argument
+from .common import FORMATS, SIZE, emit_json, input_argument, rules_for, source_option
 
 
 @main.command()
@@ -24,9 +23,11 @@ from .common import FORMATS, SIZE, emit_json, input_argument
 @click.option("--threshold", default=0.02, show_default=True, type=click.FloatRange(0),
               help="An outlier's peak differs from the median rank's by more than this fraction (and 256 MiB).")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def ranks(run: str, tag: str | None, rules_file: str | None, threshold: float, fmt: str) -> None:
+@source_option
+def ranks(run: str, tag: str | None, rules_file: str | None,
+          source: tuple[str, ...], threshold: float, fmt: str) -> None:
     """One row per rank at its peak: NVML used, memory outside the allocator, top category; the outliers."""
-    comparison = compare_ranks(run, tag=tag, rules=load_rules(rules_file), threshold=threshold)
+    comparison = compare_ranks(run, tag=tag, rules=rules_for(rules_file, source), threshold=threshold)
     doc = ranks_document(comparison)
     if fmt == "json":
         emit_json(doc)
@@ -41,10 +42,12 @@ def ranks(run: str, tag: str | None, rules_file: str | None, threshold: float, f
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="A TOML file of your own categories and rules.")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@source_option
 def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | None, rules_file: str | None,
+                source: tuple[str, ...],
                 fmt: str) -> None:
     """Why each allocation failed (fragmentation, live exhaustion, pressure from outside) — or that none did."""
-    items, problems = explain_path(file, rank=rank, tag=tag, rules=load_rules(rules_file),
+    items, problems = explain_path(file, rank=rank, tag=tag, rules=rules_for(rules_file, source),
                                    capacity=capacity)
     doc = oom_document(items, problems, file)
     if fmt == "json":
@@ -66,11 +69,13 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
               help="Only the N spans with the largest transient per device (a serving run marks thousands of "
                    "requests).")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@source_option
 def phases(file: str, rank: int | None, tag: str | None, device: int | None, rules_file: str | None,
+           source: tuple[str, ...],
            no_categories: bool, kinds: tuple[str, ...], largest: int | None, fmt: str) -> None:
     """Before / peak / after of each phase (collector markers, record_function annotations, user_metadata)."""
     snapshot = load(file, rank, tag)
-    table = phase_table(snapshot, markers=markers_for(file, rank, tag), rules=load_rules(rules_file),
+    table = phase_table(snapshot, markers=markers_for(file, rank, tag), rules=rules_for(rules_file, source),
                         categories=not no_categories, device=device, kinds=kinds or None, largest=largest)
     doc = phases_document(table, snapshot.source)
     if fmt == "json":

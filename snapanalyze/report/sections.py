@@ -33,6 +33,7 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 
 from .. import plots
+from ..analyze.attribute import PERSISTENT_CATEGORIES as PERSISTENT
 from ..analyze.summary import summarize
 from ..units import fmt_bytes, fmt_duration_us
 from .compare_documents import diff_document
@@ -43,7 +44,6 @@ from .templating import render
 ORDER = {"verdict": 0, "timelines": 20, "categories": 30, "instants": 40, "oom": 50, "ranks": 60,
          "outside": 70, "diff": 80, "rules": 90, "facts": 100}
 # Categories an engine holds for its whole life; the verdict names the others (what the step put on top).
-PERSISTENT = ("weights", "kv_cache", "graph_capture")
 MAX_PHASE_ROWS = 30           # phases listed per device (the largest transients when there are more)
 MAX_DIFF_STACKS = 15          # changed stacks listed per diff (the largest changes)
 VERDICT_NAMES = {"fragmentation": "fragmentation", "live_exhaustion": "live memory exhaustion",
@@ -94,9 +94,9 @@ def _category_phrase(category: str, size: int, inferred: int) -> str:
     if category == "other":
         text += " (matched no rule)"
     if inferred and inferred >= size:
-        text += " (inferred from tensor sizes)"
+        text += " (inferred, not proven by a frame)"
     elif inferred:
-        text += f" ({fmt_bytes(inferred)} of it inferred from tensor sizes)"
+        text += f" ({fmt_bytes(inferred)} of it inferred, not proven by a frame)"
     return text
 
 
@@ -186,7 +186,7 @@ def peak_sentences(context: ReportContext, instant: DetailInstant) -> list[str]:
         rest = transient[3:]
         named.append(f"{len(rest)} more categor{'y' if len(rest) == 1 else 'ies'} "
                      f"({fmt_bytes(sum(r['bytes'] for r in rest))})")
-    held = _join([f"{fmt_bytes(r['bytes'])} {r['category']}" for r in persistent])
+    held = _join([_category_phrase(r["category"], r["bytes"], r["inferred"]) for r in persistent])
     if named and held:
         sentences.append(f"{_join(named)} were live on top of {held}.")
     elif named:

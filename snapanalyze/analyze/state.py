@@ -1,0 +1,91 @@
+"""Persistent state from before the trace window: what blocks with no frames most likely are, and why.
+
+Contract: `persistent_state(sizes, addresses, training)` takes the blocks that were live before the window
+began, are never freed in it and carry no stack (allocated before `_record_memory_history` started, or
+after it stopped), and returns one `StateGuess` per block (category, rule, reason; every one is inferred).
+The evidence, strongest first:
+- a block of exactly PyTorch's default cuBLAS workspace size (``:4096:2:16:8`` = 8,519,680 bytes, what
+  `CublasHandlePool.cpp` allocates per handle and stream before Hopper) is that `workspace`;
+- the rest is the program's persistent state: parameters and buffers, plus, in a training program, one
+  copy per parameter of each per-parameter state. Those copies repeat the parameters' size multiset, so
+  every size that occurs more than once occurs a multiple of k times, k − 1 being the number of state
+  copies: k = the greatest common divisor of those counts. Only with evidence of training (`training`: a
+  backward or an optimizer seen in the snapshot) is k ≥ 2 read as state: 2 → weights + gradients,
+  3 → weights + two optimizer moments (Adam's exp_avg / exp_avg_sq, gradients set to None), 4 → weights +
+  gradients + two moments. Within one size, which block is the parameter is not recorded: the copies are
+  assigned in address order (the parameters were allocated first), a guess the reason states. Sizes that
+  occur once, or a number of times k does not divide, are taken as weights (buffers have no state).
+Without training evidence everything is `weights`. The caller flags all of it `inferred`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# PyTorch's default cuBLAS workspace per (handle, stream) before Hopper: 4096 KiB × 2 + 16 KiB × 8.
+CUBLAS_DEFAULT_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
+_ROLES = {2: ("weights", "gradients"), 3: ("weights", "optimizer_state", "optimizer_state"),
+          4: ("weights", "gradients", "optimizer_state", "optimizer_state")}
+_ROLE_WORDS = {2: "the parameters and their .grad", 3: "the parameters and two optimizer moments (Adam's "
+               "exp_avg/exp_avg_sq; .grad set to None)", 4: "the parameters, their .grad and two optimizer moments"}
+ADVICE = "start torch.cuda.memory._record_memory_history before the model is built to record who allocated it"
+
+
+@dataclass(frozen=True)
+class StateGuess:
+    category: str
+    rule: str
+    reason: str
+
+
+def copies(sizes: np.ndarray) -> int:
+    """k: the greatest common divisor of the counts of the sizes that occur more than once (1 if none)."""
+    if not len(sizes):
+        return 1
+    _, counts = np.unique(sizes, return_counts=True)
+    repeated = counts[counts > 1]
+    return math.gcd(*repeated.tolist()) if len(repeated) else 1
+
+
+def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool) -> list[StateGuess]:
+    """One guess per block (see the module docstring); `sizes` and `addresses` are parallel arrays."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    addresses = np.asarray(addresses, dtype=np.uint64)
+    out: list[StateGuess | None] = [None] * len(sizes)
+    workspace = sizes == CUBLAS_DEFAULT_WORKSPACE
+    for i in np.flatnonzero(workspace):
+        out[i] = StateGuess("workspace", "state.cublas_workspace",
+                            f"no frames, live before the window and never freed; its size is PyTorch's default "
+                            f"cuBLAS workspace ({CUBLAS_DEFAULT_WORKSPACE:,} B = 4096 KiB × 2 + 16 KiB × 8)")
+    rest = np.flatnonzero(~workspace)
+    k = copies(sizes[rest]) if training else 1
+    k = k if k in _ROLES else 1
+    plain = StateGuess("weights", "state.persistent",
+                       "no frames, live before the window and never freed: persistent state, taken as the "
+                       "model's parameters and buffers" + ("" if training else
+                                                          " (the snapshot shows no backward or optimizer)")
+                       + f"; {ADVICE}")
+    if k == 1:
+        for i in rest:
+            out[i] = plain
+        return [g if g is not None else plain for g in out]
+    roles = _ROLES[k]
+    for size in np.unique(sizes[rest]):
+        members = rest[sizes[rest] == size]
+        if len(members) % k:
+            for i in members:
+                out[i] = plain
+            continue
+        members = members[np.argsort(addresses[members], kind="stable")]
+        per = len(members) // k
+        for j, i in enumerate(members):
+            role = roles[j // per]
+            out[i] = StateGuess(role, f"state.copies_{k}",
+                                f"no frames, live before the window and never freed; in a training program the "
+                                f"persistent sizes repeat {k}× (every repeated size occurs a multiple of {k} "
+                                f"times): {_ROLE_WORDS[k]}. This is copy {j // per + 1} of {k} of {int(size):,} B "
+                                f"in address order, which tells which copy is which only as a guess; {ADVICE}")
+    return [g if g is not None else plain for g in out]
