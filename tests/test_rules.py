@@ -25,10 +25,11 @@ def rules():
 
 def test_shipped_packs_load_with_every_category_known(rules):
     assert [s.split("/")[-1] for s in rules.sources] == [
-        "torch.toml", "vllm.toml", "sglang.toml", "transformers.toml", "generic.toml"]
+        "torch.toml", "vllm.toml", "sglang.toml", "transformers.toml", "training.toml", "generic.toml"]
     assert set(rules.categories) >= {"weights", "kv_cache", "attention", "fallback_kernel", "mlp",
                                      "vision_encoder", "logits", "graph_capture", "concurrent_request",
-                                     "communication", "workspace", "other"}
+                                     "communication", "workspace", "gradients", "optimizer_state", "inputs",
+                                     "other"}
     assert all(r.reason for r in rules.rules)
     assert len({r.name for r in rules.rules}) == len(rules.rules)
 

@@ -1,7 +1,7 @@
 """Attribution rules as data: categories, frame rules and plumbing patterns, loaded from TOML.
 
 Contract: `load_rules(user_file=None, source=None)` returns a RuleSet built from `categories.toml` and the
-shipped rule packs (`rulepacks/{torch,vllm,sglang,transformers,generic}.toml`, in that order), with a user's
+shipped rule packs (`rulepacks/{torch,vllm,sglang,transformers,training,generic}.toml`, in that order), with a user's
 TOML file layered on top: its `[[categories]]` are added (or redefine a shipped one's precedence/owner), its
 `[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` and `[[passthrough]]` are added, and
 `disable = [names]` switches shipped rules off. A rule matches a frame when every pattern it gives matches
@@ -14,8 +14,9 @@ makes a rule a hint that counts only when another frame of the same stack proves
 activation function is MLP only inside an MLP). `[[plumbing]]` frames never decide and are hidden; their
 `tags` mark the stack's context (``autograd``, ``autocast``, ``optimizer``). `[[passthrough]]` frames (a
 Linear, a norm, torch itself) decide nothing of their own: the module that called them does. A malformed
-file raises RulesError naming the file and the problem. `source` binds the rules to a `SourceIndex`
-(`with_source`); matches are cached per distinct frame.
+file raises RulesError naming the file and the problem. `[[modules]]` rules match module spans (the
+collector's `module` markers) by `path` (searched in the qualified module path, ``model.layers.3.mlp``) and
+`class`. `source` binds the rules to a `SourceIndex` (`with_source`); matches are cached per distinct frame.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from ..errors import RulesError
 from ..load.source import FrameSource, SourceIndex
 
-PACKS = ("torch", "vllm", "sglang", "transformers", "generic")
+PACKS = ("torch", "vllm", "sglang", "transformers", "training", "generic")
 OWNERS = ("outermost", "innermost")
 SOURCE_KEYS = ("qualname", "class", "code", "call")
 Frame = tuple[str, int, str]
@@ -94,6 +95,33 @@ class FrameFacts:
     source: FrameSource | None
 
 
+@dataclass(frozen=True)
+class ModuleRule:
+    """A pattern over a module span (a `collect.modules` marker): its qualified path and its class."""
+
+    name: str
+    category: str
+    reason: str
+    path: re.Pattern[str] | None
+    cls: re.Pattern[str] | None
+    tags: tuple[str, ...] = ()
+    pack: str = ""
+
+    def match(self, path: str, classes: str) -> int | None:
+        """How deep in the module chain the rule matches (the component index where its last match ends;
+        `path` is the qualified path ``model.layers.3.mlp``, `classes` the class of each of its modules
+        joined the same way), or None. Every pattern given must match; the deepest position counts."""
+        depth = -1
+        for pattern, text in ((self.path, path), (self.cls, classes)):
+            if pattern is None:
+                continue
+            ends = [m.end() for m in pattern.finditer(text)]
+            if not ends:
+                return None
+            depth = max(depth, text.count(".", 0, max(ends[-1] - 1, 0)))
+        return depth
+
+
 @dataclass
 class RuleSet:
     categories: dict[str, Category]
@@ -101,6 +129,7 @@ class RuleSet:
     plumbing: list[Rule]
     sources: list[str] = field(default_factory=list)
     passthrough: list[Rule] = field(default_factory=list)
+    modules: list[ModuleRule] = field(default_factory=list)
     source: SourceIndex | None = None
     _frame_cache: dict[Frame, FrameFacts] = field(default_factory=dict, repr=False)
     _plumbing_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
@@ -114,7 +143,7 @@ class RuleSet:
         if kept is None or kept[0] is not source:
             kept = self._bound[id(source)] = (source, RuleSet(
                 categories=self.categories, rules=self.rules, plumbing=self.plumbing, sources=self.sources,
-                passthrough=self.passthrough, source=source))
+                passthrough=self.passthrough, modules=self.modules, source=source))
         return kept[1]
 
     def facts(self, frame: Frame) -> FrameFacts:
@@ -200,6 +229,36 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
                 allocating=item.get("where") == "allocating", confirm=bool(item.get("confirm", False)))
 
 
+def _module_rule(item: Any, where: str, pack: str, categories: dict[str, Category]) -> ModuleRule:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+        raise RulesError(f"{where}: each [[modules]] rule needs a 'name'")
+    where = f"{where}: module rule '{item['name']}'"
+    known = {"name", "category", "reason", "path", "class", "tags"}
+    unknown = set(item) - known
+    if unknown:
+        raise RulesError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(known)})")
+    if item.get("category") not in categories:
+        raise RulesError(f"{where}: unknown category {item.get('category')!r} (known: {', '.join(categories)})")
+    if "path" not in item and "class" not in item:
+        raise RulesError(f"{where}: give at least one of 'path' or 'class'")
+    reason = item.get("reason", "")
+    if not isinstance(reason, str) or not reason:
+        raise RulesError(f"{where}: a rule needs a one-line 'reason'")
+    tags = item.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise RulesError(f"{where}: 'tags' must be a list of strings")
+    return ModuleRule(item["name"], item["category"], reason, _compile(item.get("path"), where, "path"),
+                      _compile(item.get("class"), where, "class"), tuple(tags), pack)
+
+
+def _module_rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, Category]
+                     ) -> list[ModuleRule]:
+    items = doc.get("modules", [])
+    if not isinstance(items, list):
+        raise RulesError(f"{where}: 'modules' must be an array of tables ([[modules]])")
+    return [_module_rule(item, where, pack, categories) for item in items]
+
+
 def _read_toml(text: str, where: str) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
@@ -256,6 +315,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
     shipped: list[Rule] = []
     plumbing: list[Rule] = []
     passthrough: list[Rule] = []
+    module_rules: list[ModuleRule] = []
     sources = []
     for pack in PACKS:
         ref = base.joinpath("rulepacks", f"{pack}.toml")
@@ -266,6 +326,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         shipped += _rules_of(doc, where, pack, categories, "rules")
         plumbing += _rules_of(doc, where, pack, categories, "plumbing")
         passthrough += _rules_of(doc, where, pack, categories, "passthrough")
+        module_rules += _module_rules_of(doc, where, pack, categories)
         sources.append(where)
     user: list[Rule] = []
     if user_file is not None:
@@ -275,24 +336,26 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         except OSError as exc:
             raise RulesError(f"{where}: cannot read the rules file ({exc.strerror or exc})") from None
         doc = _read_toml(text, where)
-        unknown = set(doc) - {"categories", "rules", "plumbing", "passthrough", "disable", "pack"}
+        unknown = set(doc) - {"categories", "rules", "plumbing", "passthrough", "modules", "disable", "pack"}
         if unknown:
             raise RulesError(f"{where}: unknown top-level key(s) {sorted(unknown)} "
-                             "(allowed: categories, rules, plumbing, passthrough, disable, pack)")
+                             "(allowed: categories, rules, plumbing, passthrough, modules, disable, pack)")
         _categories(doc, where, categories)
         user = _rules_of(doc, where, "user", categories, "rules")
         plumbing = _rules_of(doc, where, "user", categories, "plumbing") + plumbing
         passthrough = _rules_of(doc, where, "user", categories, "passthrough") + passthrough
+        module_rules = _module_rules_of(doc, where, "user", categories) + module_rules
         disable = doc.get("disable", [])
         if not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
             raise RulesError(f"{where}: 'disable' must be a list of rule names")
-        names = {r.name for r in (*shipped, *plumbing, *passthrough)}
+        names = {r.name for r in (*shipped, *plumbing, *passthrough)} | {m.name for m in module_rules}
         missing = [d for d in disable if d not in names]
         if missing:
             raise RulesError(f"{where}: 'disable' names unknown rule(s): {', '.join(missing)}")
         shipped = [r for r in shipped if r.name not in disable]
         plumbing = [p for p in plumbing if p.name not in disable]
         passthrough = [p for p in passthrough if p.name not in disable]
+        module_rules = [m for m in module_rules if m.name not in disable]
         sources.insert(0, where)
     seen: dict[str, str] = {}
     for r in user + shipped:
@@ -300,4 +363,4 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
             raise RulesError(f"{r.pack}: rule name '{r.name}' is used twice")
         seen[r.name] = r.pack
     return RuleSet(categories=categories, rules=user + shipped, plumbing=plumbing, sources=sources,
-                   passthrough=passthrough)
+                   passthrough=passthrough, modules=module_rules)

@@ -9,7 +9,7 @@ The evidence, strongest first:
 - the rest is the program's persistent state: parameters and buffers, plus, in a training program, one
   copy per parameter of each per-parameter state. Those copies repeat the parameters' size multiset, so
   every size that occurs more than once occurs a multiple of k times, k − 1 being the number of state
-  copies: k = the greatest common divisor of those counts. Only with evidence of training (`training`: a
+  copies: k = the greatest common divisor of those counts (`copies`). Only with evidence of training (`training`: a
   backward or an optimizer seen in the snapshot) is k ≥ 2 read as state: 2 → weights + gradients,
   3 → weights + two optimizer moments (Adam's exp_avg / exp_avg_sq, gradients set to None), 4 → weights +
   gradients + two moments. Within one size, which block is the parameter is not recorded: the copies are
@@ -42,12 +42,23 @@ class StateGuess:
 
 
 def copies(sizes: np.ndarray) -> int:
-    """k: the greatest common divisor of the counts of the sizes that occur more than once (1 if none)."""
+    """k: the greatest common divisor of the counts of the sizes that occur more than once (1 if none).
+
+    A size that occurs two or three times and breaks the pattern (a buffer or an input batch that happens to
+    share a size) is left out, as long as the sizes that keep it hold 90 % of the repeated bytes."""
     if not len(sizes):
         return 1
-    _, counts = np.unique(sizes, return_counts=True)
-    repeated = counts[counts > 1]
-    return math.gcd(*repeated.tolist()) if len(repeated) else 1
+    values, counts = np.unique(sizes, return_counts=True)
+    repeated = counts > 1
+    k = math.gcd(*counts[repeated].tolist()) if repeated.any() else 1
+    if k == 1 and repeated.any():
+        kept = repeated & (counts > 3)
+        if kept.any():
+            k = math.gcd(*counts[kept].tolist())
+            total = (values[repeated] * counts[repeated]).sum()
+            if (values[kept] * counts[kept]).sum() < 0.9 * total:
+                k = 1
+    return k
 
 
 def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool) -> list[StateGuess]:
