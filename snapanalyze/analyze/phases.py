@@ -94,6 +94,8 @@ def spans(snapshot: Snapshot, markers: pd.DataFrame | None = None) -> pd.DataFra
     marker_requests: set[str] = set()
     if markers is not None and len(markers):
         for m in markers.itertuples(index=False):
+            if m.kind == "module":                # module spans label allocations (`modules`), not phases
+                continue
             kind = "request" if m.kind == "request" else "phase"
             (marker_requests if kind == "request" else marker_phases).add(str(m.name))
             rows.append({"phase": str(m.name), "kind": kind, "source": "markers", "device": None,

@@ -15,7 +15,8 @@ writes ``runs/prefill-32k/rank=N/`` with ``snapshot-<tag>.pickle`` (``after-pref
 never imports torch or pynvml: `record()` imports them and raises `CollectorError` with what to do when
 they, CUDA or a GPU are missing. `phase`/`request` are no-ops outside a recording.
 
-Modules: `recorder` (record/dump/Recording), `markers` (phase/request), `nvml` (NvmlBackend, NvmlSampler),
+Modules: `recorder` (record/dump/Recording), `markers` (phase/request), `modules` (module-span hooks:
+``record(..., modules=model)`` or ``with collect.modules(model): …``), `nvml` (NvmlBackend, NvmlSampler),
 `cuda` (the torch side), `rank`, `meta`, `schemas` (Arrow schemas), `layout` (paths, SCHEMA_VERSION),
 `atomic` (atomic writes) and `testing` (fakes for tests, imported on demand).
 """
@@ -26,11 +27,12 @@ from ..errors import CollectorError
 from ._common import CollectorWarning
 from .layout import SCHEMA_VERSION, rank_dir
 from .markers import phase, request
+from .modules import ModuleHooks, modules
 from .nvml import NvmlBackend, NvmlSampler, open_nvml
 from .recorder import Recording, RecordOptions, active, dump, record
 
 __all__ = [
-    "record", "dump", "phase", "request", "active",
+    "record", "dump", "phase", "request", "modules", "active", "ModuleHooks",
     "Recording", "RecordOptions", "NvmlBackend", "NvmlSampler", "open_nvml",
     "rank_dir", "SCHEMA_VERSION", "CollectorError", "CollectorWarning",
 ]

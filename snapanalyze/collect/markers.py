@@ -26,7 +26,7 @@ import pyarrow as pa
 from . import schemas
 from ._common import now_us, warn
 
-MarkerKind = Literal["phase", "request"]
+MarkerKind = Literal["phase", "request", "module"]
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,10 @@ class MarkerLog:
         self.hooks = hooks or TraceHooks()
         self._lock = threading.Lock()
         self._next_id = 0
-        self._closed: list[tuple[int, Marker]] = []
-        self._open: dict[int, Marker] = {}
+        # Spans as plain tuples in Marker's field order (module hooks open thousands per second); the
+        # Marker objects are made only when asked for.
+        self._closed: list[tuple[int, tuple[object, ...]]] = []
+        self._open: dict[int, tuple[object, ...]] = {}
         self._local = threading.local()
         self._warned: set[str] = set()
 
@@ -75,38 +77,35 @@ class MarkerLog:
 
     def begin(self, kind: MarkerKind, name: str, attrs: Mapping[str, object]) -> int:
         """Open a span on the calling thread; returns its token for `end`."""
-        depth = self._depth()
-        self._local.depth = depth + 1
-        marker = Marker(
-            kind=kind,
-            name=str(name),
-            start_time_us=int(self.clock_us()),
-            end_time_us=None,
-            attrs=json.dumps(dict(attrs), sort_keys=True, default=str),
-            rank=self.rank,
-            thread_id=threading.get_native_id(),
-            depth=depth,
-        )
+        return self.begin_json(kind, str(name), json.dumps(dict(attrs), sort_keys=True, default=str))
+
+    def begin_json(self, kind: MarkerKind, name: str, attrs: str) -> int:
+        """`begin` with the attrs already as JSON (module hooks serialise theirs once, not per call)."""
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        row = (kind, name, int(self.clock_us()), None, attrs, self.rank, threading.get_native_id(), depth)
         with self._lock:
             token = self._next_id
             self._next_id += 1
-            self._open[token] = marker
+            self._open[token] = row
         return token
 
     def end(self, token: int) -> None:
         """Close the span `token` (from `begin` on this thread) at the current time."""
         end = int(self.clock_us())
-        self._local.depth = max(0, self._depth() - 1)
+        local = self._local
+        local.depth = max(0, getattr(local, "depth", 0) - 1)
         with self._lock:
-            marker = self._open.pop(token, None)
-            if marker is not None:
-                self._closed.append((token, _closed(marker, end)))
+            row = self._open.pop(token, None)
+            if row is not None:
+                self._closed.append((token, (*row[:3], end, *row[4:])))
 
     def markers(self) -> list[Marker]:
         """Every span, open ones included, in the order they began."""
         with self._lock:
             items = list(self._closed) + list(self._open.items())
-        return [m for _, m in sorted(items, key=lambda item: item[0])]
+        return [Marker(*row) for _, row in sorted(items, key=lambda item: item[0])]  # type: ignore[arg-type]
 
     def table(self) -> pa.Table:
         """The spans as a `schemas.MARKERS_SCHEMA` table."""
@@ -120,13 +119,6 @@ class MarkerLog:
         if hook not in self._warned:
             self._warned.add(hook)
             warn(f"snapanalyze.collect: trace hook {hook} failed ({error!r}); markers.parquet still records the spans")
-
-
-def _closed(marker: Marker, end: int) -> Marker:
-    return Marker(
-        kind=marker.kind, name=marker.name, start_time_us=marker.start_time_us, end_time_us=end,
-        attrs=marker.attrs, rank=marker.rank, thread_id=marker.thread_id, depth=marker.depth,
-    )
 
 
 _active: MarkerLog | None = None

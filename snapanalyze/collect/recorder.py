@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 from ..errors import CollectorError
 from . import layout, markers
@@ -34,6 +34,8 @@ from ._common import now_us, warn
 from .atomic import write_new
 from .cuda import CudaBackend, TorchCudaBackend
 from .meta import RunMeta, meta_document, snapanalyze_version, write_meta, write_new_meta
+from .modules import ModuleHooks
+from .modules import modules as module_hooks
 from .nvml import NvmlBackend, NvmlSampler, open_nvml
 from .rank import RankInfo, detect_rank
 from .schemas import MARKERS_SCHEMA, write_table
@@ -124,6 +126,7 @@ class Recording:
         self._nvml_reason: str | None = None
         self._sampler: NvmlSampler | None = None
         self._markers: markers.MarkerLog | None = None
+        self._module_hooks: list[ModuleHooks] = []
         self._meta: RunMeta | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -261,6 +264,9 @@ class Recording:
             failures.append(("disabling allocator history", e))
         if markers.active() is self._markers:
             markers.set_active(None)
+        for hooks in self._module_hooks:
+            hooks.remove()
+        self._module_hooks = []
         with _registry_lock:
             _current = None
         if self._sampler is not None:
@@ -417,19 +423,31 @@ def record(
     annotations: bool = True,
     nvml_flush_rows: int = 4096,
     nvml_flush_interval_s: float = 10.0,
+    modules: Any = None,
     _backends: _Backends | None = None,
 ) -> Recording:
     """Start recording this rank into ``run/rank=N/`` and return the running `Recording` (a context manager).
 
     Raises CollectorError, creating nothing, when torch, CUDA or (with ``nvml="required"``) NVML is missing.
-    The keywords are `RecordOptions`' fields; `_backends` replaces the outside world in tests (see `testing`).
+    The keywords are `RecordOptions`' fields; `modules` (an nn.Module, or several) gets module-span hooks
+    (`collect.modules`) for as long as the recording runs; `_backends` replaces the outside world in tests
+    (see `testing`).
     """
     options = RecordOptions(
         max_entries=max_entries, stacks=stacks, nvml=nvml, nvml_interval_ms=nvml_interval_ms,
         oom_snapshot=oom_snapshot, max_oom_snapshots=max_oom_snapshots, annotations=annotations,
         nvml_flush_rows=nvml_flush_rows, nvml_flush_interval_s=nvml_flush_interval_s,
     )
-    return Recording(run, options, _backends).start()
+    models = [] if modules is None else list(modules) if isinstance(modules, (list, tuple)) else [modules]
+    hooks = [module_hooks(m) for m in models]          # a wrong type fails before anything starts
+    try:
+        rec = Recording(run, options, _backends).start()
+    except BaseException:
+        for h in hooks:
+            h.remove()
+        raise
+    rec._module_hooks = hooks
+    return rec
 
 
 def active() -> Recording | None:

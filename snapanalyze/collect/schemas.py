@@ -43,8 +43,8 @@ NVML_SCHEMA = _versioned(
 MARKERS_SCHEMA = _versioned(
     "markers",
     [
-        pa.field("kind", pa.string(), nullable=False),            # "phase" | "request"
-        pa.field("name", pa.string(), nullable=False),            # phase name or request id
+        pa.field("kind", pa.string(), nullable=False),            # "phase" | "request" | "module"
+        pa.field("name", pa.string(), nullable=False),            # phase name, request id or module path
         pa.field("start_time_us", pa.int64(), nullable=False),
         pa.field("end_time_us", pa.int64()),                      # null: still open when the file was written
         pa.field("attrs", pa.string(), nullable=False),           # JSON object of the marker's attributes
@@ -53,7 +53,7 @@ MARKERS_SCHEMA = _versioned(
         pa.field("depth", pa.int32(), nullable=False),            # nesting depth within its thread, 0 = outermost
     ],
 )
-"""One row per phase or request span, in start order."""
+"""One row per phase, request or module span, in start order."""
 
 
 def table(schema: pa.Schema, columns: dict[str, list[object]]) -> pa.Table:

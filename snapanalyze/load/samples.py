@@ -14,7 +14,7 @@ DataFrame columns (units in the names: µs since the Unix epoch, bytes):
 - `nvml`: rank, device, time_us, used_bytes, free_bytes, total_bytes, process_used_bytes,
   other_processes_used_bytes, torch_allocated_bytes, torch_reserved_bytes (the last four nullable Int64:
   null = unknown), sorted by rank, device, time_us.
-- `markers`: rank, session, kind ("phase" | "request"), name, start_time_us, end_time_us (nullable: still
+- `markers`: rank, session, kind ("phase" | "request" | "module"), name, start_time_us, end_time_us (nullable: still
   open when written), attrs (dict, parsed from the JSON column), thread_id, depth; in start order per rank.
 """
 
