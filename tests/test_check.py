@@ -9,8 +9,8 @@ from snapanalyze import load
 from snapanalyze.analyze.attribute import attribute
 from snapanalyze.analyze.check import BudgetExceeded, check, parse_bytes, parse_limits
 from snapanalyze.analyze.rules import load_rules
-from snapanalyze.load.source import SourceIndex
 from snapanalyze.errors import SnapanalyzeError, UsageError
+from snapanalyze.load.source import SourceIndex
 from snapanalyze.replay import replay
 
 REAL = ROOT / "fixtures" / "real" / "cs336-medium-ctx1024-inference-t2.11.pickle"

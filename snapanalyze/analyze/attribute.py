@@ -6,6 +6,8 @@ replay, and labels each with a primary category plus tags. First the frames deci
 category precedence, lifecycle categories by their outermost frame, op categories by their innermost one
 inside the owning module; with `source`, rules also see each frame's class, qualified name and code). Then
 block-level evidence, strongest first:
+- a module span of the collector (`collect.modules`) around the allocation names the module (`modules`),
+  above what frames only guess from names;
 - no stack and from before the window: persistent state (`state`: cuBLAS workspace, weights, and in a
   training program gradients / optimizer moments as copies of the parameters), or state an optimizer step
   freed (it replaced it), or unknown, said plainly with how to record it;
@@ -28,12 +30,13 @@ The bytes of the per-block table sum exactly to the instant's active bytes.
 function as Class.method where the source was found),
 inferred, stack_id, user_metadata, pool, stream, origin, alloc_index.
 `Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str, largest
-first), top_frame_bytes (their live bytes).
+first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those flagged inferred).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +51,7 @@ from ..load.source import SourceIndex
 from ..model import ALLOC, OOM, Snapshot
 from ..replay import ORIGINS, Timeline, replay
 from ..stacks import StackInterner
+from .modules import ModuleIndex
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
 from .rules import RuleSet, load_rules
@@ -55,7 +59,8 @@ from .state import ADVICE, CUBLAS_DEFAULT_WORKSPACE, StateGuess, persistent_stat
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
                  "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index"]
-SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes"]
+SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
+                   "inferred_bytes"]
 # Vocabulary sizes of common LLM families, for the tokens × vocab logits heuristic.
 KNOWN_VOCABS = (32000, 32001, 32064, 32256, 32768, 49152, 50257, 50272, 50280, 51200, 64000, 65024, 65536,
                 92544, 100352, 102400, 128000, 128256, 129280, 151646, 151936, 152064, 163840, 200064,
@@ -531,6 +536,16 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
                        persistent_state(sizes[persistent], addr[persistent], training)))
     decisions = [_before_window(guesses.get(i), freed_by.get(i), free_sites.get(i, "")) if frameless_pre[i]
                  else d for i, d in enumerate(decisions)]
+    modules = ModuleIndex.of(markers)
+    if len(modules) and trace.time_us is not None and from_trace.any():
+        where = np.flatnonzero(from_trace)
+        for i, m in zip(where.tolist(), modules.decide(trace.time_us[alloc_index[where]], decider.rules)):
+            if m is not None and _module_may_decide(decisions[i], decider.rules):
+                d = decisions[i]
+                decisions[i] = Decision(m.category, "signal.module_span", m.reason, d.frame,
+                                        tuple(dict.fromkeys(t for t in (*m.tags, d.category, *d.tags)
+                                                            if t not in ("other", m.category))),
+                                        inferred=True, context=d.context, owner=d.owner)
 
     categories = np.array([d.category for d in decisions], dtype=object)
     event = _instant_event(trace, at_index) if at_index is not None else -1
@@ -564,6 +579,14 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     return df, ctx.request, requests.ambiguous
 
 
+def _module_may_decide(d: Decision, rules: RuleSet) -> bool:
+    """A module span outranks what frames guess from names (user-code heuristics, or nothing), never what a
+    library rule or a lifecycle proves."""
+    if d.category == "other":
+        return True
+    return d.rule.startswith("generic.") and rules.categories[d.category].owner == "innermost"
+
+
 def _counts(sizes: np.ndarray) -> dict[int, int]:
     values, counts = np.unique(sizes, return_counts=True)
     return dict(zip(values.tolist(), counts.tolist()))
@@ -577,7 +600,7 @@ def _display(decider: _Decider, stack_id: int, deciding: int = -1) -> tuple[tupl
 
 
 def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
-    """By device and category: bytes, share of the device's total, blocks, top frames by bytes."""
+    """By device and category: bytes, share of the device's total, blocks, top frames by bytes, inferred bytes."""
     rows = []
     for device, dev in blocks.groupby("device", sort=True):
         total = int(dev["size"].sum())
@@ -587,7 +610,8 @@ def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
                          "share": (float(part["size"].sum()) / total) if total else 0.0,
                          "blocks": len(part),
                          "top_frames": [s or "(no frames)" for s in list(sites.index[:top])],
-                         "top_frame_bytes": [int(b) for b in sites.to_numpy()[:top]]})
+                         "top_frame_bytes": [int(b) for b in sites.to_numpy()[:top]],
+                         "inferred_bytes": int(part.loc[part["inferred"].astype(bool), "size"].sum())})
     df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     return df.sort_values(["device", "bytes", "category"], ascending=[True, False, True], kind="stable",
                           ignore_index=True)
@@ -629,8 +653,39 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
                          "threads were running; the trace does not say which thread allocated them, so they "
                          "keep their frame categories")
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
+    notes.extend(_source_note(decider, blocks["stack_id"].unique().tolist()))
     return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks, rules=rules,
                        notes=tuple(notes))
+
+
+_INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages|lib/python\d[\d.]*)/|^<")
+
+
+def _source_note(decider: _Decider, stack_ids: list[int]) -> list[str]:
+    """What source resolution did, or would do: the program's own files among the live blocks' frames
+    (Python files outside installed packages and the standard library)."""
+    frames, stacks, rules = decider.interner.frames, decider.interner.stacks, decider.rules
+    files: dict[str, bool] = {}
+    for sid in stack_ids:
+        for fid in stacks[sid] if sid >= 0 else ():
+            filename = frames[fid][0]
+            if filename in files or not filename.endswith(".py") or _INSTALLED.search(filename):
+                continue
+            facts = rules.facts(frames[fid])
+            if not facts.plumbing:
+                files[filename] = facts.source is not None
+    if not files:
+        return []
+    # No paths in the notes: reports redact paths, and notes are free text.
+    if rules.source is None:
+        return [f"{len(files)} file(s) of the program's own code appear in the live stacks; --source DIR (the "
+                "program's checkout) would resolve their frames to Class.method and the code at each line, which "
+                "tells an MLP's Linear from an attention one"]
+    missing = sum(1 for found in files.values() if not found)
+    if not missing:
+        return []
+    return [f"{missing} of {len(files)} file(s) of the program's own code in the live stacks were not found under "
+            "--source: their frames decide by file and function name only"]
 
 
 def bind_source(rules: RuleSet, source: SourceRoots) -> RuleSet:

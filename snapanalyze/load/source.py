@@ -21,6 +21,7 @@ import ast
 import os
 import re
 import stat
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +93,9 @@ def _tree(text: str) -> ast.Module | None:
     lines = text.splitlines()
     for _ in range(32):
         try:
-            return ast.parse("\n".join(lines))
+            with warnings.catch_warnings():          # the program's invalid escapes are not our warnings
+                warnings.simplefilter("ignore")
+                return ast.parse("\n".join(lines))
         except SyntaxError as exc:
             n = (exc.lineno or 0) - 1
             if not 0 <= n < len(lines) or lines[n].strip() == "pass":
@@ -119,7 +122,7 @@ def _parse(text: str) -> _File | None:
                 start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
                 inner = (*chain, child.name)
                 is_class = isinstance(child, ast.ClassDef)
-                if is_class:
+                if isinstance(child, ast.ClassDef):
                     classes.setdefault(child.name, tuple(b for b in map(_base_name, child.bases) if b))
                 defs.append(_Def(start, child.end_lineno or child.lineno, child.name, inner, cls))
                 visit(child, inner, child.name if is_class else cls)

@@ -80,7 +80,7 @@ def attribution_document(attribution: Any, explain: bool = False) -> dict[str, A
             "request": instant.request,
             "categories": [{"category": r.category, "bytes": int(r.bytes), "share": round(float(r.share), 6),
                             "blocks": int(r.blocks), "top_frames": list(r.top_frames),
-                            "top_frame_bytes": list(r.top_frame_bytes)}
+                            "top_frame_bytes": list(r.top_frame_bytes), "inferred_bytes": int(r.inferred_bytes)}
                            for r in summary.itertuples()],
         }
         if explain:

@@ -86,10 +86,11 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool) -> str:
                    f" reserved {text.fmt_bytes(p['reserved_bytes'])}"
                    + (f"; made by request {d['request']!r}" if d["request"] else ""))
         rows = [[c["category"], text.fmt_bytes(c["bytes"]), text.fmt_share(c["share"]), f"{c['blocks']:,}",
+                 _inferred(c["inferred_bytes"], c["bytes"]),
                  "; ".join(f"{site} ({text.fmt_bytes(n)})" for site, n in
                            zip(c["top_frames"][:top], c["top_frame_bytes"][:top]))] for c in d["categories"]]
-        out.append(text.table(["category", "bytes", "share", "blocks", "top allocation sites"], rows,
-                              right=[False, True, True, True, False]))
+        out.append(text.table(["category", "bytes", "share", "blocks", "inferred", "top allocation sites"], rows,
+                              right=[False, True, True, True, True, False]))
         if explain:
             out.append("\n  why (rule → frame, largest first):")
             for e in d["explain"]:
@@ -97,6 +98,15 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool) -> str:
                 tags = f" tags={','.join(e['tags'])}" if e["tags"] else ""
                 out.append(f"  {text.fmt_bytes(e['bytes']):>10}  {e['category']}{tags} ← {e['rule']}{flag} "
                            f"@ {e['frame'] or '(no frame)'}\n{'':14}{e['reason']}")
+    if any(c["inferred_bytes"] for d in doc["devices"] for c in d["categories"]):
+        out.append("inferred = bytes decided by sizes, lifetimes, layout or time rather than proven by a frame, "
+                   "pool or metadata (--explain shows the arithmetic)")
     for note in doc["notes"]:
         out.append(f"note: {note}")
     return "\n".join(out)
+
+
+def _inferred(inferred: int, total: int) -> str:
+    if not inferred:
+        return ""
+    return "all" if inferred >= total else text.fmt_bytes(inferred)
