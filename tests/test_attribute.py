@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import BASE, SnapshotBuilder, write_pickle
 
 from snapanalyze import UsageError, attribute, find_peaks, load, replay, top_sites
 from snapanalyze.analyze.attribute import _shape_logits, _shape_scores, vocab_hints
 
 REAL = Path(__file__).parent.parent / "fixtures" / "real"
 SCENARIOS = Path(__file__).parent.parent / "fixtures" / "scenarios"
+MiB = 1 << 20
 
 
 @pytest.mark.parametrize("path", sorted(REAL.glob("*.pickle")), ids=lambda p: p.name)
@@ -228,3 +230,51 @@ def test_without_the_source_user_code_is_not_guessed_from_a_function_name():
     blocks = attribute(load(REAL / f"{stem}.pickle")).blocks
     assert not blocks["frame"].str.endswith(":silu").any() or \
         set(blocks.loc[blocks["frame"].str.endswith(":silu"), "category"]) == {"other"}
+
+
+RESNET = '''\
+import torch.nn.functional as F
+from torch import nn
+
+
+class ResBlock(nn.Module):
+    def forward(self, x):
+        h = F.silu(self.conv(x))
+        return x + h
+
+
+class FeedForward(nn.Module):
+    def forward(self, x):
+        return self.down(F.silu(self.up(x)))
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        x = x + self.attn(self.norm(x))
+        return x
+'''
+
+
+def _frames(*frames: tuple[str, int, str]) -> list[dict]:
+    return [{"filename": f, "line": line, "name": n} for f, line, n in frames]
+
+
+def test_names_are_scoped_by_the_owning_module(tmp_path):
+    """F.silu is MLP inside a FeedForward but not inside a ResBlock; a residual add in Block.forward is the
+    block's own, though the statement calls self.attn; without the source the activation proves nothing."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "net.py").write_text(RESNET)
+    silu = ("/usr/lib/python3.12/site-packages/torch/nn/functional.py", 2380, "silu")
+    user = "/home/me/project/net.py"
+    b = SnapshotBuilder()
+    b.segment(BASE, [(MiB, MiB, "active_allocated")] * 3 + [(MiB, 0, "inactive")])
+    b.alloc(BASE, MiB, frames=_frames(silu, (user, 7, "forward")))                 # ResBlock.forward
+    b.alloc(BASE + MiB, MiB, frames=_frames(silu, (user, 13, "forward")))          # FeedForward.forward
+    b.alloc(BASE + 2 * MiB, MiB, frames=_frames((user, 18, "forward")))            # Block.forward: x + …
+    snap = load(write_pickle(tmp_path / "scoped.pickle", b.build()))
+    got = attribute(snap, at="event:2", source=tmp_path / "src").blocks.sort_values("address")
+    assert got["category"].tolist() == ["other", "mlp", "other"]
+    assert got["frame"].tolist()[1].endswith(":FeedForward.forward") or got["frame"].tolist()[1].endswith(":silu")
+    assert "inside ResBlock.forward, which owns it" in got["reason"].tolist()[0]
+    blind = attribute(snap, at="event:2").blocks
+    assert set(blind["category"]) == {"other"}

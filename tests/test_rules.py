@@ -4,6 +4,7 @@ files extend and override the packs, and malformed files fail with a clear Rules
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,39 @@ def test_malformed_rules_file_names_file_and_problem(tmp_path, text, problem):
 def test_missing_rules_file_is_a_clear_error(tmp_path):
     with pytest.raises(RulesError, match="cannot read the rules file"):
         load_rules(tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('[[plumbing]]\nname = "x"\nreason = "r"\nclass = "A"\n', "plumbing matches on 'file' and 'function' only"),
+    ('[[rules]]\nname = "x"\ncategory = "mlp"\nreason = "r"\ncode = "a"\nwhere = "outer"\n', "'where' must be"),
+    ('[[rules]]\nname = "x"\ncategory = "mlp"\nreason = "r"\ncall = "a"\nconfirm = "yes"\n', "'confirm' must be"),
+    ('[[modules]]\nname = "m"\ncategory = "mlp"\nreason = "r"\n', "at least one of 'path' or 'class'"),
+    ('[[modules]]\nname = "m"\ncategory = "nope"\nreason = "r"\npath = "x"\n', "unknown category 'nope'"),
+    ('[[modules]]\nname = "m"\ncategory = "mlp"\nreason = "r"\npath = "x"\nfile = "y"\n', "unknown key(s) ['file']"),
+])
+def test_malformed_source_and_module_rules_name_the_problem(tmp_path, text, problem):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(RulesError, match=re.escape(problem)):
+        load_rules(path)
+
+
+def test_user_rules_key_on_the_source_and_on_module_spans(tmp_path):
+    user = tmp_path / "mine.toml"
+    user.write_text('''
+[[rules]]
+name = "mine.router"
+category = "mlp"
+reason = "our MoE router"
+class = '^Router$'
+
+[[modules]]
+name = "mine.router_span"
+category = "mlp"
+reason = "our MoE router module"
+path = '(^|\\.)router$'
+''')
+    mine = load_rules(user)
+    assert mine.rules[0].needs_source and mine.rules[0].name == "mine.router"
+    assert mine.modules[0].name == "mine.router_span" and mine.modules[0].match("model.layers.0.router", "A.B") == 3
+    assert mine.modules[0].match("model.layers.0.router_norm", "A.B") is None

@@ -155,6 +155,34 @@ class _Decider:
         self.cache: dict[int, Decision] = {-1: Decision("other", "no_frames",
                                                          "the allocation carries no stack frames", -1)}
         self.display_cache: dict[int, int] = {-1: -1}
+        self.files_cache: dict[int, tuple[tuple[str, bool], ...]] = {}
+        self.state_cache: dict[tuple[int, bool, bytes], list[StateGuess]] = {}
+
+    def persistent(self, device: int, sizes: np.ndarray, addresses: np.ndarray, training: bool) -> list[StateGuess]:
+        """`state.persistent_state` of these blocks, kept: blocks live throughout the window are the same at
+        every instant of a device."""
+        key = (device, training, sizes.tobytes() + addresses.tobytes())
+        found = self.state_cache.get(key)
+        if found is None:
+            found = self.state_cache[key] = persistent_state(sizes, addresses, training)
+        return found
+
+    def program_files(self, stack_id: int) -> tuple[tuple[str, bool], ...]:
+        """The program's own files in a stack (Python files outside installed packages and the standard
+        library, not plumbing) and whether their source was found."""
+        found = self.files_cache.get(stack_id)
+        if found is None:
+            seen: dict[str, bool] = {}
+            frames = self.interner.frames
+            for fid in self.interner.stacks[stack_id] if stack_id >= 0 else ():
+                filename = frames[fid][0]
+                if filename in seen or not filename.endswith(".py") or _INSTALLED.search(filename):
+                    continue
+                facts = self.rules.facts(frames[fid])
+                if not facts.plumbing:
+                    seen[filename] = facts.source is not None
+            found = self.files_cache[stack_id] = tuple(seen.items())
+        return found
 
     def qualname(self, frame: tuple[str, int, str] | None) -> str:
         """The frame's qualified name where its source was found ("" otherwise)."""
@@ -474,8 +502,13 @@ def _instant_event(trace: Any, index: int) -> int:
         return -1
     if trace.action[index] == OOM:
         return index
-    allocs = np.flatnonzero(trace.action[:index + 1] == ALLOC)
-    return int(allocs[-1]) if len(allocs) else -1
+    lo = index + 1
+    while lo > 0:                      # look back in growing windows: the alloc is nearly always close
+        lo, hi = max(0, lo - 1024 * (index + 1 - lo + 1)), lo
+        allocs = np.flatnonzero(trace.action[lo:hi] == ALLOC)
+        if len(allocs):
+            return lo + int(allocs[-1])
+    return -1
 
 
 def _instant_request(snapshot: Snapshot, device: int, event: int, markers: pd.DataFrame | None,
@@ -533,9 +566,14 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     training = any(d.category in _TRAINING or set(d.context) & {"autograd", "optimizer"}
                    for d in (*decisions, *freed_by.values())) or snapshot.frameless_allocations(device)
     guesses = dict(zip(np.flatnonzero(persistent).tolist(),
-                       persistent_state(sizes[persistent], addr[persistent], training)))
-    decisions = [_before_window(guesses.get(i), freed_by.get(i), free_sites.get(i, "")) if frameless_pre[i]
-                 else d for i, d in enumerate(decisions)]
+                       decider.persistent(device, sizes[persistent], addr[persistent], training)))
+    made: dict[tuple[int, int, str], Decision] = {}       # one Decision per distinct guess
+    for i in np.flatnonzero(frameless_pre).tolist():
+        guess, by, site = guesses.get(i), freed_by.get(i), free_sites.get(i, "")
+        key = (id(guess), id(by), site)
+        if key not in made:
+            made[key] = _before_window(guess, by, site)
+        decisions[i] = made[key]
     modules = ModuleIndex.of(markers)
     if len(modules) and trace.time_us is not None and from_trace.any():
         where = np.flatnonzero(from_trace)
@@ -664,16 +702,8 @@ _INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages|lib/python\d[\d.]*)/
 def _source_note(decider: _Decider, stack_ids: list[int]) -> list[str]:
     """What source resolution did, or would do: the program's own files among the live blocks' frames
     (Python files outside installed packages and the standard library)."""
-    frames, stacks, rules = decider.interner.frames, decider.interner.stacks, decider.rules
-    files: dict[str, bool] = {}
-    for sid in stack_ids:
-        for fid in stacks[sid] if sid >= 0 else ():
-            filename = frames[fid][0]
-            if filename in files or not filename.endswith(".py") or _INSTALLED.search(filename):
-                continue
-            facts = rules.facts(frames[fid])
-            if not facts.plumbing:
-                files[filename] = facts.source is not None
+    rules = decider.rules
+    files = {f: found for sid in stack_ids for f, found in decider.program_files(int(sid))}
     if not files:
         return []
     # No paths in the notes: reports redact paths, and notes are free text.

@@ -42,7 +42,8 @@ class StateGuess:
 
 
 def copies(sizes: np.ndarray) -> int:
-    """k: the greatest common divisor of the counts of the sizes that occur more than once (1 if none).
+    """k: the greatest common divisor of the counts of the sizes that occur more than once (1 if none, or if
+    only one size repeats: one size says nothing about a multiset).
 
     A size that occurs two or three times and breaks the pattern (a buffer or an input batch that happens to
     share a size) is left out, as long as the sizes that keep it hold 90 % of the repeated bytes."""
@@ -50,14 +51,15 @@ def copies(sizes: np.ndarray) -> int:
         return 1
     values, counts = np.unique(sizes, return_counts=True)
     repeated = counts > 1
-    k = math.gcd(*counts[repeated].tolist()) if repeated.any() else 1
-    if k == 1 and repeated.any():
-        kept = repeated & (counts > 3)
-        if kept.any():
-            k = math.gcd(*counts[kept].tolist())
-            total = (values[repeated] * counts[repeated]).sum()
-            if (values[kept] * counts[kept]).sum() < 0.9 * total:
-                k = 1
+    if repeated.sum() < 2:
+        return 1
+    k = math.gcd(*counts[repeated].tolist())
+    if k == 1 and (counts > 3).sum() >= 2:
+        k = math.gcd(*counts[counts > 3].tolist())
+        breaks = repeated & (counts % k != 0)
+        total = (values[repeated] * counts[repeated]).sum()
+        if k == 1 or (counts[breaks] > 3).any() or (values[breaks] * counts[breaks]).sum() > 0.1 * total:
+            k = 1
     return k
 
 

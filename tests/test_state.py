@@ -1,0 +1,46 @@
+"""Persistent state from before the window: the cuBLAS workspace by its size, k copies of the parameters in
+a training program, everything weights without evidence of training."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from snapanalyze.analyze.state import CUBLAS_DEFAULT_WORKSPACE, copies, persistent_state
+
+# A model's parameter sizes: embedding, 2 layers of q/k/v/o and w1/w2/w3, 5 norms (odd: 2 layers × 2 + final)
+PARAMS = [40_960_000] + [4 * 2**20] * 8 + [16 * 2**20] * 6 + [4096] * 5
+
+
+def _layout(*copies_of: int) -> tuple[np.ndarray, np.ndarray]:
+    sizes = np.array([s for k in copies_of for s in PARAMS * k], dtype=np.int64)
+    return sizes, np.arange(len(sizes), dtype=np.uint64) * np.uint64(2**26)
+
+
+def test_copies_is_the_gcd_of_the_repeated_counts_and_survives_a_coincidence() -> None:
+    assert copies(_layout(1)[0]) == 1
+    assert copies(_layout(2)[0]) == 2 and copies(_layout(3)[0]) == 3
+    with_inputs = np.concatenate([_layout(2)[0], [65536, 65536, 65536]])   # a buffer and two batches of one size
+    assert copies(with_inputs) == 2
+
+
+def test_without_training_evidence_everything_is_weights_but_the_workspace() -> None:
+    sizes, addr = _layout(2)
+    sizes = np.append(sizes, CUBLAS_DEFAULT_WORKSPACE)
+    addr = np.append(addr, np.uint64(2**40))
+    guesses = persistent_state(sizes, addr, training=False)
+    assert [g.category for g in guesses[:-1]] == ["weights"] * (len(sizes) - 1)
+    assert guesses[-1].category == "workspace" and "8,519,680" in guesses[-1].reason
+    assert "no backward or optimizer" in guesses[0].reason
+
+
+def test_in_training_the_copies_become_state_in_address_order() -> None:
+    sizes, addr = _layout(2)
+    guesses = persistent_state(sizes, addr, training=True)
+    first, second = guesses[:len(PARAMS)], guesses[len(PARAMS):]
+    assert {g.category for g in first} == {"weights"} and {g.category for g in second} == {"gradients"}
+    assert "copy 2 of 2" in second[0].reason and "guess" in second[0].reason
+    four = persistent_state(*_layout(4), training=True)
+    assert [four[i * len(PARAMS)].category for i in range(4)] == \
+        ["weights", "gradients", "optimizer_state", "optimizer_state"]
+    lone = persistent_state(np.array([123, 123, 123, 456]), np.arange(4, dtype=np.uint64), training=True)
+    assert {g.category for g in lone} == {"weights"}        # one repeated size says nothing of a multiset
