@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import (
     BASE,
+    REAL_DIR,
     REAL_FILES,
     SnapshotBuilder,
     naive_replay,
@@ -277,3 +278,24 @@ def test_version_and_help() -> None:
     assert run("--version").stdout.startswith("snapanalyze, version")
     help_text = run("--help").stdout
     assert "peaks" in help_text and "summary" in help_text
+
+
+def test_attribute_with_the_programs_source(tmp_path: Path) -> None:
+    """--source resolves the hand-written model's frames: its SwiGLU intermediates become mlp, frames show
+    Class.method, and the table says which bytes are inferred; a missing root is one line, exit 2."""
+    stem = "cs336-step-user-metadata-t2.11"
+    path = REAL_DIR / f"{stem}.pickle"
+    source = REAL_DIR / "source" / stem
+    plain = json.loads(run("attribute", str(path), "--format", "json").stdout)
+    with_source = run("attribute", str(path), "--source", str(source), "--format", "json")
+    assert with_source.exit_code == 0, with_source.output
+    cats = {c["category"]: c for c in json.loads(with_source.stdout)["devices"][0]["categories"]}
+    before = {c["category"]: c["bytes"] for c in plain["devices"][0]["categories"]}
+    assert cats["mlp"]["bytes"] > 5 * 2**30 > before.get("mlp", 0)
+    assert any(f.endswith(":SwiGLU.forward") for f in cats["mlp"]["top_frames"])
+    assert cats["weights"]["inferred_bytes"] == cats["weights"]["bytes"] > 0
+    table = run("attribute", str(path), "--source", str(source)).stdout
+    assert "inferred" in table.splitlines()[4] and "--explain shows the arithmetic" in table
+    assert "would resolve their frames" in run("attribute", str(path)).stdout
+    missing = run("attribute", str(path), "--source", str(tmp_path / "nope"))
+    assert missing.exit_code == 2 and "not a directory" in missing.stderr and missing.stderr.count("\n") == 1

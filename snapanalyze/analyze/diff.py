@@ -38,7 +38,7 @@ import pandas as pd
 from ..errors import UsageError
 from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
-from .attribute import Attribution, attribute, is_python_frame, short_path
+from .attribute import Attribution, SourceRoots, attribute, bind_source, is_python_frame, short_path
 from .peaks import global_peak_index
 from .phases import annotation_spans, window_bounds, window_peak
 from .rules import RuleSet, load_rules
@@ -216,9 +216,10 @@ def _peak_row(device: int, scope: str, phase: str | None, pa: dict[str, Any], pb
 
 
 def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None = None,
-         rules: RuleSet | None = None) -> Diff:
-    """Compare `b` against `a` at the global peak (or the peak of `phase`) of each shared device."""
-    rules = rules or load_rules()
+         rules: RuleSet | None = None, source: SourceRoots = None) -> Diff:
+    """Compare `b` against `a` at the global peak (or the peak of `phase`) of each shared device; `source`:
+    the program's checkout (see `attribute`)."""
+    rules = bind_source(rules or load_rules(), source)
     ta, tb = replay(a), replay(b)
     shared = sorted(set(ta.devices) & set(tb.devices))
     if device is not None:

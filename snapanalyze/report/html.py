@@ -27,7 +27,8 @@ import plotly.offline
 from markupsafe import Markup
 
 from .. import __version__
-from ..analyze.rules import RuleSet
+from ..analyze.attribute import SourceRoots, bind_source
+from ..analyze.rules import RuleSet, load_rules
 from ..model import Snapshot
 from ..replay import Timeline
 from .context import Progress, ReportContext, build_context, build_path_context
@@ -109,8 +110,11 @@ def render_report(context: ReportContext, sections: Sequence[SectionFunction] = 
 def build_report(snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
                  top: int = 3, at: Sequence[str] = (), samples: int = 32, device: int | None = None,
                  redact_paths: bool = False, inputs: Mapping[str, Any] | None = None,
-                 sections: Sequence[SectionFunction] = DEFAULT_SECTIONS, progress: Progress | None = None) -> str:
-    """The HTML report of one snapshot: `build_context(...)` then `render_report(...)`."""
+                 sections: Sequence[SectionFunction] = DEFAULT_SECTIONS, progress: Progress | None = None,
+                 source: SourceRoots = None) -> str:
+    """The HTML report of one snapshot: `build_context(...)` then `render_report(...)`; `source`: the program's
+    checkout (see `attribute`)."""
+    rules = bind_source(rules or load_rules(), source)
     context = build_context(snapshot, timeline=timeline, rules=rules, top=top, at=at, samples=samples,
                             device=device, redact_paths=redact_paths, inputs=inputs, progress=progress)
     return render_report(context, sections, progress)
@@ -120,9 +124,11 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
                       compare: str | Path | None = None, rules: RuleSet | None = None, top: int = 3,
                       at: Sequence[str] = (), samples: int = 32, device: int | None = None,
                       redact_paths: bool = False, sections: Sequence[SectionFunction] = DEFAULT_SECTIONS,
-                      progress: Progress | None = None, capacity: int | None = None) -> str:
+                      progress: Progress | None = None, capacity: int | None = None,
+                      source: SourceRoots = None) -> str:
     """The HTML report of a snapshot file or a run directory (every rank, or `rank`), optionally with the
     diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`."""
+    rules = bind_source(rules or load_rules(), source)
     context = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
                                  top=top, at=at, samples=samples, device=device, redact_paths=redact_paths,
                                  capacity=capacity)
