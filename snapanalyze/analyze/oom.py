@@ -86,6 +86,11 @@ CATEGORY_ADVICE = {
     "concurrent_request": "fewer requests in flight (max_num_seqs)",
     "communication": "smaller communication buffers (NCCL_BUFFSIZE, fewer communicators)",
     "workspace": "smaller library workspaces (CUBLAS_WORKSPACE_CONFIG, engine workspace limits)",
+    "optimizer_state": "less optimizer state per device: shard it (ZeRO / FSDP / a distributed optimizer), an "
+                       "8-bit or factored optimizer, or offload it",
+    "gradients": "fewer gradients held at once: zero_grad(set_to_none=True) before the forward, shard them "
+                 "(ZeRO-2 / FSDP), or accumulate in lower precision",
+    "inputs": "smaller input batches on the device (micro-batches, keep the dataset on the host)",
 }
 def fmt_bytes(n: int | None) -> str:
     """Binary units for the sentences of `why` and `advice`; None is "unknown"."""
