@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 # Light modules (numpy and pyarrow only) are imported now; `load` and `replay` also name subpackages, which
 # importing them would otherwise leave bound here in place of the functions.
+from . import display
 from .errors import BadInputError, RulesError, SnapanalyzeError, UnsafePickleError, UsageError
 from .load import load
 from .model import Snapshot
@@ -36,6 +37,7 @@ _EXPORTS = {
     ".load.samples": ("RunSamples", "read_run"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+display.provide("snapanalyze.report.notebook")      # Snapshot, Timeline, Attribution render there in Jupyter
 
 
 def __getattr__(name: str) -> Any:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .display import HtmlDisplay
 from .stacks import StackInterner
 
 if TYPE_CHECKING:                     # pandas loads on first use: `peaks` on a converted run never needs it
@@ -153,7 +154,7 @@ class Format:
 
 
 @dataclass(frozen=True, eq=False)
-class Snapshot:
+class Snapshot(HtmlDisplay):
     """A loaded memory snapshot: columnar, device-indexed, frames interned on demand.
 
     The end state is held as numpy columns (`segment_columns`, `block_columns`: SEGMENT_COLUMNS and
@@ -285,10 +286,6 @@ class Snapshot:
     def stacks_table(self) -> pd.DataFrame:
         """Every stack interned so far, long format: stack_id, depth (0 = innermost), frame_id."""
         return self.interner.stacks_table()
-
-    def _repr_html_(self) -> str:
-        from .report.notebook import snapshot_html
-        return snapshot_html(self)
 
     def __repr__(self) -> str:
         n = sum(len(t) for t in self.traces.values())

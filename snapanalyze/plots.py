@@ -36,8 +36,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .analyze.attribute import Attribution, is_python_frame, short_path
+from .analyze.attribute import Attribution
 from .replay import DeviceTimeline, Timeline
+from .stacks import is_python_frame, short_path
 from .units import fmt_bytes, fmt_duration_us
 
 GiB = float(1 << 30)
@@ -58,6 +59,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "weights": "#4c72b0", "kv_cache": "#55a868", "graph_capture": "#8172b2", "concurrent_request": "#937860",
     "fallback_kernel": "#c44e52", "vision_encoder": "#da8bc3", "logits": "#dd8452", "attention": "#ccb974",
     "mlp": "#64b5cd", "communication": "#8c8c8c", "workspace": "#a1c9f4", "other": "#bbbbbb",
+    "optimizer_state": "#2a3f73", "gradients": "#8fb8de", "inputs": "#ffb482",
 }
 FALLBACK_COLORS = ("#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#ff9896", "#98df8a", "#c5b0d5", "#c49c94")
 CURVE_COLORS = {"active": "#1f77b4", "reserved": "#7f7f7f", "allocated_est": "#2ca02c", "peak": "#d62728",

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .display import HtmlDisplay
 from .model import (
     ACTIVE_STATES,
     ALLOC,
@@ -98,7 +99,7 @@ class DeviceTimeline:
 
 
 @dataclass(frozen=True, eq=False)
-class Timeline:
+class Timeline(HtmlDisplay):
     """The replay of every device of a snapshot."""
 
     snapshot: Snapshot
@@ -110,10 +111,6 @@ class Timeline:
     def check_invariants(self) -> list[str]:
         """Problems found proving the replay against the end state (empty when it holds)."""
         return [p for d in self.devices.values() for p in d.problems]
-
-    def _repr_html_(self) -> str:
-        from .report.notebook import timeline_html
-        return timeline_html(self)
 
 
 def _first_per_span(mask: np.ndarray, span_id: np.ndarray, order: np.ndarray, n_spans: int) -> np.ndarray:

@@ -1,4 +1,6 @@
-"""Intern stack frames: each distinct frame and each distinct stack is stored once and named by an int id.
+"""Intern stack frames: each distinct frame and each distinct stack is stored once and named by an int id;
+and what a frame is: Python or native (`is_python_frame`), its path without the install prefix
+(`short_path`), its one-line label (`frame_site`).
 
 Contract: `StackInterner.intern(frames)` maps a raw frames list (innermost first, dicts with filename/line/
 name) to a stack id (-1 for none), interning lazily so that only the stacks an analysis asks for are ever
@@ -17,6 +19,33 @@ if TYPE_CHECKING:
     import pandas as pd
 
 Frame = tuple[str, int, str]  # (filename, line, name)
+NATIVE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".c")
+
+
+def is_python_frame(filename: str) -> bool:
+    """A Python frame: a file name that is neither unknown ("", "??") nor a C/C++/CUDA source."""
+    return filename not in ("", "??") and not filename.endswith(NATIVE_SUFFIXES)
+
+
+def short_path(filename: str) -> str:
+    """Drop the install prefix: everything up to site-/dist-packages, or all but the last 3 parts."""
+    for marker in ("site-packages/", "dist-packages/"):
+        cut = filename.rfind(marker)
+        if cut >= 0:
+            return filename[cut + len(marker):]
+    parts = filename.split("/")
+    return "/".join(parts[-3:]) if len(parts) > 3 else filename
+
+
+def frame_site(frame: Frame | None, qualname: str = "") -> str:
+    """"file:line:function" for a Python frame (the function as `qualname` when the source named it), the
+    name without its argument list for a native one, "" for none."""
+    if frame is None:
+        return ""
+    filename, line, name = frame
+    if is_python_frame(filename):
+        return f"{short_path(filename)}:{line}:{qualname or name}"
+    return name.split("(", 1)[0] or name
 
 
 class StackInterner:

@@ -46,11 +46,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..display import HtmlDisplay
 from ..errors import UsageError
 from ..load.source import SourceIndex
 from ..model import ALLOC, OOM, Snapshot
 from ..replay import ORIGINS, Timeline, replay
-from ..stacks import StackInterner
+from ..stacks import StackInterner, frame_site, is_python_frame
 from .modules import ModuleIndex
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
@@ -65,7 +66,6 @@ SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames
 KNOWN_VOCABS = (32000, 32001, 32064, 32256, 32768, 49152, 50257, 50272, 50280, 51200, 64000, 65024, 65536,
                 92544, 100352, 102400, 128000, 128256, 129280, 151646, 151936, 152064, 163840, 200064,
                 201088, 256000, 262144, 262208)
-_CPP_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".c")
 SourceRoots = SourceIndex | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
 
 
@@ -94,7 +94,7 @@ class Instant:
 
 
 @dataclass(frozen=True, eq=False)
-class Attribution:
+class Attribution(HtmlDisplay):
     """Per-block attribution at one instant per device, and its summary by category."""
 
     snapshot: Snapshot
@@ -108,24 +108,6 @@ class Attribution:
     def summary(self) -> pd.DataFrame:
         """`summarize_blocks(blocks)`: by device and category (made on first use)."""
         return summarize_blocks(self.blocks)
-
-    def _repr_html_(self) -> str:
-        from ..report.notebook import attribution_html
-        return attribution_html(self)
-
-
-def is_python_frame(filename: str) -> bool:
-    return filename not in ("", "??") and not filename.endswith(_CPP_SUFFIXES)
-
-
-def short_path(filename: str) -> str:
-    """Drop the install prefix: everything up to site-/dist-packages, or all but the last 3 parts."""
-    for marker in ("site-packages/", "dist-packages/"):
-        cut = filename.rfind(marker)
-        if cut >= 0:
-            return filename[cut + len(marker):]
-    parts = filename.split("/")
-    return "/".join(parts[-3:]) if len(parts) > 3 else filename
 
 
 class _Decider:
@@ -486,15 +468,6 @@ def _user_attention(d: Decision) -> bool:
     return d.category == "attention" and d.rule.startswith("generic.")
 
 
-def _frame_label(frame: tuple[str, int, str] | None, qualname: str = "") -> str:
-    if frame is None:
-        return ""
-    filename, line, name = frame
-    if is_python_frame(filename):
-        return f"{short_path(filename)}:{line}:{qualname or name}"
-    return name.split("(", 1)[0] or name   # C++: drop the argument list
-
-
 def _instant_event(trace: Any, index: int) -> int:
     """The event whose allocation reached the instant: the oom entry at it, else the last alloc at or before
     it (−1: none)."""
@@ -561,7 +534,7 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     free_stacks = snapshot.event_stack_ids(device, free_index[freed_pre]) if len(freed_pre) else \
         np.zeros(0, dtype=np.int64)
     freed_by = {int(i): decider.decide(int(sid)) for i, sid in zip(freed_pre, free_stacks)}
-    free_sites = {int(i): _frame_label(*_display(decider, int(sid), freed_by[int(i)].frame))
+    free_sites = {int(i): frame_site(*_display(decider, int(sid), freed_by[int(i)].frame))
                   for i, sid in zip(freed_pre, free_stacks)}
     training = any(d.category in _TRAINING or set(d.context) & {"autograd", "optimizer"}
                    for d in (*decisions, *freed_by.values())) or snapshot.frameless_allocations(device)
@@ -610,7 +583,7 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         frame_id = frame_decision.frame if frame_decision.frame >= 0 else decider.display_frame(int(stack[i]))
         frame = frames[frame_id] if frame_id >= 0 else None
         rows.append((device, int(addr[i]), int(sizes[i]), int(allocated_est[i]), d.category, ",".join(d.tags),
-                     d.rule, d.reason, _frame_label(frame, decider.qualname(frame)), d.inferred,
+                     d.rule, d.reason, frame_site(frame, decider.qualname(frame)), d.inferred,
                      int(stack[i]), metadata[i], pools[i], int(streams[i]), origin[i], int(alloc_index[i])))
     df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
     df["address"] = df["address"].astype(np.uint64)

@@ -38,7 +38,8 @@ import pandas as pd
 from ..errors import UsageError
 from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
-from .attribute import Attribution, SourceRoots, attribute, bind_source, is_python_frame, short_path
+from ..stacks import is_python_frame, short_path
+from .attribute import Attribution, SourceRoots, attribute, bind_source
 from .peaks import global_peak_index
 from .phases import annotation_spans, window_bounds, window_peak
 from .rules import RuleSet, load_rules

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..model import ANNOTATE, OOM, SEGMENT_MAP, SEGMENT_UNMAP, Snapshot
+from ..stacks import is_python_frame
 
 _ROUND_MAX_ENTRIES = {10**k for k in range(3, 9)} | {2**k for k in range(10, 28)} | {
     m * 10**k for m in (2, 5) for k in range(3, 8)}
@@ -77,16 +78,13 @@ def _version_range(s: Snapshot) -> tuple[str, list[str]]:
 
 
 def _has_cpp_frames(s: Snapshot, sample: int = 200) -> bool:
-    def cpp(frames: Any) -> bool:
-        return isinstance(frames, list) and any(
-            isinstance(fr, dict) and (str(fr.get("filename", "")) in ("??", "")
-                                      or str(fr.get("filename", "")).endswith((".cpp", ".cc", ".h", ".c")))
-            for fr in frames)
-    for t in s.traces.values():
-        for fr in t.frames[:sample]:
-            if cpp(fr):
-                return True
-    return any(cpp(fr) for fr in s.block_frames[:sample])
+    """Whether native frames were recorded (stacks="all"): among the first `sample` events of each device and
+    blocks, through the interned stacks (a converted run keeps no raw frames)."""
+    stacks = [s.event_stack_ids(d, np.arange(min(sample, len(t)))) for d, t in s.traces.items()]
+    stacks.append(s.block_stack_ids(np.arange(min(sample, len(s.block_columns["device"])))))
+    frames = s.interner.frames
+    return any(not is_python_frame(frames[f][0]) for ids in stacks for sid in set(ids.tolist()) if sid >= 0
+               for f in s.interner.stacks[sid])
 
 
 def summarize(s: Snapshot) -> dict[str, Any]:

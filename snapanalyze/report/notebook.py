@@ -2,7 +2,8 @@
 
 Contract: `snapshot_html`, `timeline_html` and `attribution_html` return a small HTML fragment (a heading
 line and one table, rendered from `templates/notebook/` with every value escaped) that Jupyter shows for
-the object through its `_repr_html_`. They never include plotly.js or a figure (plots are `snapanalyze.plots`
+the object through its `_repr_html_` (`display.HtmlDisplay`: importing this module registers them). They
+never include plotly.js or a figure (plots are `snapanalyze.plots`
 functions that return Figures), read only what the object already holds — no replay, no attribution — and
 stay small whatever the trace size.
 """
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..analyze.peaks import global_peak_index
+from ..display import register
 from ..model import ACTIVE_STATES, Snapshot
 from ..replay import Timeline
 from .templating import render
@@ -68,3 +70,8 @@ def attribution_html(attribution: Any, top: int = 1) -> str:
              "sites": list(zip(r.top_frames, r.top_frame_bytes))[:top]} for r in summary.itertuples()]})
     return str(render("notebook/attribution.html.j2", source=attribution.snapshot.source, devices=devices,
                       notes=list(attribution.notes)))
+
+
+register("Snapshot", snapshot_html)
+register("Timeline", timeline_html)
+register("Attribution", attribution_html)

@@ -15,8 +15,8 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from ..analyze.attribute import is_python_frame, short_path
 from ..model import Snapshot
+from ..stacks import is_python_frame, short_path
 
 _PACKAGE_ROOT = re.compile(r"^(?:.*/)?(?:site-packages|dist-packages|lib/python\d+(?:\.\d+)?)/")
 
