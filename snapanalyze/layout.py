@@ -14,8 +14,10 @@ Every file is written to a temporary name starting with ``.`` in the same direct
 reader (and ``pyarrow.dataset``, which ignores ``.``/``_`` names) only ever sees complete files, also after a
 killed writer. Every Parquet file carries ``schema_version`` (== `SCHEMA_VERSION`) and ``kind`` in its
 key-value metadata. ``snapanalyze convert`` adds ``rank=N/tag=<tag>/`` directories of snapshot tables
-(see `schema`). This module is pure path arithmetic plus one reader helper, shared by the collector that
-writes these files and the loaders that read them; it never imports torch.
+(see `schema`), each with a ``snapshot.json`` (`TABLES_META`) that marks it complete. This module is the one
+place that names these files: pure path arithmetic plus one reader helper, shared by the collector that
+writes them and the loaders that read them (which snapshot an analysis reads is `load.runs`); it never
+imports torch.
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ META_STEM = "meta"
 
 FINAL_TAG = "final"
 OOM_TAG_PREFIX = "oom-"
+TAG_PREFIX = "tag="
+TABLES_META = "snapshot.json"
 
 Kind = Literal["nvml", "markers"]
 
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RANK_RE = re.compile(r"^rank=(\d+)$")
+_TAG_DIR_RE = re.compile(r"^tag=(.+)$")
+_SNAPSHOT_RE = re.compile(r"^snapshot-(.+)\.pickle$")
 _PART_RE = re.compile(r"^nvml-part-(\d+)\.parquet$")
 _SESSION_RE = {"markers": re.compile(r"^markers(?:-(\d+))?\.parquet$"), "meta": re.compile(r"^meta(?:-(\d+))?\.json$")}
 
@@ -65,6 +71,28 @@ def parse_rank_dir(path: StrPath) -> int | None:
     """The rank of a ``rank=N`` directory name, or None if the name is not one."""
     m = _RANK_RE.match(Path(path).name)
     return int(m.group(1)) if m else None
+
+
+def parse_tag_dir(path: StrPath) -> str | None:
+    """The tag of a ``tag=<tag>`` tables directory name, or None if the name is not one."""
+    m = _TAG_DIR_RE.match(Path(path).name)
+    return m.group(1) if m else None
+
+
+def parse_snapshot_file(path: StrPath) -> str | None:
+    """The tag of a ``snapshot-<tag>.pickle`` file name (a counter suffix included), or None."""
+    m = _SNAPSHOT_RE.match(Path(path).name)
+    return m.group(1) if m else None
+
+
+def tag_dir(run: StrPath, rank: int, tag: str) -> Path:
+    """``RUN/rank=N/tag=<tag>``: where `snapanalyze convert` writes one snapshot's tables."""
+    return rank_dir(run, rank) / f"{TAG_PREFIX}{tag}"
+
+
+def is_tables_dir(path: StrPath) -> bool:
+    """A complete converted snapshot: a directory holding `TABLES_META`."""
+    return (Path(path) / TABLES_META).is_file()
 
 
 def rank_dirs(run: StrPath) -> dict[int, Path]:

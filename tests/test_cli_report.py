@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import snapanalyze.cli.report as cli_report
+from snapanalyze import atomic
 from snapanalyze.cli import main
 from snapanalyze.cli.progress import Progress
 
@@ -59,7 +60,7 @@ def test_a_failure_midway_leaves_the_old_file_and_no_partial_one(tmp_path: Path,
     def failing_replace(src: str, dst: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cli_report.os, "replace", failing_replace)
+    monkeypatch.setattr(atomic.os, "replace", failing_replace)       # the one atomic writer
     result = run("report", FIXTURE, "-o", out, "--force")
     assert result.exit_code != 0
     assert out.read_text() == "previous report"

@@ -193,7 +193,7 @@ def test_attribute_names_requests_from_run_markers_when_torch_recorded_none(tmp_
     import pyarrow.parquet as pq
     from conftest import BASE, SnapshotBuilder, write_pickle
 
-    from snapanalyze.collect import schemas
+    from snapanalyze import schema as schemas
 
     mib = 1 << 20
     b = SnapshotBuilder()

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from snapanalyze import collect
-from snapanalyze.collect import layout
+from snapanalyze import collect, layout
 
 
 def _cuda_available() -> bool:

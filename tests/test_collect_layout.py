@@ -12,8 +12,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from snapanalyze.collect import layout, schemas
-from snapanalyze.collect.atomic import write_atomic, write_new
+from snapanalyze import layout
+from snapanalyze import schema as schemas
+from snapanalyze.atomic import write_atomic, write_new
 
 
 def test_rank_dir_is_a_hive_partition(tmp_path: Path) -> None:

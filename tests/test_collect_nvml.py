@@ -11,10 +11,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from snapanalyze.collect import CollectorError, CollectorWarning, layout, nvml
+from snapanalyze import layout
+from snapanalyze.collect import CollectorError, CollectorWarning, nvml
 from snapanalyze.collect.nvml import NvmlSampler, split_processes
-from snapanalyze.collect.schemas import NVML_SCHEMA
 from snapanalyze.collect.testing import GIB, FakeClock, FakeNvml
+from snapanalyze.schema import NVML_SCHEMA
 
 PID = 4242
 

@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from snapanalyze.collect import layout
+from snapanalyze import layout
 
 RANK_SCRIPT = textwrap.dedent(
     """

@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from snapanalyze import collect
-from snapanalyze.collect import CollectorError, CollectorWarning, layout
+from snapanalyze import collect, layout
+from snapanalyze.collect import CollectorError, CollectorWarning
 from snapanalyze.collect.recorder import RecordOptions
 from snapanalyze.collect.testing import EPOCH_2024_US, GIB, FakeClock, FakeCuda, FakeNvml, failing_nvml, fake_backends
 

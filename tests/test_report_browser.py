@@ -19,7 +19,7 @@ import pytest
 from conftest import SnapshotBuilder, write_pickle
 
 from snapanalyze import load
-from snapanalyze.collect import schemas
+from snapanalyze import schema as schemas
 from snapanalyze.report.html import build_path_report, build_report
 
 ROOT = Path(__file__).resolve().parent.parent

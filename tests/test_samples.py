@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from snapanalyze.collect import layout, schemas
+from snapanalyze import layout
+from snapanalyze import schema as schemas
 from snapanalyze.errors import BadInputError
 from snapanalyze.load.samples import (
     MARKER_COLUMNS,

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import units
+from .. import layout, units
 from ..errors import BadInputError
 from ..load import load
 from ..load.samples import RunSamples, pick_snapshots, rank_of, rank_path, read_run
@@ -442,7 +442,7 @@ def explain_path(path: str | Path, rank: int | None = None, tag: str | None = No
     problems found (missing ranks, NVML parts, snapshots), which are not fatal."""
     p = Path(path)
     out: list[SnapshotOoms] = []
-    if p.is_dir() and not (p / "snapshot.json").exists():
+    if p.is_dir() and not layout.is_tables_dir(p):
         samples = read_run(p)
         chosen, problems = pick_snapshots(p, tag=tag, rank=rank, prefer_oom=True)
         problems = [*samples.problems, *problems]

@@ -10,31 +10,15 @@ without --force. Progress goes to stderr only on a terminal (`progress`).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
 
+from ..atomic import write_atomic
 from ..errors import UsageError
 from . import main
 from .common import SIZE, input_argument, rules_for, source_option
 from .progress import Progress
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path` through a temporary file in the same directory and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @main.command()
@@ -82,7 +66,7 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
                                  samples=samples, device=device, redact_paths=redact_paths, progress=progress.step,
                                  capacity=capacity)
         progress.step("writing")
-        write_atomic(output, page)
+        write_atomic(output, lambda f: f.write(page.encode("utf-8")))
     finally:
         progress.done()
     size = output.stat().st_size

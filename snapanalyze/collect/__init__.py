@@ -24,8 +24,8 @@ Modules: `recorder` (record/dump/Recording), `markers` (phase/request), `modules
 from __future__ import annotations
 
 from ..errors import CollectorError
+from ..layout import SCHEMA_VERSION, rank_dir
 from ._common import CollectorWarning
-from .layout import SCHEMA_VERSION, rank_dir
 from .markers import phase, request
 from .modules import ModuleHooks, modules
 from .nvml import NvmlBackend, NvmlSampler, open_nvml

@@ -23,7 +23,7 @@ from typing import Literal
 
 import pyarrow as pa
 
-from . import schemas
+from .. import schema as schemas
 from ._common import now_us, warn
 
 MarkerKind = Literal["phase", "request", "module"]

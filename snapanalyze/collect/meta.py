@@ -17,9 +17,9 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import BinaryIO
 
-from .atomic import write_atomic, write_new
+from ..atomic import write_atomic, write_new
+from ..layout import SCHEMA_VERSION
 from .cuda import DeviceInfo
-from .layout import SCHEMA_VERSION
 from .rank import RankInfo
 
 

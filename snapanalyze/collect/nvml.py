@@ -26,8 +26,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from .. import layout
+from .. import schema as schemas
 from ..errors import CollectorError
-from . import layout, schemas
 from ._common import now_us, warn
 
 AllocatorStats = Callable[[int], tuple[int, int]]

@@ -28,17 +28,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Literal
 
+from .. import layout
+from ..atomic import write_new
 from ..errors import CollectorError
-from . import layout, markers
+from ..schema import MARKERS_SCHEMA, write_table
+from . import markers
 from ._common import now_us, warn
-from .atomic import write_new
 from .cuda import CudaBackend, TorchCudaBackend
 from .meta import RunMeta, meta_document, snapanalyze_version, write_meta, write_new_meta
 from .modules import ModuleHooks
 from .modules import modules as module_hooks
 from .nvml import NvmlBackend, NvmlSampler, open_nvml
 from .rank import RankInfo, detect_rank
-from .schemas import MARKERS_SCHEMA, write_table
 
 NvmlMode = Literal["required", "optional", "off"]
 Stacks = Literal["python", "all"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import schema
+from .. import layout
 from ..errors import UsageError
 from .runs import entries
 
@@ -33,15 +33,14 @@ def convert_plan(inputs: tuple[str, ...] | list[str], output: str | None, rank: 
                 if e.pickle is None:
                     continue
                 run = Path(output) if output else e.pickle.parent.parent
-                jobs.append((e.pickle, schema.tag_dir(run, e.rank, e.tag)))
+                jobs.append((e.pickle, layout.tag_dir(run, e.rank, e.tag)))
             continue
         if output is None:
             raise UsageError(f"{item}: give -o RUN_DIRECTORY to convert a file")
-        parent = schema.RANK_DIR.match(item.parent.name)
-        file_rank = rank if rank is not None else (int(parent.group(1)) if parent else 0)
-        named = schema.SNAPSHOT_FILE.match(item.name)
-        file_tag = tag or (named.group(1) if named else _stem(item.name))
-        jobs.append((item, schema.tag_dir(output, file_rank, file_tag)))
+        parent = layout.parse_rank_dir(item.parent)
+        file_rank = rank if rank is not None else (parent if parent is not None else 0)
+        file_tag = tag or layout.parse_snapshot_file(item) or _stem(item.name)
+        jobs.append((item, layout.tag_dir(output, file_rank, file_tag)))
     targets = [t for _, t in jobs]
     dupes = sorted({str(t) for t in targets if targets.count(t) > 1})
     if dupes:

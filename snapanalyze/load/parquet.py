@@ -12,9 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import schema
+from .. import layout, schema
+from ..atomic import write_directory
 from ..errors import BadInputError, UsageError
 from ..model import ACTION_CODE, BLOCK_COLUMNS, SEGMENT_COLUMNS, DeviceTrace, Format, Snapshot, TraceDetails
 from ..stacks import StackInterner
@@ -39,46 +37,33 @@ def _write(table: pa.Table, path: Path) -> None:
 
 def write_tables(snapshot: Snapshot, directory: str | Path, force: bool = False) -> Path:
     """Write `snapshot` as Parquet tables into `directory` (see the module docstring)."""
+    if Path(directory).exists() and not force:
+        raise UsageError(f"{directory}: already exists (use --force to replace it)")
+    return write_directory(directory, lambda staging: _fill(snapshot, staging), replace=True)
+
+
+def _fill(snapshot: Snapshot, staging: Path) -> None:
     import pandas as pd
 
-    target = Path(directory)
-    if target.exists() and not force:
-        raise UsageError(f"{target}: already exists (use --force to replace it)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        events = snapshot.events.copy()
-        events["device_free"] = pd.array([None] * len(events), dtype="Int64")
-        for device, trace in snapshot.traces.items():
-            for index, free in trace.device_free.items():
-                events.loc[(events["device"] == device) & (events["index"] == index), "device_free"] = free
-        _write(pa.Table.from_pandas(events, schema=schema.EVENTS, preserve_index=False),
-               staging / "events.parquet")
-        blocks = snapshot.blocks.copy()
-        blocks["stack_id"] = snapshot.block_stack_ids(np.arange(len(blocks)))
-        for name, df in (("segments", snapshot.segments), ("blocks", blocks),
-                         ("annotations", snapshot.annotations)):
-            _write(pa.Table.from_pandas(df, preserve_index=False), staging / f"{name}.parquet")
-        _write(pa.Table.from_pandas(snapshot.frames_table(), schema=schema.FRAMES, preserve_index=False),
-               staging / "frames.parquet")
-        _write(pa.Table.from_pandas(snapshot.stacks_table(), schema=schema.STACKS, preserve_index=False),
-               staging / "stacks.parquet")
-        meta = {"schema_version": schema.SCHEMA_VERSION, "source": snapshot.source,
-                "format": dataclasses.asdict(snapshot.format), "allocator_settings": snapshot.allocator_settings,
-                "trace_devices": sorted(snapshot.traces),
-                "action_names": {str(d): list(t.action_names) for d, t in snapshot.traces.items()}}
-        (staging / "snapshot.json").write_text(json.dumps(meta, indent=1, default=str))
-        if target.exists():
-            old = target.with_name(f".{target.name}.replaced")
-            os.replace(target, old)
-            os.replace(staging, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+    events = snapshot.events.copy()
+    events["device_free"] = pd.array([None] * len(events), dtype="Int64")
+    for device, trace in snapshot.traces.items():
+        for index, free in trace.device_free.items():
+            events.loc[(events["device"] == device) & (events["index"] == index), "device_free"] = free
+    _write(pa.Table.from_pandas(events, schema=schema.EVENTS, preserve_index=False), staging / "events.parquet")
+    blocks = snapshot.blocks.copy()
+    blocks["stack_id"] = snapshot.block_stack_ids(np.arange(len(blocks)))
+    for name, df in (("segments", snapshot.segments), ("blocks", blocks), ("annotations", snapshot.annotations)):
+        _write(pa.Table.from_pandas(df, preserve_index=False), staging / f"{name}.parquet")
+    _write(pa.Table.from_pandas(snapshot.frames_table(), schema=schema.FRAMES, preserve_index=False),
+           staging / "frames.parquet")
+    _write(pa.Table.from_pandas(snapshot.stacks_table(), schema=schema.STACKS, preserve_index=False),
+           staging / "stacks.parquet")
+    meta = {"schema_version": schema.SCHEMA_VERSION, "source": snapshot.source,
+            "format": dataclasses.asdict(snapshot.format), "allocator_settings": snapshot.allocator_settings,
+            "trace_devices": sorted(snapshot.traces),
+            "action_names": {str(d): list(t.action_names) for d, t in snapshot.traces.items()}}
+    (staging / layout.TABLES_META).write_text(json.dumps(meta, indent=1, default=str))
 
 
 def _read_arrow(directory: Path, name: str, columns: list[str] | None = None) -> pa.Table:
@@ -220,11 +205,11 @@ def read_tables(directory: str | Path) -> Snapshot:
     """
     directory = Path(directory)
     try:
-        meta: dict[str, Any] = json.loads((directory / "snapshot.json").read_text())
+        meta: dict[str, Any] = json.loads((directory / layout.TABLES_META).read_text())
     except FileNotFoundError:
-        raise BadInputError(directory, "not a converted snapshot: snapshot.json is missing") from None
+        raise BadInputError(directory, f"not a converted snapshot: {layout.TABLES_META} is missing") from None
     except ValueError as exc:
-        raise BadInputError(directory / "snapshot.json", f"damaged ({exc})") from None
+        raise BadInputError(directory / layout.TABLES_META, f"damaged ({exc})") from None
     try:
         return _read_tables(directory, meta)
     except (TypeError, KeyError) as exc:

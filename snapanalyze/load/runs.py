@@ -1,6 +1,6 @@
 """Run directories: find the snapshots of each rank and pick the one an analysis asks for.
 
-Contract: `entries(path)` lists the snapshots under a run directory (Hive layout, see `schema`) as
+Contract: `entries(path)` lists the snapshots under a run directory (the names are `layout`'s) as
 (rank, tag, converted tables dir or None, pickle or None), ranks and tags sorted. `resolve(path, rank, tag)`
 returns the one snapshot to load — converted Parquet tables when present (fast), else the pickle — and
 raises UsageError listing the choices when the selection is ambiguous or empty. `path` may be the run
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import schema
+from .. import layout
 from ..errors import BadInputError, UsageError
 
 
@@ -33,12 +33,12 @@ class RunEntry:
 def _rank_entries(rank: int, directory: Path) -> list[RunEntry]:
     found: dict[str, dict[str, Path]] = {}
     for child in sorted(directory.iterdir()):
-        tag_match = schema.TAG_DIR.match(child.name)
-        pickle_match = schema.SNAPSHOT_FILE.match(child.name)
-        if tag_match and child.is_dir() and (child / "snapshot.json").exists():
-            found.setdefault(tag_match.group(1), {})["tables"] = child
-        elif pickle_match and child.is_file():
-            found.setdefault(pickle_match.group(1), {})["pickle"] = child
+        tag = layout.parse_tag_dir(child)
+        pickled = layout.parse_snapshot_file(child)
+        if tag is not None and child.is_dir() and layout.is_tables_dir(child):
+            found.setdefault(tag, {})["tables"] = child
+        elif pickled is not None and child.is_file():
+            found.setdefault(pickled, {})["pickle"] = child
     return [RunEntry(rank, tag, parts.get("tables"), parts.get("pickle")) for tag, parts in sorted(found.items())]
 
 
@@ -47,11 +47,11 @@ def entries(path: str | Path) -> list[RunEntry]:
     root = Path(path)
     if not root.is_dir():
         raise BadInputError(root, "not a run directory")
-    own = schema.RANK_DIR.match(root.name)
-    if own:
-        return _rank_entries(int(own.group(1)), root)
-    ranks = sorted((int(m.group(1)), child) for child in root.iterdir()
-                   if child.is_dir() and (m := schema.RANK_DIR.match(child.name)))
+    own = layout.parse_rank_dir(root)
+    if own is not None:
+        return _rank_entries(own, root)
+    ranks = sorted((rank, child) for child in root.iterdir()
+                   if child.is_dir() and (rank := layout.parse_rank_dir(child)) is not None)
     return [e for rank, child in ranks for e in _rank_entries(rank, child)]
 
 
@@ -62,7 +62,7 @@ def ranks(path: str | Path) -> list[int]:
 def resolve(path: str | Path, rank: int | None = None, tag: str | None = None) -> Path:
     """The tables directory or pickle to load for (rank, tag) under `path` (see module docstring)."""
     root = Path(path)
-    if (root / "snapshot.json").exists():
+    if layout.is_tables_dir(root):
         return root
     found = entries(root)
     if not found:
@@ -72,8 +72,8 @@ def resolve(path: str | Path, rank: int | None = None, tag: str | None = None) -
         found = [e for e in found if e.rank == rank]
     if tag is not None:
         found = [e for e in found if e.tag == tag]
-    elif len({e.tag for e in found}) > 1 and any(e.tag == "final" for e in found):
-        found = [e for e in found if e.tag == "final"]
+    elif len({e.tag for e in found}) > 1 and any(e.tag == layout.FINAL_TAG for e in found):
+        found = [e for e in found if e.tag == layout.FINAL_TAG]
     choices = ", ".join(f"rank {e.rank} tag {e.tag}" for e in entries(root))
     if not found:
         raise UsageError(f"{root}: no snapshot for rank {rank} tag {tag} (has: {choices})")

@@ -29,9 +29,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..collect import layout
-from ..collect.schemas import MARKERS_SCHEMA, NVML_SCHEMA
+from .. import layout
 from ..errors import BadInputError
+from ..schema import MARKERS_SCHEMA, NVML_SCHEMA
 from . import runs
 from .runs import RunEntry
 

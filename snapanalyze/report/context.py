@@ -37,7 +37,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import schema
+from .. import layout
 from ..analyze.attribute import Attribution
 from ..analyze.diff import Diff, diff
 from ..analyze.oom import OomExplanation, explain_oom
@@ -264,7 +264,7 @@ def _capacity(given: int | None, rank: RankInfo | None, device: int) -> tuple[in
 def is_run_path(path: str | Path) -> bool:
     """Whether `path` names a run directory (or one rank=N directory) rather than one snapshot."""
     p = Path(path)
-    return p.is_dir() and not (p / "snapshot.json").exists()
+    return p.is_dir() and not layout.is_tables_dir(p)
 
 
 def _rank_info(samples: RunSamples, entry: RunEntry) -> RankInfo:
@@ -274,8 +274,7 @@ def _rank_info(samples: RunSamples, entry: RunEntry) -> RankInfo:
 
 def _tag_of(path: Path) -> str:
     """The tag a collector's file name states (snapshot-<tag>.pickle, tag=<tag>/), else ""."""
-    m = schema.SNAPSHOT_FILE.match(path.name) or schema.TAG_DIR.match(path.name)
-    return m.group(1) if m else ""
+    return layout.parse_snapshot_file(path) or layout.parse_tag_dir(path) or ""
 
 
 def detail_ranks(comparison: RankComparison, limit: int = MAX_DETAILED_RANKS) -> list[int]:

@@ -6,7 +6,9 @@ directory (same filesystem, so the rename is atomic), fsyncs it, then renames it
 temporary file to the first free name ``name_for(0)``, ``name_for(1)``, … (``os.link`` fails instead of
 overwriting), so two writers racing for one name both keep their data. A writer killed mid-way leaves at
 most a dot-named temporary file, which readers ignore; on any error the temporary file is removed and the
-error propagates unchanged.
+error propagates unchanged. `write_directory` does it for a directory of files (converted tables): built in a
+dot-named sibling, then renamed into place (an existing one is replaced only when asked). It is the one
+atomic writer of the package: the collector's files, converted runs and HTML reports all go through it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import errno
 import itertools
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -92,3 +96,27 @@ def write_new(name_for: Callable[[int], str | os.PathLike[str]], write: Writer, 
         raise AssertionError("unreachable")
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_directory(path: str | os.PathLike[str], build: Callable[[Path], object], *, replace: bool = False) -> Path:
+    """Make the directory `path` through `build(staging_dir)` atomically: `build` fills a temporary sibling,
+    which is then renamed to `path`. An existing `path` raises FileExistsError unless `replace`."""
+    target = Path(path)
+    if target.exists() and not replace:
+        raise FileExistsError(str(target))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(staging)
+        if target.exists():
+            old = target.with_name(f".{target.name}.replaced")
+            os.replace(target, old)
+            os.replace(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _fsync_dir(target.parent)
+    return target
