@@ -3,8 +3,9 @@
 Public API: `load` a snapshot (or a run directory) into a columnar Snapshot, `replay` it into a Timeline
 of exact curves, `find_peaks` on it, `attribute` the live bytes at an instant to categories, `top_sites`
 to drill down, `load_rules` to extend the rules, `summarize` to see what a file holds; for runs
-`read_run`, `compare_ranks`, `phase_table`, `attribute_phase`, `outside_at_peaks`, `explain_oom`; to
-compare `diff`, `capacity`, `check`. Collecting lives in `snapanalyze.collect`. Importing this package
+`open_run`, `read_run`, `compare_ranks`, `phase_table`, `attribute_phase`, `outside_at_peaks`, `explain_oom`,
+`explain_path`; to compare `diff`, `capacity`, `check`. Functions that take paths live in `session`; the
+analyses take loaded data. Collecting lives in `snapanalyze.collect`. Importing this package
 never imports torch.
 """
 
@@ -23,18 +24,19 @@ from .units import parse_bytes
 # The analyses (pandas), imported on first use (PEP 562): `snapanalyze peaks` on a converted run needs none.
 _EXPORTS = {
     ".analyze.attribute": ("Attribution", "attribute", "label_lifetimes", "top_sites"),
-    ".analyze.capacity": ("Capacity", "capacity", "capacity_contract", "fit_capacity", "measure_sweep",
-                          "sweep_points"),
+    ".analyze.capacity": ("Capacity", "capacity_contract", "fit_capacity"),
+    ".analyze.sweep": ("Sweep", "measure_sweep"),
     ".analyze.check": ("BudgetExceeded", "CheckResult", "check"),
     ".analyze.diff": ("Diff", "diff"),
-    ".analyze.oom": ("OomExplanation", "explain_oom", "explain_path"),
+    ".analyze.oom": ("OomExplanation", "explain_oom"),
     ".analyze.outside": ("join_samples", "outside_at_peaks"),
     ".analyze.peaks": ("find_peaks",),
     ".analyze.phases": ("attribute_phase", "phase_table"),
-    ".analyze.ranks": ("RankComparison", "compare_ranks"),
+    ".analyze.ranks": ("RankComparison",),
     ".analyze.rules": ("RuleSet", "load_rules"),
     ".analyze.summary": ("summarize",),
     ".load.samples": ("RunSamples", "read_run"),
+    ".session": ("Run", "open_run", "compare_ranks", "explain_path", "sweep_points", "capacity"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 display.provide("snapanalyze.report.notebook")      # Snapshot, Timeline, Attribution render there in Jupyter
@@ -55,17 +57,19 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors
     from .analyze.attribute import Attribution, attribute, label_lifetimes, top_sites
-    from .analyze.capacity import Capacity, capacity, capacity_contract, fit_capacity, measure_sweep, sweep_points
+    from .analyze.capacity import Capacity, capacity_contract, fit_capacity
     from .analyze.check import BudgetExceeded, CheckResult, check
     from .analyze.diff import Diff, diff
-    from .analyze.oom import OomExplanation, explain_oom, explain_path
+    from .analyze.oom import OomExplanation, explain_oom
     from .analyze.outside import join_samples, outside_at_peaks
     from .analyze.peaks import find_peaks
     from .analyze.phases import attribute_phase, phase_table
-    from .analyze.ranks import RankComparison, compare_ranks
+    from .analyze.ranks import RankComparison
     from .analyze.rules import RuleSet, load_rules
     from .analyze.summary import summarize
+    from .analyze.sweep import Sweep, measure_sweep
     from .load.samples import RunSamples, read_run
+    from .session import Run, capacity, compare_ranks, explain_path, open_run, sweep_points
 
 __all__ = [
     "load", "replay", "find_peaks", "attribute", "label_lifetimes", "top_sites", "load_rules", "summarize",
@@ -73,7 +77,7 @@ __all__ = [
     "explain_oom", "explain_path", "diff", "capacity", "sweep_points", "measure_sweep", "fit_capacity",
     "capacity_contract", "check", "parse_bytes",
     "Snapshot", "Timeline", "Attribution", "RuleSet", "RunSamples", "RankComparison", "OomExplanation",
-    "Diff", "Capacity", "CheckResult",
+    "Diff", "Capacity", "CheckResult", "Sweep", "Run", "open_run",
     "SnapanalyzeError", "BadInputError", "UnsafePickleError", "UsageError", "RulesError", "BudgetExceeded",
 ]
 __version__ = "0.1.0"

@@ -13,23 +13,13 @@ from conftest import ROOT
 
 from snapanalyze import load
 from snapanalyze.analyze.attribute import attribute
-from snapanalyze.analyze.capacity import (
-    CATEGORY_COLUMNS,
-    Sweep,
-    capacity,
-    capacity_contract,
-    category_levels,
-    fit_bytes,
-    fit_capacity,
-    label_window,
-    measure_sweep,
-    read_manifest,
-    shape_from_filename,
-    sweep_points,
-)
+from snapanalyze.analyze.capacity import capacity_contract, fit_bytes, fit_capacity
+from snapanalyze.analyze.sweep import CATEGORY_COLUMNS, Sweep, category_levels, label_window, measure_sweep
 from snapanalyze.errors import BadInputError, UsageError
+from snapanalyze.load.shapes import read_manifest, shape_from_filename
 from snapanalyze.plots_capacity import capacity_figure
 from snapanalyze.replay import replay
+from snapanalyze.session import capacity, sweep_points
 
 REAL = [ROOT / "fixtures" / "real" / f"cs336-medium-ctx{n}-inference-t2.11.pickle" for n in (128, 256, 512, 1024)]
 SWEEPS = ROOT / "fixtures" / "sweeps"

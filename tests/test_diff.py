@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT, SnapshotBuilder, frames_for, write_pickle
 
 from snapanalyze import load
-from snapanalyze.analyze.diff import diff, phase_spans, stack_identity, stack_key
-from snapanalyze.analyze.phases import window_bounds, window_peak
+from snapanalyze.analyze.diff import diff, stack_identity, stack_key
+from snapanalyze.analyze.phases import phase_spans, window_bounds, window_peak
 from snapanalyze.errors import UsageError
 from snapanalyze.replay import replay
 

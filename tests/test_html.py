@@ -445,19 +445,22 @@ def test_compare_with_itself_is_unchanged_rank_by_rank() -> None:
 
 
 def test_a_run_report_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Comparing the ranks and reporting each of them share one load and replay per rank."""
-    import snapanalyze.analyze.ranks as ranks
+    """Comparing the ranks and reporting each of them share one load and replay per rank, and the run's
+    NVML, markers and meta files are read once (every read of a run goes through `session`)."""
     import snapanalyze.report.context as context
+    import snapanalyze.session as session
 
     read: list[str] = []
+    runs_read: list[str] = []
 
     def counting(path: Any, *args: Any) -> Any:
         read.append(str(path))
         return load(path, *args)
 
-    monkeypatch.setattr(ranks, "load", counting)
-    monkeypatch.setattr(context, "load", counting)
+    real_read_run = session.read_run
+    monkeypatch.setattr(session, "load", counting)
+    monkeypatch.setattr(session, "read_run", lambda path: runs_read.append(str(path)) or real_read_run(path))
     run = Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
     ctx = context.build_path_context(run, samples=4)
     assert len(ctx.views()) == 2 and ctx.run is not None and ctx.run.comparison is not None
-    assert sorted(Path(p).parent.name for p in read) == ["rank=0", "rank=1"]
+    assert sorted(Path(p).parent.name for p in read) == ["rank=0", "rank=1"] and runs_read == [str(run)]

@@ -10,9 +10,10 @@ import pandas as pd
 from conftest import BASE, SnapshotBuilder
 
 from snapanalyze import load, replay
-from snapanalyze.analyze.oom import OOM_COLUMNS, explain_oom, explain_path, rejected_requests
+from snapanalyze.analyze.oom import OOM_COLUMNS, explain_oom, rejected_requests
 from snapanalyze.load.columns import to_snapshot
 from snapanalyze.load.samples import read_run
+from snapanalyze.session import explain_path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "fixtures" / "scenarios"

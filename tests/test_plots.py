@@ -15,7 +15,6 @@ from snapanalyze import attribute, find_peaks, load, replay
 from snapanalyze.analyze.outside import join_samples
 from snapanalyze.analyze.over_time import categories_over_time
 from snapanalyze.analyze.phases import PHASE_COLUMNS, phase_table
-from snapanalyze.analyze.ranks import compare_ranks
 from snapanalyze.load.samples import read_run
 from snapanalyze.plots import (
     MAX_BANDS,
@@ -31,6 +30,7 @@ from snapanalyze.plots import (
     time_axis,
     timeline_figure,
 )
+from snapanalyze.session import compare_ranks
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
 RUNS = SCENARIOS.parent / "runs"

@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from snapanalyze.analyze.ranks import DIFF_COLUMNS, RANK_COLUMNS, compare_ranks, rank_outliers
+from snapanalyze.analyze.ranks import DIFF_COLUMNS, RANK_COLUMNS, rank_outliers
 from snapanalyze.errors import BadInputError
+from snapanalyze.session import compare_ranks
 
 RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
 TP2 = RUNS / "tp2_vision_encoder"
@@ -111,17 +112,15 @@ def test_outliers_below_the_median_and_the_tolerance() -> None:
     assert m is None and len(d) == 0 and len(empty) == 0
 
 
-def test_ranks_the_caller_loaded_are_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The report loads every rank it shows; compare_ranks uses those and reads only the rest."""
-    import snapanalyze.analyze.ranks as ranks
-    from snapanalyze import load, replay
+def test_ranks_a_run_already_loaded_are_not_read_again() -> None:
+    """Each rank of a Run is loaded once: a comparison that keeps them serves later readers; one that keeps
+    nothing holds one rank at a time (the report detailing more ranks than it shows)."""
+    import snapanalyze.session as session
 
-    snap = load(TP2 / "rank=1" / "snapshot-final.pickle")
-    loaded = {1: (snap, replay(snap))}
-    read: list[str] = []
-    real_load = ranks.load
-    monkeypatch.setattr(ranks, "load", lambda path: read.append(Path(path).parent.name) or real_load(path))
-    reused = compare_ranks(TP2, loaded=loaded)
-    assert read == ["rank=0"]
-    monkeypatch.setattr(ranks, "load", real_load)
-    pd.testing.assert_frame_equal(reused.table, compare_ranks(TP2).table)
+    run = session.open_run(TP2)
+    kept = compare_ranks(run, keep=lambda rank: True)
+    chosen, _ = run.ranks()
+    assert [d.snapshot.source for d in chosen] and run.loads == 2
+    forgetful = session.open_run(TP2)
+    pd.testing.assert_frame_equal(compare_ranks(forgetful).table, kept.table)
+    assert forgetful.loads == 2 and not forgetful._loaded

@@ -1,30 +1,17 @@
-"""Turn a sweep over batch shapes into a capacity contract: measure, fit, find jumps, solve for a budget.
+"""Fit a measured sweep (`sweep`) and turn it into a capacity contract: fit, find jumps, solve for a budget.
 
-Contract: a sweep is a list of `SweepPoint`s, each one snapshot window (a whole trace, or one phase span of
-it) with its shape — `tokens` (prompt tokens per sequence), `batch` (sequences per forward), `chunk`
-(chunked-prefill tokens per step), `images` — read from file names, a manifest CSV or phase markers
-(`sweep_points`). `measure_sweep(points)` replays each window and reports the baseline (active bytes when
-the window began), the peak (the window's maximum of active bytes) and the transient (peak − baseline);
-per category, and per family of related categories (`FAMILIES`), the bytes live at the peak (exactly as
-`attribute` labels them: they sum to the peak), the bytes live when the window began, and the transient
-high-water mark (the most bytes of that category allocated inside the window and live at once).
-`fit_capacity(sweep)` chooses the driver — the shape variable that best explains the total transient — and
-fits transient bytes = a + b·t + c·q per target (t = m·x, q = m·x² for the driver's per-sequence value x
-and m sequences) by least squares on relative residuals with non-negative coefficients, choosing the model
-by the worst relative residual plus FIT_PENALTY per coefficient. It flags **jumps**: consecutive shapes
-where a target grows more than JUMP_FACTOR × what the shapes before it predict (a category absent before
-counts as predicted 0), naming the category; a category that only takes over bytes of its own family
-(scores labelled `attention` at one length, `fallback_kernel` at the next) is not a jump. Fits start after
-a target's last jump. `capacity_contract(...)` solves the fits for a device budget: the largest driver
+Contract: `fit_capacity(sweep)` chooses the driver — the shape variable that best explains the total
+transient — and fits transient bytes = a + b·t + c·q per target (t = m·x, q = m·x² for the driver's
+per-sequence value x and m sequences) by least squares on relative residuals with non-negative coefficients,
+choosing the model by the worst relative residual plus FIT_PENALTY per coefficient. It flags **jumps**:
+consecutive shapes where a target grows more than JUMP_FACTOR × what the shapes before it predict (a category
+absent before counts as predicted 0), naming the category; a category that only takes over bytes of its own
+family (scores labelled `attention` at one length, `fallback_kernel` at the next) is not a jump. Fits start
+after a target's last jump. `capacity_contract(...)` solves the fits for a device budget: the largest driver
 value per concurrency that fits beside the baseline, the reserve to hold back, the observed points that fit.
-Bytes are requested bytes, exact from the replay; fits and contracts are models and say so.
+Fits and contracts are models and say so.
 
 DataFrame columns:
-- `Sweep.shapes`: label, source, phase, device, tokens, batch, chunk, images (nullable ints), any extra
-  manifest columns, first_index, last_index, peak_event_index, peak_time_us, baseline_bytes, peak_bytes,
-  transient_bytes, reserved_bytes (at the peak), max_reserved_bytes (over the window).
-- `Sweep.categories`: label, target, kind ("category" | "family"), baseline_bytes, peak_bytes,
-  transient_bytes (in-window high-water), max_bytes (high-water of everything live, baseline included).
 - `Capacity.points`: label, x, multiplier, t, q, then one column per target (transient bytes; "total" is
   the window transient).
 - `Capacity.fits`: target, kind ("total" | "family" | "category"), model, intercept_bytes, linear_bytes,
@@ -37,41 +24,16 @@ DataFrame columns:
 
 from __future__ import annotations
 
-import csv
-import dataclasses
 import math
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..errors import BadInputError, UsageError
-from ..load import load
-from ..load.samples import markers_for
-from ..model import Snapshot
-from ..replay import Timeline, replay
-from .attribute import attribute, label_lifetimes
-from .diff import phase_spans
-from .phases import window_bounds, window_peak
-from .rules import RuleSet, load_rules
-
-SHAPE_KEYS = ("tokens", "batch", "chunk", "images")
-# Names a shape variable goes by in file names, manifest headers and marker attributes (lower case).
-SHAPE_ALIASES: dict[str, tuple[str, ...]] = {
-    "tokens": ("tokens", "token", "tok", "ctx", "context", "prompt_tokens", "prompt", "seqlen", "seq_len", "seq",
-               "num_tokens", "len", "length"),
-    "batch": ("batch_size", "batch", "bs", "concurrency", "conc", "num_seqs"),
-    "chunk": ("chunk_size", "chunksize", "chunk"),
-    "images": ("num_images", "images", "image", "imgs", "img"),
-}
-FILE_COLUMNS = ("file", "path", "snapshot", "name")
-# Families of categories whose bytes are one thing under different labels (materialised attention scores
-# are `attention` or `fallback_kernel` depending on which signal decided); jumps and fits consider the sum.
-FAMILIES: dict[str, tuple[str, ...]] = {"attention_related": ("attention", "fallback_kernel")}
+from ..errors import UsageError
+from .sweep import FAMILIES, Sweep
 
 FIT_PENALTY = 0.02          # an extra coefficient must cut the worst relative residual by 2 points
 JUMP_FACTOR = 2.0           # grown past twice the prediction from the shapes before
@@ -80,374 +42,11 @@ MATERIAL_SHARE = 0.05       # … and by at least 5 % of that shape's total tran
 DRIVER_ORDER = ("tokens", "chunk", "images", "batch")
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 
-SHAPE_COLUMNS = ["label", "source", "phase", "device", *SHAPE_KEYS]
-MEASURE_COLUMNS = ["first_index", "last_index", "peak_event_index", "peak_time_us", "baseline_bytes", "peak_bytes",
-                   "transient_bytes", "reserved_bytes", "max_reserved_bytes"]
-CATEGORY_COLUMNS = ["label", "target", "kind", "baseline_bytes", "peak_bytes", "transient_bytes", "max_bytes"]
 FIT_COLUMNS = ["target", "kind", "model", "intercept_bytes", "linear_bytes", "quadratic_bytes", "max_rel_residual",
                "points", "from_x", "to_x", "jumped"]
 JUMP_COLUMNS = ["from_label", "to_label", "from_x", "to_x", "category", "how", "bytes_before", "bytes_after",
                 "predicted_bytes", "total_before", "total_after", "total_predicted", "targets"]
 DRIVER_COLUMNS = ["driver", "model", "max_rel_residual", "score", "chosen"]
-LEVEL_COLUMNS = ["target", "baseline_bytes", "transient_bytes", "max_bytes"]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Shapes: from file names, a manifest, or phase markers
-# ---------------------------------------------------------------------------------------------------------
-
-def _alias_pattern(aliases: Sequence[str]) -> re.Pattern[str]:
-    names = "|".join(re.escape(a) for a in sorted(aliases, key=len, reverse=True))
-    return re.compile(rf"(?<![A-Za-z])(?:{names})[=_-]?(\d+)([kK])?(?![0-9A-Za-z])", re.IGNORECASE)
-
-
-_FILENAME_PATTERNS = {key: _alias_pattern(aliases) for key, aliases in SHAPE_ALIASES.items()}
-
-
-def shape_from_filename(name: str) -> dict[str, int]:
-    """Shape variables written in a file name: `ctx1024`, `tokens=32768`, `bs4`, `batch=4`, `chunk=2048`,
-    `images=8`, `ctx32k` (k = 1024). Raises UsageError when one variable is given two different values."""
-    stem = Path(name).name
-    for suffix in (".gz", ".pickle", ".pkl", ".json", ".pt"):
-        if stem.lower().endswith(suffix):
-            stem = stem[: -len(suffix)]
-    shape: dict[str, int] = {}
-    for key, pattern in _FILENAME_PATTERNS.items():
-        values = {int(m.group(1)) * (1024 if m.group(2) else 1) for m in pattern.finditer(stem)}
-        if len(values) > 1:
-            raise UsageError(f"{name}: the file name gives {key} several values ({sorted(values)})")
-        if values:
-            shape[key] = values.pop()
-    return shape
-
-
-def _canonical(column: str) -> str | None:
-    low = column.strip().lower()
-    for key, aliases in SHAPE_ALIASES.items():
-        if low in aliases:
-            return key
-    return None
-
-
-def _shape_value(where: str, key: str, value: Any) -> int:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{where}: {key} must be a number, got {value!r}") from None
-    if not math.isfinite(number) or number < 0 or number != int(number):
-        raise UsageError(f"{where}: {key} must be a whole number ≥ 0, got {value!r}")
-    return int(number)
-
-
-def read_manifest(path: str | Path) -> pd.DataFrame:
-    """A manifest CSV mapping snapshot files to shapes: one column naming the file (`file`, `path`, `snapshot`
-    or `name`; relative to the manifest's folder), shape columns by any of their aliases (`SHAPE_ALIASES`),
-    and any other columns (kept as text). Returns columns path (resolved), file, the shape keys present,
-    then the extra columns. Raises BadInputError for an unreadable or malformed manifest."""
-    path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInputError(path, f"cannot read the manifest ({exc})") from None
-    rows = [r for r in rows if any(c.strip() for c in r)]
-    if len(rows) < 2:
-        raise BadInputError(path, "the manifest needs a header row and at least one row")
-    header = [h.strip() for h in rows[0]]
-    file_cols = [i for i, h in enumerate(header) if h.lower() in FILE_COLUMNS]
-    if not file_cols:
-        raise BadInputError(path, f"no file column (one of {', '.join(FILE_COLUMNS)}) in the header {header}")
-    file_col = file_cols[0]
-    shape_cols = {i: key for i, h in enumerate(header) if i != file_col and (key := _canonical(h))}
-    if len(set(shape_cols.values())) != len(shape_cols):
-        raise BadInputError(path, f"two columns name the same shape variable: {header}")
-    if not shape_cols:
-        raise BadInputError(path, f"no shape column (tokens, batch, chunk, images or an alias) in {header}")
-    out = []
-    for n, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
-            raise BadInputError(path, f"line {n} has {len(row)} fields, the header has {len(header)}")
-        file = row[file_col].strip()
-        rec: dict[str, Any] = {"path": str((path.parent / file).resolve()), "file": file}
-        for i, key in shape_cols.items():
-            if row[i].strip():
-                rec[key] = _shape_value(f"{path}: line {n}", key, row[i].strip())
-        for i, h in enumerate(header):
-            if i != file_col and i not in shape_cols:
-                rec[h] = row[i].strip()
-        out.append(rec)
-    df = pd.DataFrame(out)
-    if df["path"].duplicated().any():
-        raise BadInputError(path, f"a file is listed twice: {sorted(df.loc[df['path'].duplicated(), 'file'])}")
-    for key in SHAPE_KEYS:
-        if key in df.columns:
-            df[key] = df[key].astype("Int64")
-    return df
-
-
-@dataclass(frozen=True, eq=False)
-class SweepPoint:
-    """One measured shape: a snapshot window (µs bounds; None = open) and the shape it ran."""
-
-    label: str
-    source: str
-    shape: dict[str, Any]
-    snapshot: Snapshot
-    window: tuple[int | None, int | None] = (None, None)
-    phase: str | None = None
-
-
-def _attrs_shape(where: str, attrs: dict[str, Any]) -> dict[str, int]:
-    shape: dict[str, int] = {}
-    for name, value in attrs.items():
-        key = _canonical(str(name))
-        if key is not None and isinstance(value, int | float) and not isinstance(value, bool):
-            shape[key] = _shape_value(where, key, value)
-    return shape
-
-
-def _phase_keys(names: Sequence[str]) -> list[str]:
-    counts: dict[str, int] = {}
-    for n in names:
-        counts[n] = counts.get(n, 0) + 1
-    seen: dict[str, int] = {}
-    keys = []
-    for n in names:
-        seen[n] = seen.get(n, 0) + 1
-        keys.append(n if counts[n] == 1 else f"{n}#{seen[n]}")
-    return keys
-
-
-def _points_from_markers(path: str, rank: int | None, tag: str | None) -> list[SweepPoint]:
-    snapshot = load(path, rank, tag)
-    base = Path(path).name
-    markers = markers_for(path, rank, tag)      # the markers of the rank `load` read (empty: none)
-    phases = markers[markers["kind"] == "phase"].reset_index(drop=True)
-    points = []
-    if len(phases):
-        for key, row in zip(_phase_keys(list(phases["name"])), phases.itertuples()):
-            shape = _attrs_shape(f"{path}: phase {key}", row.attrs)
-            if shape:
-                end = None if pd.isna(row.end_time_us) else int(row.end_time_us)
-                points.append(SweepPoint(f"{base}:{key}", path, shape, snapshot, (int(row.start_time_us), end), key))
-        return points
-    spans = phase_spans(snapshot)
-    for row in spans.itertuples():
-        shape = shape_from_filename(row.name)
-        if shape:
-            start = None if pd.isna(row.start_us) else int(row.start_us)
-            end = None if pd.isna(row.end_us) else int(row.end_us)
-            points.append(SweepPoint(f"{base}:{row.phase}", path, shape, snapshot, (start, end), row.phase))
-    return points
-
-
-def sweep_points(inputs: Sequence[str], shape_from: str = "filename", rank: int | None = None,
-                 tag: str | None = None) -> list[SweepPoint]:
-    """Load the sweep: `shape_from` is "filename", "markers" (phase spans of each run's markers files, whose
-    attrs carry the shape; for a file or a run without markers, `record_function` spans whose names carry
-    it, e.g. `prefill tokens=4096`) or the path of a manifest CSV (with no inputs, every file it lists).
-    Points come back sorted by shape. Raises UsageError when a shape is missing or there are no points."""
-    points: list[SweepPoint] = []
-    if shape_from == "filename":
-        if not inputs:
-            raise UsageError("capacity: give the snapshot files or runs of the sweep")
-        for p in inputs:
-            name = Path(p).name if not Path(p).is_dir() or not tag else f"{Path(p).name}-{tag}"
-            shape = shape_from_filename(name)
-            if not shape:
-                raise UsageError(f"{p}: no shape in the file name (expected e.g. ctx1024, tokens=32768, bs4, "
-                                 "chunk=2048, images=8); use --shape-from manifest.csv or markers")
-            points.append(SweepPoint(Path(p).name, p, shape, load(p, rank, tag)))
-    elif shape_from == "markers":
-        if not inputs:
-            raise UsageError("capacity: give the runs (or snapshot files) whose phases make the sweep")
-        for p in inputs:
-            found = _points_from_markers(p, rank, tag)
-            if not found:
-                raise UsageError(f"{p}: no phase with a shape (markers.parquet phases need attrs such as "
-                                 "tokens=…; record_function spans need it in their name, e.g. 'prefill tokens=4096')")
-            points.extend(found)
-    elif shape_from.lower().endswith(".csv"):
-        manifest = read_manifest(shape_from)
-        by_path = {row["path"]: row for row in manifest.to_dict("records")}
-        by_name: dict[str, list[dict[str, Any]]] = {}
-        for row in by_path.values():
-            by_name.setdefault(Path(row["file"]).name, []).append(row)
-        chosen: list[tuple[str, dict[str, Any]]] = []
-        if not inputs:
-            chosen = [(row["path"], row) for row in by_path.values()]
-        for p in inputs:
-            row = by_path.get(str(Path(p).resolve()))
-            if row is None:
-                rows = by_name.get(Path(p).name, [])
-                if len(rows) != 1:
-                    raise UsageError(f"{p}: not listed in {shape_from}" if not rows else
-                                     f"{p}: its name matches several rows of {shape_from}; list it by path")
-                row = rows[0]
-            chosen.append((p, row))
-        for p, row in chosen:
-            shape = {k: (int(v) if k in SHAPE_KEYS else v) for k, v in row.items()
-                     if k not in ("path", "file") and not (k in SHAPE_KEYS and pd.isna(v))}
-            points.append(SweepPoint(Path(p).name, str(p), shape, load(p, rank, tag)))
-    else:
-        raise UsageError(f"--shape-from {shape_from}: expected filename, markers or a manifest .csv")
-    if not points:
-        raise UsageError("capacity: the sweep has no points")
-
-    def order(pt: SweepPoint) -> tuple[Any, ...]:
-        return tuple((pt.shape.get(k) is None, pt.shape.get(k) or 0) for k in SHAPE_KEYS) + (pt.label,)
-
-    labels = [pt.label for pt in points]
-    if len(set(labels)) != len(labels):
-        points = [dataclasses.replace(pt, label=pt.source if pt.phase is None else f"{pt.source}:{pt.phase}")
-                  for pt in points]
-    return sorted(points, key=order)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Every lifetime labelled, and category levels over a window
-# ---------------------------------------------------------------------------------------------------------
-
-def label_window(snapshot: Snapshot, timeline: Timeline, device: int, rules: RuleSet | None = None,
-                 first: int = 0, last: int | None = None) -> pd.DataFrame:
-    """The block lifetimes of `device` live at some point of events [first, last] (default: the whole
-    trace), in `DeviceTimeline.lifetimes` order, with a `category` column, all labelled at once
-    (`attribute.label_lifetimes`), with the same rules, signals and heuristics as at a peak.
-
-    Context-dependent signals (the main request, the attention-score floor, vocabulary and MLP size hints)
-    are taken over those lifetimes together rather than one instant, so a block's label can differ from
-    `attribute` at an instant in rare cases; `attribute` stays the reference for what was live at a peak."""
-    dt = timeline[device]
-    last = len(dt) - 1 if last is None else last
-    lt = dt.lifetimes
-    free = lt["free_index"].to_numpy()
-    lt = lt[(lt["alloc_index"].to_numpy() <= last) & ((free < 0) | (free >= first))].reset_index(drop=True)
-    if len(lt) == 0:
-        return lt.assign(category=pd.Series([], dtype=object))
-    labelled = label_lifetimes(snapshot, device, lt, rules)
-    return lt.assign(category=labelled["category"].to_numpy())
-
-
-def category_levels(labelled: pd.DataFrame, first: int, last: int, groups: dict[str, str] | None = None) \
-        -> pd.DataFrame:
-    """Per target (category, or `groups[category]` when given; unmapped categories are skipped) over the
-    window of events [first, last]: bytes live just before `first` (baseline_bytes), the high-water mark of
-    bytes allocated inside the window (transient_bytes) and of everything live (max_bytes).
-    Columns: target, baseline_bytes, transient_bytes, max_bytes."""
-    cats = labelled["category"].astype(str).to_numpy()
-    targets = np.array([groups.get(c) if groups is not None else c for c in cats], dtype=object)
-    alloc = labelled["alloc_index"].to_numpy()
-    free = labelled["free_index"].to_numpy()
-    size = labelled["size"].to_numpy().astype(np.int64)
-    width = max(last - first + 1, 0)
-    before = first - 1
-    live_before = (alloc <= before) & ((free < 0) | (free > before))
-    inside = (alloc >= first) & (alloc <= last)
-    rows = []
-    for target in sorted({t for t in targets.tolist() if t is not None}):
-        mine = targets == target
-        base = int(size[mine & live_before].sum())
-        grow = np.zeros(width + 1, dtype=np.int64)     # position 0 = before the window, p = event first + p − 1
-        fall = np.zeros(width + 1, dtype=np.int64)
-        new = mine & inside
-        np.add.at(grow, alloc[new] - first + 1, size[new])
-        ends = new & (free >= 0) & (free <= last)
-        np.add.at(grow, free[ends] - first + 1, -size[ends])
-        gone = mine & live_before & (free >= first) & (free <= last)
-        np.add.at(fall, free[gone] - first + 1, -size[gone])
-        transient = np.cumsum(grow)
-        level = base + transient + np.cumsum(fall)
-        if not base and not new.any():
-            continue
-        rows.append({"target": target, "baseline_bytes": base, "transient_bytes": int(max(transient.max(), 0)),
-                     "max_bytes": int(level.max())})
-    return pd.DataFrame(rows, columns=LEVEL_COLUMNS)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Measuring the sweep
-# ---------------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, eq=False)
-class Sweep:
-    """The measured sweep: one row per point (`shapes`) and per point × target (`categories`)."""
-
-    points: tuple[SweepPoint, ...]
-    shapes: pd.DataFrame
-    categories: pd.DataFrame
-    notes: tuple[str, ...] = ()
-
-
-def _pick_device(timeline: Timeline, device: int | None, source: str) -> int:
-    if device is not None:
-        if device not in timeline.devices:
-            raise UsageError(f"{source}: no device {device} (devices: {sorted(timeline.devices)})")
-        return device
-    if not timeline.devices:
-        raise UsageError(f"{source}: no devices (no segments and no trace)")
-    def peak(d: int) -> int:
-        return int(np.max(timeline[d].active, initial=timeline[d].baseline_active))
-
-    return max(sorted(timeline.devices), key=peak)
-
-
-def measure_sweep(points: Sequence[SweepPoint], rules: RuleSet | None = None, device: int | None = None) -> Sweep:
-    """Baseline, peak, transient and per-category bytes of every point (see the module docstring)."""
-    if not points:
-        raise UsageError("capacity: the sweep has no points")
-    rules = rules or load_rules()
-    replays: dict[int, Timeline] = {}
-    labels: dict[tuple[int, int, int, int], pd.DataFrame] = {}
-    family_of = {c: fam for fam, members in FAMILIES.items() for c in members}
-    extra_keys = list(dict.fromkeys(k for pt in points for k in pt.shape if k not in SHAPE_KEYS))
-    shape_rows: list[dict[str, Any]] = []
-    cat_rows: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for pt in points:
-        snap = pt.snapshot
-        timeline = replays.get(id(snap))
-        if timeline is None:
-            timeline = replays[id(snap)] = replay(snap)
-        d = _pick_device(timeline, device, pt.source)
-        dt = timeline[d]
-        first, last = window_bounds(dt, *pt.window) if pt.window != (None, None) else (0, len(dt) - 1)
-        peak = window_peak(dt, first, last)
-        index = peak["event_index"]
-        result = attribute(snap, at=f"event:{index}", rules=rules, device=d, timeline=timeline)
-        at_peak = result.summary.set_index("category")["bytes"].to_dict()
-        key = (id(snap), d, first, last)
-        if key not in labels:
-            labels[key] = label_window(snap, timeline, d, rules, first, last)
-        levels = category_levels(labels[key], first, last)
-        fam_levels = category_levels(labels[key], first, last, family_of)
-        reserved = dt.reserved[first:last + 1] if last >= first else np.zeros(0, dtype=np.int64)
-        shape_rows.append({
-            "label": pt.label, "source": pt.source, "phase": pt.phase, "device": d,
-            **{k: pt.shape.get(k) for k in SHAPE_KEYS}, **{k: pt.shape.get(k) for k in extra_keys},
-            "first_index": first, "last_index": last, "peak_event_index": index, "peak_time_us": peak["time_us"],
-            "baseline_bytes": peak["baseline_active_bytes"], "peak_bytes": peak["active_bytes"],
-            "transient_bytes": peak["transient_bytes"], "reserved_bytes": peak["reserved_bytes"],
-            "max_reserved_bytes": int(max(np.max(reserved, initial=0), dt.reserved_at(first - 1))),
-        })
-        seen = set()
-        for kind, table in (("category", levels), ("family", fam_levels)):
-            for r in table.itertuples():
-                members = FAMILIES.get(r.target, (r.target,))
-                cat_rows.append({"label": pt.label, "target": r.target, "kind": kind,
-                                 "baseline_bytes": int(r.baseline_bytes),
-                                 "peak_bytes": int(sum(at_peak.get(m, 0) for m in members)),
-                                 "transient_bytes": int(r.transient_bytes), "max_bytes": int(r.max_bytes)})
-                seen.add(r.target)
-        for category, nbytes in at_peak.items():   # live at the peak but labelled otherwise over the window
-            if category not in seen:
-                cat_rows.append({"label": pt.label, "target": category, "kind": "category", "baseline_bytes": 0,
-                                 "peak_bytes": int(nbytes), "transient_bytes": 0, "max_bytes": int(nbytes)})
-    shapes = pd.DataFrame(shape_rows, columns=SHAPE_COLUMNS + extra_keys + MEASURE_COLUMNS)
-    for k in SHAPE_KEYS:
-        shapes[k] = shapes[k].astype("Int64")
-    shapes["peak_time_us"] = shapes["peak_time_us"].astype("Int64")
-    return Sweep(points=tuple(points), shapes=shapes, categories=pd.DataFrame(cat_rows, columns=CATEGORY_COLUMNS),
-                 notes=tuple(notes))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -820,10 +419,3 @@ def capacity_contract(cap: Capacity, budget_bytes: int | None = None, transient_
                         "headroom_bytes": int(available - reserve)},
             "observed": observed, "notes": notes}
 
-
-def capacity(inputs: Iterable[str], shape_from: str = "filename", rules: RuleSet | None = None,
-             device: int | None = None, rank: int | None = None, tag: str | None = None,
-             driver: str | None = None) -> Capacity:
-    """Load, measure and fit a sweep in one call (`sweep_points` → `measure_sweep` → `fit_capacity`)."""
-    points = sweep_points(list(inputs), shape_from, rank, tag)
-    return fit_capacity(measure_sweep(points, rules, device), driver)

@@ -27,9 +27,9 @@ from ..model import Snapshot
 from ..replay import replay
 from ..units import parse_bytes  # noqa: F401  (part of this module's API)
 from .attribute import attribute
-from .capacity import category_levels, label_window
 from .peaks import global_peak_index
 from .rules import RuleSet, load_rules
+from .sweep import category_levels, label_window
 
 ROW_COLUMNS = ["device", "check", "subject", "limit_bytes", "actual_bytes", "headroom_bytes", "ok", "at_peak_bytes",
                "event_index"]

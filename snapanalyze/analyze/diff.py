@@ -10,9 +10,8 @@ across two files is the tuple of its frames' (filename, function) — line numbe
 that only moves code changes nothing — never the stack id. Rows whose bytes are equal are "same"; `Diff`
 exposes only changed rows in `changes()`, so a snapshot diffed with itself has none.
 
-Phases (also used by capacity): `phase_spans(snapshot)` → phase, name, occurrence, start_us, end_us
-(nullable: a span open at either end of the trace), the `record_function` spans of `phases` named so both
-sides line up; windows are measured with `phases.window_bounds` / `phases.window_peak`.
+Phases: `phases.phase_spans(snapshot)` names the `record_function` spans so both sides line up; windows are
+measured with `phases.window_bounds` / `phases.window_peak`.
 
 DataFrame columns:
 - `Diff.peaks`: device, scope ("global" | "phase"), phase, event_index_a/_b, active_bytes_a/_b,
@@ -41,10 +40,9 @@ from ..replay import DeviceTimeline, Timeline, replay
 from ..stacks import is_python_frame, short_path
 from .attribute import Attribution, SourceRoots, attribute, bind_source
 from .peaks import global_peak_index
-from .phases import annotation_spans, window_bounds, window_peak
+from .phases import phase_spans, window_bounds, window_peak
 from .rules import RuleSet, load_rules
 
-PHASE_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
 PEAK_COLUMNS = ["device", "scope", "phase", "event_index_a", "event_index_b", "active_bytes_a", "active_bytes_b",
                 "baseline_bytes_a", "baseline_bytes_b", "transient_bytes_a", "transient_bytes_b",
                 "reserved_bytes_a", "reserved_bytes_b", "delta_active_bytes", "delta_baseline_bytes",
@@ -59,33 +57,6 @@ MAX_FRAMES = 8
 # ---------------------------------------------------------------------------------------------------------
 # Phases and windows
 # ---------------------------------------------------------------------------------------------------------
-
-def phase_spans(snapshot: Snapshot, device: int | None = None) -> pd.DataFrame:
-    """`record_function` spans from the annotations (of `device` when the annotations name it), in start
-    order, named so both sides of a diff line up: a name used more than once becomes "name#k". Spans are
-    paired by `phases.annotation_spans` (start_us null: began before the trace; end_us null: still open).
-    Columns: PHASE_COLUMNS."""
-    found = annotation_spans(snapshot)
-    if device is not None and any(s["device"] == device for s in found):
-        found = [s for s in found if s["device"] == device]
-    found.sort(key=lambda s: (s["start_us"] is not None,
-                              s["start_us"] if s["start_us"] is not None else (s["end_us"] or 0)))
-    counts: dict[str, int] = {}
-    for s in found:
-        counts[s["name"]] = counts.get(s["name"], 0) + 1
-    seen: dict[str, int] = {}
-    rows = []
-    for s in found:
-        name = s["name"]
-        seen[name] = seen.get(name, 0) + 1
-        key = name if counts[name] == 1 else f"{name}#{seen[name]}"
-        rows.append({"phase": key, "name": name, "occurrence": seen[name], "start_us": s["start_us"],
-                     "end_us": s["end_us"]})
-    df = pd.DataFrame(rows, columns=PHASE_COLUMNS)
-    for c in ("start_us", "end_us"):
-        df[c] = df[c].astype("Int64")
-    return df
-
 
 # ---------------------------------------------------------------------------------------------------------
 # The diff

@@ -38,10 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import layout, units
-from ..errors import BadInputError
-from ..load import load
-from ..load.samples import RunSamples, pick_snapshots, rank_of, rank_path, read_run
+from .. import units
 from ..model import (
     ACTIVE_STATES,
     ALLOC,
@@ -433,39 +430,3 @@ class SnapshotOoms:
     tag: str | None
     path: Path
     explanation: OomExplanation
-
-
-def explain_path(path: str | Path, rank: int | None = None, tag: str | None = None, rules: RuleSet | None = None,
-                 capacity: int | None = None) -> tuple[list[SnapshotOoms], list[str]]:
-    """Explain the OOMs of a snapshot file, or of every rank of a run (its ``oom-<n>`` snapshots first, else
-    ``final``), with each rank's NVML samples, markers and capacity; returns the explanations and the
-    problems found (missing ranks, NVML parts, snapshots), which are not fatal."""
-    p = Path(path)
-    out: list[SnapshotOoms] = []
-    if p.is_dir() and not layout.is_tables_dir(p):
-        samples = read_run(p)
-        chosen, problems = pick_snapshots(p, tag=tag, rank=rank, prefer_oom=True)
-        problems = [*samples.problems, *problems]
-        if not chosen:
-            raise BadInputError(p, "no snapshot to explain: " + "; ".join(problems))
-        for entry in chosen:
-            out.append(_explain_entry(load(entry.path), entry.rank, entry.tag, entry.path, samples, rules, capacity))
-        return out, problems
-    owner = rank_of(p)
-    snapshot = load(p, rank, tag)
-    if owner is None:
-        return [SnapshotOoms(None, None, p, explain_oom(snapshot, capacity=capacity, rules=rules))], []
-    found = rank_path(p)
-    assert found is not None
-    samples = read_run(found)
-    return [_explain_entry(snapshot, owner, None, p, samples, rules, capacity)], list(samples.problems)
-
-
-def _explain_entry(snapshot: Snapshot, rank: int, tag: str | None, path: Path, samples: RunSamples,
-                   rules: RuleSet | None, capacity: int | None) -> SnapshotOoms:
-    devices = sorted(set(snapshot.devices) | set(snapshot.traces))
-    caps: dict[int, tuple[int | None, str]] = {
-        d: (capacity, "given") if capacity is not None else samples.capacity(rank, d) for d in devices}
-    explanation = explain_oom(snapshot, nvml=samples.nvml_of(rank), capacity=caps,
-                              markers=samples.markers_of(rank), rules=rules)
-    return SnapshotOoms(rank, tag, path, explanation)

@@ -12,7 +12,9 @@ began before the trace window's first event is `clipped` (its before is the wind
 may have dropped its first events); one without an end (still running when the markers were written, e.g.
 a process killed by its OOM) is `open` and runs to the last event.
 `phase_instant` picks the instant `attribute --phase NAME` attributes: the highest active bytes inside the
-named phase (across its occurrences, or the one chosen with NAME#K).
+named phase (across its occurrences, or the one chosen with NAME#K). `phase_spans(snapshot)` names the
+`record_function` spans so that two snapshots' line up (a repeated name becomes "name#k"; columns
+PHASE_SPAN_COLUMNS, used by diff and the sweep).
 
 `spans` columns: phase, occurrence (1-based, per phase name and kind), kind ("phase" | "request" |
 "annotation" | "metadata"), source ("markers" | "annotations" | "user_metadata"), device (nullable: markers
@@ -35,6 +37,7 @@ from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, SourceRoots, attribute, bind_source
 from .rules import RuleSet, load_rules
 
+PHASE_SPAN_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
 SPAN_COLUMNS = ["phase", "occurrence", "kind", "source", "device", "start_us", "end_us", "depth", "attrs"]
 PHASE_COLUMNS = ["device", "phase", "occurrence", "kind", "source", "start_us", "end_us", "clipped", "open",
                  "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us",
@@ -295,3 +298,30 @@ def attribute_phase(snapshot: Snapshot, name: str, timeline: Timeline | None = N
     label = f"peak of phase {row['phase']!r} #{int(row['occurrence'])}"
     instants = {k: dataclasses.replace(v, label=label) for k, v in result.instants.items()}
     return dataclasses.replace(result, instants=instants)
+
+
+def phase_spans(snapshot: Snapshot, device: int | None = None) -> pd.DataFrame:
+    """`record_function` spans from the annotations (of `device` when the annotations name it), in start
+    order, named so both sides of a diff line up: a name used more than once becomes "name#k". Spans are
+    paired by `phases.annotation_spans` (start_us null: began before the trace; end_us null: still open).
+    Columns: PHASE_SPAN_COLUMNS."""
+    found = annotation_spans(snapshot)
+    if device is not None and any(s["device"] == device for s in found):
+        found = [s for s in found if s["device"] == device]
+    found.sort(key=lambda s: (s["start_us"] is not None,
+                              s["start_us"] if s["start_us"] is not None else (s["end_us"] or 0)))
+    counts: dict[str, int] = {}
+    for s in found:
+        counts[s["name"]] = counts.get(s["name"], 0) + 1
+    seen: dict[str, int] = {}
+    rows = []
+    for s in found:
+        name = s["name"]
+        seen[name] = seen.get(name, 0) + 1
+        key = name if counts[name] == 1 else f"{name}#{seen[name]}"
+        rows.append({"phase": key, "name": name, "occurrence": seen[name], "start_us": s["start_us"],
+                     "end_us": s["end_us"]})
+    df = pd.DataFrame(rows, columns=PHASE_SPAN_COLUMNS)
+    for c in ("start_us", "end_us"):
+        df[c] = df[c].astype("Int64")
+    return df

@@ -1,13 +1,13 @@
 """Compare the ranks of a run: each rank's peak, what NVML saw there, and which rank stands out and why.
 
-Contract: `compare_ranks(run, tag=None)` reads one snapshot per rank (`load.samples.pick_snapshots`: tag
-``final`` unless told), replays it, takes each device's global peak, attributes it, and joins the rank's NVML
-samples (`outside`) to get NVML used and the memory outside the allocator at that peak. The median rank is
+Contract: `compare_ranks(ranks)` takes one snapshot per rank (`RankInput`: its snapshot, replay, NVML rows
+and markers; `session.compare_ranks` chooses them from a run directory, tag ``final`` unless told), takes
+each device's global peak, attributes it, and joins the rank's NVML samples (`outside`) to get NVML used and
+the memory outside the allocator at that peak. The median rank is
 the row at the lower median of peak active bytes; a row is an outlier when its peak differs from the median
 rank's by more than max(`threshold` × the median's peak, `min_bytes`), and `differences` lists, for each
 outlier, the categories whose bytes at the peak differ from the median rank's, largest difference first. A
-rank without a snapshot or without NVML parts is reported in `problems`, not fatal; a run where no rank
-has a snapshot raises BadInputError.
+rank that holds no device joins the given `problems`, which are reported, not fatal.
 
 `RankComparison.table` columns: RANK_COLUMNS. `.categories`: rank, device, category, bytes, share.
 `.differences`: rank, device, category, bytes, median_bytes, difference_bytes, share_of_difference.
@@ -15,17 +15,16 @@ has a snapshot raises BadInputError.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pandas as pd
 
-from ..errors import BadInputError
-from ..load import load
-from ..load.samples import RunSamples, pick_snapshots, read_run
+from ..load.samples import RunSamples
 from ..model import Snapshot
-from ..replay import Timeline, replay
+from ..replay import Timeline
 from .attribute import attribute
 from .outside import outside_at_peaks
 from .peaks import find_peaks
@@ -47,7 +46,7 @@ class RankComparison:
     median_rank: int | None
     median_device: int | None
     problems: tuple[str, ...]
-    samples: RunSamples
+    samples: RunSamples | None
 
 
 def rank_outliers(table: pd.DataFrame, categories: pd.DataFrame, threshold: float = 0.02,
@@ -82,37 +81,44 @@ def rank_outliers(table: pd.DataFrame, categories: pd.DataFrame, threshold: floa
     return table, pd.DataFrame(rows, columns=DIFF_COLUMNS), key
 
 
-def _load(path: Path) -> tuple[Snapshot, Timeline]:
-    snapshot = load(path)
-    return snapshot, replay(snapshot)
+class RankInput(Protocol):
+    """What the comparison reads of one rank (`session.RankData` is one)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def tag(self) -> str: ...
+    @property
+    def path(self) -> Path: ...
+    @property
+    def snapshot(self) -> Snapshot: ...
+    @property
+    def timeline(self) -> Timeline: ...
+    @property
+    def nvml(self) -> pd.DataFrame: ...
+    @property
+    def markers(self) -> pd.DataFrame: ...
 
 
-def compare_ranks(run: str | Path, tag: str | None = None, rules: RuleSet | None = None,
-                  threshold: float = 0.02, min_bytes: int = 256 << 20,
-                  loaded: Mapping[int, tuple[Snapshot, Timeline]] | None = None) -> RankComparison:
+def compare_ranks(ranks: Iterable[RankInput], rules: RuleSet | None = None, threshold: float = 0.02,
+                  min_bytes: int = 256 << 20, problems: Sequence[str] = (), run: str | Path = "",
+                  samples: RunSamples | None = None) -> RankComparison:
     """One row per rank (and device) at its peak; outliers against the median rank (see the docstring).
-
-    `loaded`: ranks the caller has already loaded and replayed (rank → (snapshot, timeline)), used instead
-    of reading them again; the others are read one at a time."""
-    loaded = loaded or {}
-    samples = read_run(run)
-    chosen, problems = pick_snapshots(run, tag=tag)
-    problems = [*samples.problems, *problems]
-    if not chosen:
-        raise BadInputError(run, "no rank has a snapshot to compare: " + "; ".join(problems))
+    `problems` (what choosing the snapshots found) are kept; `run` and `samples` name what they came from."""
+    problems = list(problems)
     rules = rules or load_rules()
     rows, cats = [], []
-    for entry in chosen:
-        snapshot, timeline = loaded.get(entry.rank) or _load(entry.path)
+    for entry in ranks:
+        snapshot, timeline = entry.snapshot, entry.timeline
         devices = [d for d in sorted(timeline.devices) if len(timeline[d])] or sorted(timeline.devices)
         if not devices:
             problems.append(f"rank {entry.rank}: {entry.path} holds no device")
             continue
         for d in devices:
             peaks = find_peaks(timeline, top=1, device=d)
-            outside = outside_at_peaks(timeline, samples.nvml_of(entry.rank), peaks).iloc[0]
+            outside = outside_at_peaks(timeline, entry.nvml, peaks).iloc[0]
             result = attribute(snapshot, at="peak", rules=rules, device=d, timeline=timeline,
-                               markers=samples.markers_of(entry.rank))
+                               markers=entry.markers)
             summary = result.summary
             p = peaks.iloc[0]
             top = summary.iloc[0] if len(summary) else None

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import click
 
-from ..analyze.capacity import (
-    DEFAULT_CONCURRENCY,
-    DRIVER_ORDER,
-    capacity_contract,
-    fit_capacity,
-    measure_sweep,
-    sweep_points,
-)
+from ..analyze.capacity import DEFAULT_CONCURRENCY, DRIVER_ORDER, capacity_contract, fit_capacity
 from ..analyze.check import BudgetExceeded, parse_limits
 from ..analyze.check import check as check_limits
 from ..analyze.diff import diff as diff_snapshots
+from ..analyze.sweep import measure_sweep
 from ..errors import UsageError
 from ..load import load
 from ..report.compare_documents import capacity_document, check_document, diff_document
 from ..report.compare_terminal import render_capacity, render_check, render_diff
+from ..session import sweep_points
 from . import main
 from .common import FORMATS, SIZE, emit_json, input_argument, rules_for, source_option
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import click
 
-from ..analyze.oom import explain_path
 from ..analyze.phases import phase_table
-from ..analyze.ranks import compare_ranks
 from ..load import load
 from ..load.samples import markers_for
 from ..report.run_documents import oom_document, phases_document, ranks_document
 from ..report.run_terminal import render_oom, render_phases, render_ranks
+from ..session import compare_ranks, explain_path
 from . import main
 from .common import FORMATS, SIZE, emit_json, input_argument, rules_for, source_option
 

@@ -241,12 +241,16 @@ def _world_size(meta: dict[int, list[dict[str, Any]]]) -> int | None:
 
 def pick_snapshots(path: str | Path, tag: str | None = None, rank: int | None = None,
                    prefer_oom: bool = False) -> tuple[list[RunEntry], list[str]]:
-    """Which snapshot(s) of each rank an analysis reads, and a problem line for each rank left without one.
+    """Which snapshot(s) of each rank an analysis reads, and a problem line for each rank left without one
+    (`choose_snapshots` over the run's entries and rank directories)."""
+    return choose_snapshots(runs.entries(path), rank_directories(path), path, tag, rank, prefer_oom)
 
-    `tag` picks that tag; otherwise `prefer_oom` picks every ``oom-<n>`` snapshot of a rank that has any,
-    then ``final``, then a rank's only snapshot; a rank with several others is reported (choose with --tag)."""
-    found = runs.entries(path)
-    dirs = rank_directories(path)
+
+def choose_snapshots(found: list[RunEntry], dirs: dict[int, Path], path: str | Path, tag: str | None = None,
+                     rank: int | None = None, prefer_oom: bool = False) -> tuple[list[RunEntry], list[str]]:
+    """The choice itself: `tag` picks that tag; otherwise `prefer_oom` picks every ``oom-<n>`` snapshot of a
+    rank that has any, then ``final``, then a rank's only snapshot; a rank with several others is reported
+    (choose with --tag)."""
     wanted = sorted(set(dirs) | {e.rank for e in found}) if rank is None else [rank]
     chosen: list[RunEntry] = []
     problems: list[str] = []

@@ -14,7 +14,7 @@ reads the memory outside the allocator at each peak (`analyze.outside`). Section
 `build_context`; a run directory (or one `rank=N` directory) gives a run context — one ReportContext per
 rank (`context.views()`, at most `MAX_DETAILED_RANKS`: with more ranks, the median rank, the outliers and
 the extremes are detailed and the rest appear in the comparison only), the per-rank comparison
-(`analyze.ranks.compare_ranks`, when two or more ranks are reported) and the run's problems (missing NVML
+(`session.compare_ranks`, when two or more ranks are reported) and the run's problems (missing NVML
 parts, ranks without a snapshot), which are reported, not fatal. `rank` restricts a run to that rank (no
 comparison); `tag` picks the snapshot of each rank (default: `final`, else a rank's only snapshot). A file
 inside a `rank=N` directory is reported as that rank, with its markers and NVML samples. Given `compare`
@@ -46,14 +46,15 @@ from ..analyze.over_time import COLUMNS as OVER_TIME_COLUMNS
 from ..analyze.over_time import InstantAttributions, categories_over_time
 from ..analyze.peaks import find_peaks
 from ..analyze.phases import PHASE_COLUMNS, phase_table
-from ..analyze.ranks import RankComparison, compare_ranks
+from ..analyze.ranks import RankComparison
 from ..analyze.rules import RuleSet, load_rules
 from ..errors import BadInputError, UsageError
 from ..load import load
 from ..load.runs import RunEntry
-from ..load.samples import RunSamples, pick_snapshots, rank_path, read_run
+from ..load.samples import RunSamples, rank_path
 from ..model import Snapshot
 from ..replay import Timeline, replay
+from ..session import RankData, Run, compare_ranks, is_run_path, open_run
 from .redact import Redactor
 
 Progress = Callable[[str], None]
@@ -261,12 +262,6 @@ def _capacity(given: int | None, rank: RankInfo | None, device: int) -> tuple[in
     return rank.capacity(device) if rank is not None else (None, "unknown")
 
 
-def is_run_path(path: str | Path) -> bool:
-    """Whether `path` names a run directory (or one rank=N directory) rather than one snapshot."""
-    p = Path(path)
-    return p.is_dir() and not layout.is_tables_dir(p)
-
-
 def _rank_info(samples: RunSamples, entry: RunEntry) -> RankInfo:
     return RankInfo(rank=entry.rank, tag=entry.tag or None, path=str(entry.path), samples=samples,
                     nvml=samples.nvml_of(entry.rank), markers=samples.markers_of(entry.rank))
@@ -304,51 +299,41 @@ def detail_ranks(comparison: RankComparison, limit: int = MAX_DETAILED_RANKS) ->
     return sorted(chosen)
 
 
-def build_run_context(path: str | Path, rank: int | None = None, tag: str | None = None,
+def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
                       rules: RuleSet | None = None, progress: Progress | None = None,
                       snapshot_path: str | Path | None = None, **options: Any) -> ReportContext:
     """A run's report context (see the module docstring); `options` go to `build_context` for each rank.
     `snapshot_path`: report this snapshot as the rank whose directory holds it (a file inside a run)."""
     step = progress or (lambda _: None)
     rules = rules or load_rules()
-    step("reading the run")
-    samples = read_run(path)
-    problems = list(samples.problems)
+    samples = run.samples
     if snapshot_path is not None:
-        chosen = [RunEntry(samples.ranks[0], _tag_of(Path(snapshot_path)), None, Path(snapshot_path))]
+        entry = RunEntry(samples.ranks[0], _tag_of(Path(snapshot_path)), None, Path(snapshot_path))
+        chosen, problems = [RankData(run, entry)], list(samples.problems)
     else:
-        chosen, missing = pick_snapshots(path, tag=tag, rank=rank)
-        problems += missing
+        chosen, problems = run.ranks(tag=tag, rank=rank)
     if not chosen:
-        raise BadInputError(path, "no snapshot to report: " + "; ".join(problems))
+        raise BadInputError(run.given, "no snapshot to report: " + "; ".join(problems))
     comparison = None
     shown = [e.rank for e in chosen]
-
-    def read(entry: RunEntry) -> tuple[Snapshot, Timeline]:
-        step(f"loading rank {entry.rank}")
-        snapshot = load(entry.path)
-        return snapshot, replay(snapshot)
-
-    loaded: dict[int, tuple[Snapshot, Timeline]] = {}
-    if len(chosen) <= MAX_DETAILED_RANKS:           # every rank is shown: read each once, for both uses
-        loaded = {entry.rank: read(entry) for entry in chosen}
     if len(chosen) > 1:
         step("comparing ranks")
-        comparison = compare_ranks(path, tag=tag, rules=rules, loaded=loaded)
-        if len(chosen) > MAX_DETAILED_RANKS:
+        every = len(chosen) <= MAX_DETAILED_RANKS        # every rank is shown: each is read once, for both uses
+        comparison = compare_ranks(run, tag=tag, rules=rules, keep=lambda _: every)
+        if not every:
             shown = detail_ranks(comparison) or shown[:MAX_DETAILED_RANKS]
     base = dict(options.pop("inputs", None) or {})
     views = []
-    for entry in chosen:
-        if entry.rank not in shown:
+    for data in chosen:
+        if data.rank not in shown:
             continue
-        snapshot, timeline = loaded.pop(entry.rank) if entry.rank in loaded else read(entry)
+        snapshot, timeline = data.snapshot, data.timeline
         views.append(build_context(snapshot, timeline=timeline, rules=rules, progress=progress,
-                                   rank=_rank_info(samples, entry),
-                                   inputs={**base, "rank": entry.rank, "tag": entry.tag or None}, **options))
+                                   rank=_rank_info(samples, data.entry),
+                                   inputs={**base, "rank": data.rank, "tag": data.tag or None}, **options))
     if not views:
-        raise BadInputError(path, "no snapshot to report: " + "; ".join(problems))
-    info_run = RunInfo(path=str(path), samples=samples, views=views, comparison=comparison,
+        raise BadInputError(run.given, "no snapshot to report: " + "; ".join(problems))
+    info_run = RunInfo(path=run.given, samples=samples, views=views, comparison=comparison,
                        ranks=tuple(e.rank for e in chosen),
                        omitted=tuple(e.rank for e in chosen if e.rank not in shown), problems=tuple(problems))
     return dataclasses.replace(views[0], run=info_run)
@@ -364,10 +349,13 @@ def build_path_context(path: str | Path, rank: int | None = None, tag: str | Non
     inputs = {"path": str(path), "rank": rank, "tag": tag, "compare": None if compare is None else str(compare)}
     inside = rank_path(path)
     if is_run_path(path):
-        context = build_run_context(path, rank, tag, rules=rules, progress=progress, inputs=inputs, **options)
+        step("reading the run")
+        context = build_run_context(open_run(path, progress), rank, tag, rules=rules, progress=progress,
+                                    inputs=inputs, **options)
     elif inside is not None:
-        context = build_run_context(inside, rules=rules, progress=progress, inputs=inputs, snapshot_path=path,
-                                    **options)
+        step("reading the run")
+        context = build_run_context(open_run(inside, progress), rules=rules, progress=progress, inputs=inputs,
+                                    snapshot_path=path, **options)
     else:
         step("loading")
         context = build_context(load(path), rules=rules, progress=progress, inputs=inputs, **options)
