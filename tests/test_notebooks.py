@@ -34,8 +34,8 @@ def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_both_notebooks_exist() -> None:
-    assert [p.name for p in NOTEBOOKS] == ["01_drilldown.ipynb", "02_ranks_and_oom.ipynb"]
+def test_the_notebooks_exist() -> None:
+    assert [p.name for p in NOTEBOOKS] == ["01_drilldown.ipynb", "02_ranks_and_oom.ipynb", "03_capacity.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -12,7 +12,8 @@ refreshes markers, NVML parts and meta. On exit, even when the body raised, it d
 disables history (disabling empties torch's buffer), stops the sampler and writes the last markers and meta;
 a failure there is a CollectorError after a clean exit and a warning during an exception. One recording
 per process at a time (allocator history is process-wide). Everything outside the run directory is reached
-through `_Backends`, the single injection point tests use (see `testing`).
+through `Backends`, the single injection point tests use: `collect.testing` assembles one from fakes, for
+this package's tests and for yours (`record(..., _backends=fake_backends())`).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class RecordOptions:
 
 
 @dataclass(frozen=True)
-class _Backends:
+class Backends:
     """Everything a recording touches outside its run directory; tests replace fields (see `testing`).
 
     `cuda()` returns the torch side (raises CollectorError when unusable), `nvml(cuda_uuids)` opens NVML for
@@ -108,10 +109,10 @@ def _on_oom(device: int, alloc: int, device_allocated: int, device_free: int) ->
 class Recording:
     """A running (then stopped) recording of one rank; created and started by `record()`."""
 
-    def __init__(self, run: str | os.PathLike[str], options: RecordOptions, backends: _Backends | None = None) -> None:
+    def __init__(self, run: str | os.PathLike[str], options: RecordOptions, backends: Backends | None = None) -> None:
         self.run_dir = Path(run)
         self.options = options
-        self._backends = backends or _Backends()
+        self._backends = backends or Backends()
         self.rank: RankInfo | None = None
         self.rank_dir: Path | None = None
         self.snapshots: list[Path] = []
@@ -425,7 +426,7 @@ def record(
     nvml_flush_rows: int = 4096,
     nvml_flush_interval_s: float = 10.0,
     modules: Any = None,
-    _backends: _Backends | None = None,
+    _backends: Backends | None = None,
 ) -> Recording:
     """Start recording this rank into ``run/rank=N/`` and return the running `Recording` (a context manager).
 

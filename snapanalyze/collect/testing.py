@@ -4,7 +4,7 @@
 `FakeCuda` implements `cuda.CudaBackend`, logging every call in `calls` (so a test can check that the final
 snapshot came before history was disabled), keeping per-thread allocator metadata and annotation spans the
 way torch does, and firing the OOM observer on `trigger_oom`. `fake_backends` assembles them into the
-recorder's `_Backends`. Nothing here touches a GPU or imports torch.
+recorder's `Backends`. Nothing here touches a GPU or imports torch.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..errors import CollectorError
 from .cuda import DeviceInfo, OomObserver
 from .markers import TraceHooks
 from .nvml import NvmlBackend
-from .recorder import _Backends
+from .recorder import Backends
 
 GIB = 1024**3
 EPOCH_2024_US = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z in µs
@@ -188,7 +188,7 @@ NvmlFactory = Callable[[Sequence[str | None]], NvmlBackend]
 
 
 def failing_nvml(message: str = "NVML could not start (fake: no driver)") -> NvmlFactory:
-    """An `_Backends.nvml` factory that fails like a node without an NVIDIA driver."""
+    """A `Backends.nvml` factory that fails like a node without an NVIDIA driver."""
 
     def open_(_uuids: Sequence[str | None]) -> NvmlBackend:
         raise CollectorError(message)
@@ -204,12 +204,12 @@ def fake_backends(
     clock: FakeClock | None = None,
     env: Mapping[str, str] | None = None,
     host: str = "fake-host",
-) -> _Backends:
-    """`_Backends` built from fakes (a fresh FakeCuda/FakeNvml/FakeClock for each one not given)."""
+) -> Backends:
+    """`Backends` built from fakes (a fresh FakeCuda/FakeNvml/FakeClock for each one not given)."""
     cuda_ = cuda if cuda is not None else FakeCuda()
     nvml_ = nvml if nvml is not None else FakeNvml(cuda_.n_devices)
     factory: NvmlFactory = nvml_factory if nvml_factory is not None else (lambda _uuids: nvml_)
-    return _Backends(
+    return Backends(
         cuda=lambda: cuda_,
         nvml=factory,
         clock_us=clock if clock is not None else FakeClock(),
