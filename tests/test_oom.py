@@ -10,9 +10,11 @@ import pandas as pd
 from conftest import BASE, SnapshotBuilder
 
 from snapanalyze import load, replay
-from snapanalyze.analyze.oom import OOM_COLUMNS, explain_oom, rejected_requests
+from snapanalyze.analyze.oom import OOM_COLUMNS, OomExplanation, explain_oom, rejected_requests
 from snapanalyze.load.columns import to_snapshot
 from snapanalyze.load.samples import read_run
+from snapanalyze.report import oom_text
+from snapanalyze.report.run_documents import no_oom_record
 from snapanalyze.session import explain_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +23,13 @@ RUNS = ROOT / "fixtures" / "runs"
 MiB = 1 << 20
 GiB = 1 << 30
 
+
+
+def _worded(e: OomExplanation, i: int = 0) -> pd.Series:
+    """Row i of the explanation's numbers with its verdict in words (`report.oom_text`), as a reader sees it."""
+    verdict = e.verdicts[i]
+    words = pd.Series({"why": oom_text.why(verdict), "advice": oom_text.advice(verdict)}, dtype=object)
+    return pd.concat([e.ooms.iloc[i], words])
 
 def scenario(name: str) -> tuple[object, dict]:
     return load(SCENARIOS / f"{name}.pickle"), json.loads((SCENARIOS / f"{name}.expected.json").read_text())
@@ -41,8 +50,8 @@ def check_numbers(row: pd.Series, exp: dict) -> None:
 def test_fragmentation() -> None:
     snap, exp = scenario("oom_fragmentation")
     result = explain_oom(snap, capacity=40 * GiB)
-    assert list(result.ooms.columns) == OOM_COLUMNS and len(result.ooms) == 1 and result.no_oom == []
-    row = result.ooms.iloc[0]
+    assert list(result.ooms.columns) == OOM_COLUMNS and len(result.ooms) == 1 and result.no_oom == ()
+    row = _worded(result)
     check_numbers(row, exp["oom"])
     assert row["exact"] and row["state_source"].startswith("end state")
     assert row["largest_free_block_bytes"] == 260 * MiB < row["request_bytes"]
@@ -60,7 +69,7 @@ def test_fragmentation() -> None:
 def test_live_exhaustion() -> None:
     snap, exp = scenario("oom_live_exhaustion")
     result = explain_oom(snap)
-    row = result.ooms.iloc[0]
+    row = _worded(result)
     check_numbers(row, exp["oom"])
     assert row["largest_free_block_bytes"] == 0          # the only free block is small-pool slack
     assert row["shortfall_bytes"] == 33_554_432 - 1_430_528 - 13_631_488
@@ -79,7 +88,7 @@ def test_pressure_from_another_process() -> None:
     exp = json.loads((RUNS / "oom_other_process.expected.json").read_text())
     items, problems = explain_path(RUNS / "oom_other_process")
     assert problems == [] and [(i.rank, i.tag) for i in items] == [(0, "oom-1")]
-    row = items[0].explanation.ooms.iloc[0]
+    row = _worded(items[0].explanation)
     want = exp["ranks"]["0"]["oom"]
     check_numbers(row, want)
     others = exp["ranks"]["0"]["nvml"]["other_processes_bytes"]
@@ -101,12 +110,12 @@ def test_idle_nvml_alone_never_decides() -> None:
     early = nvml[nvml["time_us"] < exp["oom_time_us"] - 2_000_000].copy()
     early["other_processes_used_bytes"] = pd.array([8 * GiB] * len(early), dtype="Int64")
     early["used_bytes"] += 8 * GiB
-    row = explain_oom(snap, nvml=early).ooms.iloc[0]
+    row = _worded(explain_oom(snap, nvml=early))
     assert row["verdict"] == "live_exhaustion" and row["other_processes_bytes"] is pd.NA
     # with the samples near the failure, but nobody else on the device, it is live exhaustion as well
     alone = nvml.assign(other_processes_used_bytes=pd.array([0] * len(nvml), dtype="Int64"))
     alone["used_bytes"] = alone["process_used_bytes"].astype("int64")
-    row = explain_oom(snap, nvml=alone).ooms.iloc[0]
+    row = _worded(explain_oom(snap, nvml=alone))
     assert row["verdict"] == "live_exhaustion" and row["other_processes_bytes"] == 0
     assert row["outside_growth_bytes"] == 0
 
@@ -133,13 +142,13 @@ def _oom_then_more(builder: SnapshotBuilder, with_later_free: bool) -> object:
 
 
 def test_exact_when_last_and_estimated_otherwise(builder: SnapshotBuilder) -> None:
-    exact = explain_oom(_oom_then_more(builder, False)).ooms.iloc[0]
+    exact = _worded(explain_oom(_oom_then_more(builder, False)))
     assert exact["exact"] and exact["largest_free_block_bytes"] == 6 * MiB
     assert exact["reserved_free_bytes"] == 6 * MiB and exact["verdict"] == "live_exhaustion"
     later = _oom_then_more(SnapshotBuilder(), True)
     assert replay(later).check_invariants() == []
     est = explain_oom(later)
-    row = est.ooms.iloc[0]
+    row = _worded(est)
     assert not row["exact"] and row["state_source"].startswith("estimated")
     # the replay lays the live blocks of the failure into the segment: the same 6 MiB hole, not the later 12 MiB
     assert row["largest_free_block_bytes"] == 6 * MiB and row["reserved_free_bytes"] == 6 * MiB
@@ -151,7 +160,7 @@ def test_fragmentation_in_small_steps(builder: SnapshotBuilder) -> None:
     a, h1, b, h2 = builder.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated"), (6 * MiB, 6 * MiB, "inactive"),
                                           (4 * MiB, 4 * MiB, "active_allocated"), (6 * MiB, 6 * MiB, "inactive")])
     builder.event("oom", None, 10 * MiB, device_free=1 * MiB)
-    row = explain_oom(to_snapshot(builder.build(), "f.pickle", "pickle")).ooms.iloc[0]
+    row = _worded(explain_oom(to_snapshot(builder.build(), "f.pickle", "pickle")))
     assert row["verdict"] == "fragmentation" and row["reserved_free_bytes"] == 12 * MiB
     assert "more than the request by itself" in row["why"]
 
@@ -159,13 +168,13 @@ def test_fragmentation_in_small_steps(builder: SnapshotBuilder) -> None:
 def test_a_free_block_that_fits_is_unexplained(builder: SnapshotBuilder) -> None:
     builder.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated"), (16 * MiB, 16 * MiB, "inactive")])
     builder.event("oom", None, 10 * MiB, device_free=0)
-    row = explain_oom(to_snapshot(builder.build(), "u.pickle", "pickle")).ooms.iloc[0]
+    row = _worded(explain_oom(to_snapshot(builder.build(), "u.pickle", "pickle")))
     assert row["verdict"] == "unexplained" and row["largest_free_block_bytes"] == 16 * MiB
     # on another stream the same block could not serve it: fragmentation, not a contradiction
     b2 = SnapshotBuilder()
     b2.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated"), (16 * MiB, 16 * MiB, "inactive")], stream=7)
     b2.event("oom", None, 10 * MiB, device_free=0)
-    row = explain_oom(to_snapshot(b2.build(), "s.pickle", "pickle")).ooms.iloc[0]
+    row = _worded(explain_oom(to_snapshot(b2.build(), "s.pickle", "pickle")))
     assert row["verdict"] == "fragmentation" and row["largest_free_block_bytes"] == 0
     assert row["largest_free_block_any_bytes"] == 16 * MiB
 
@@ -175,7 +184,7 @@ def test_no_oom_with_a_rejected_request() -> None:
     items, problems = explain_path(RUNS / "admission_rejected")
     e = items[0].explanation
     assert len(e.ooms) == 0 and problems == []
-    n = e.no_oom[0]
+    n = no_oom_record(e.no_oom[0])
     assert n["capacity_bytes"] == exp["capacity_bytes"] and n["capacity_source"] == "NVML total"
     assert n["nvml_used_bytes"] == exp["nvml"]["nvml_used_bytes"]
     assert n["headroom_bytes"] == exp["capacity_bytes"] - exp["nvml"]["nvml_used_bytes"]
@@ -188,11 +197,11 @@ def test_no_oom_with_a_rejected_request() -> None:
 
 def test_no_oom_and_no_capacity() -> None:
     snap = load(SCENARIOS / "kv_weights_baseline.pickle")
-    n = explain_oom(snap).no_oom[0]
+    n = no_oom_record(explain_oom(snap).no_oom[0])
     assert n["headroom_bytes"] is None and n["nvml_used_bytes"] is None
     assert n["message"].startswith("no allocation failure was recorded; any rejected request was refused")
     assert "capacity is unknown" in n["message"]
-    n = explain_oom(snap, capacity=80 * GiB).no_oom[0]
+    n = no_oom_record(explain_oom(snap, capacity=80 * GiB).no_oom[0])
     assert n["headroom_bytes"] == 80 * GiB - replay(snap)[0].reserved_at(n["peak_index"])
     assert "allocator reserved only" in n["message"]
 

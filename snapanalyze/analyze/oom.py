@@ -17,15 +17,16 @@ otherwise estimated from the replay (live blocks at the entry laid into the segm
 - "live_exhaustion": the device could not give the request and nothing outside explains it;
 - "unexplained" (checked first): a usable free block was large enough, so the state at the failure differs
   from what the file shows.
-Each verdict comes with `why` (the arithmetic in words) and `advice` drawn from the numbers and from the
-categories live at the failure (`attribute` at the entry). Without any `oom` entry, `no_oom` says that no
-allocation failure was recorded — a rejected request (named when a request marker says so, see
-`rejected_requests`) was refused by an admission limit — and how far the peak stayed below capacity (NVML
-used at the peak, else reserved; or that the capacity is unknown). `explain_path(file_or_run)` does this
-for a file or every rank of a run, with each rank's NVML samples, markers and capacity.
+Each verdict (`OomVerdict`) comes with what decided it and `advice` as data (`Advice`), drawn from the
+numbers and from the categories live at the failure (`attribute` at the entry); `report.oom_text` puts them
+in words. Without any `oom` entry, `no_oom` (`NoOom` per device) holds what shows that no allocation failure
+was recorded — the rejected requests (named when a request marker says so, see `rejected_requests`) were
+refused by an admission limit — and how far the peak stayed below capacity (NVML used at the peak, else
+reserved; or that the capacity is unknown). `session.explain_path(file_or_run)` does this for a file or
+every rank of a run, with each rank's NVML samples, markers and capacity.
 
-`OomExplanation.ooms` columns: OOM_COLUMNS. `.categories` columns: device, index, category, bytes, share,
-blocks, window_bytes (of those, allocated inside the trace window).
+`OomExplanation.ooms` columns: OOM_COLUMNS (a row per `verdicts` entry). `.categories` columns: device,
+index, category, bytes, share, blocks, window_bytes (of those, allocated inside the trace window).
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import units
 from ..model import (
     ACTIVE_STATES,
     ALLOC,
@@ -64,39 +64,82 @@ OOM_COLUMNS = [
     "allocated_bytes", "reserved_bytes", "reserved_free_bytes", "largest_free_block_bytes",
     "largest_free_block_any_bytes", "free_blocks", "pool", "segment_type", "exact", "state_source",
     "capacity_bytes", "capacity_source", "outside_bytes", "outside_source", "own_outside_bytes",
-    "other_processes_bytes", "outside_growth_bytes", "shortfall_bytes", "split_segments", "verdict", "why", "advice",
+    "other_processes_bytes", "outside_growth_bytes", "shortfall_bytes", "split_segments", "verdict",
 ]
 CATEGORY_COLUMNS = ["device", "index", "category", "bytes", "share", "blocks", "window_bytes"]
 _BLOCK_CHANGING = (ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
-_ACTIVATIONS = ("attention", "mlp", "logits", "other")
-CATEGORY_ADVICE = {
-    "kv_cache": "a smaller KV cache / request pool (gpu_memory_utilization, mem_fraction_static, max_model_len, "
-                "max_num_seqs / max_running_requests, max_total_tokens)",
-    "weights": "smaller weights: a quantized checkpoint or more tensor/pipeline parallelism",
-    "logits": "fewer positions through lm_head at once: no prompt_logprobs over the whole prompt, or a smaller "
-              "chunk (max_num_batched_tokens / chunked_prefill_size)",
-    "fallback_kernel": "a fused attention backend (flash / memory-efficient SDPA, FlashAttention) instead of the "
-                       "math fallback that materialises B·H·L² scores",
-    "vision_encoder": "a smaller vision batch (fewer images per request, max_pixels, a smaller encoder budget or "
-                      "chunked ViT)",
-    "graph_capture": "fewer captured batch sizes (cudagraph_capture_sizes) or a lower gpu_memory_utilization",
-    "concurrent_request": "fewer requests in flight (max_num_seqs)",
-    "communication": "smaller communication buffers (NCCL_BUFFSIZE, fewer communicators)",
-    "workspace": "smaller library workspaces (CUBLAS_WORKSPACE_CONFIG, engine workspace limits)",
-    "optimizer_state": "less optimizer state per device: shard it (ZeRO / FSDP / a distributed optimizer), an "
-                       "8-bit or factored optimizer, or offload it",
-    "gradients": "fewer gradients held at once: zero_grad(set_to_none=True) before the forward, shard them "
-                 "(ZeRO-2 / FSDP), or accumulate in lower precision",
-    "inputs": "smaller input batches on the device (micro-batches, keep the dataset on the host)",
-}
-def fmt_bytes(n: int | None) -> str:
-    """Binary units for the sentences of `why` and `advice`; None is "unknown"."""
-    return units.fmt_bytes(n, none="unknown")
-
-
 UNKNOWN_CAPACITY = "unknown: no NVML samples or meta.json (give the run directory, or --capacity)"
-CHUNK_ADVICE = ("a smaller chunk (max_num_batched_tokens / chunked_prefill_size): the transient of a forward "
-                "scales with the tokens scheduled at once")
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One thing that would have helped, as data (`report.oom_text` words it): `kind` is
+    "expandable_segments" (values: reserved_free_bytes, largest_free_bytes), "max_split" (split_mb, segments,
+    free_bytes), "isolate", "category" (category, bytes, in_window) or "free_live" (bytes)."""
+
+    kind: str
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OomVerdict:
+    """The numbers at one `oom` entry (the OOM_COLUMNS, by name), the verdict and what decided it: for
+    "outside_pressure" `pressure` ("other_processes" | "outside_growth") and `pressure_bytes`, the NVML
+    sample's distance to the failure `sample_gap_us` (positive: before); `advice` in order."""
+
+    device: int
+    index: int
+    time_us: int | None
+    stream: int
+    request_bytes: int
+    device_free_bytes: int | None
+    active_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    reserved_free_bytes: int
+    largest_free_block_bytes: int
+    largest_free_block_any_bytes: int
+    free_blocks: int
+    pool: str
+    segment_type: str
+    exact: bool
+    state_source: str
+    capacity_bytes: int | None
+    capacity_source: str
+    outside_bytes: int | None
+    outside_source: str | None
+    own_outside_bytes: int | None
+    other_processes_bytes: int | None
+    outside_growth_bytes: int | None
+    shortfall_bytes: int
+    split_segments: int
+    verdict: str
+    pressure: str | None = None
+    pressure_bytes: int | None = None
+    sample_gap_us: int | None = None
+    advice: tuple[Advice, ...] = ()
+
+    def record(self) -> dict[str, Any]:
+        """The OOM_COLUMNS as a dict (one row of `OomExplanation.ooms`)."""
+        return {name: getattr(self, name) for name in OOM_COLUMNS}
+
+
+@dataclass(frozen=True)
+class NoOom:
+    """A device without an `oom` entry: its peak, what the peak is measured by (`peak_basis`), the capacity
+    and headroom when known, and the requests the markers say were refused."""
+
+    device: int
+    peak_index: int
+    peak_time_us: int | None
+    active_bytes: int
+    reserved_bytes: int
+    nvml_used_bytes: int | None
+    peak_basis: str
+    capacity_bytes: int | None
+    capacity_source: str
+    headroom_bytes: int | None
+    rejected_requests: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +150,8 @@ class OomExplanation:
     timeline: Timeline
     ooms: pd.DataFrame
     categories: pd.DataFrame
-    no_oom: list[dict[str, Any]] = field(default_factory=list)   # one per device, only when there is no oom
+    verdicts: tuple[OomVerdict, ...] = ()                      # one per row of `ooms`, in order
+    no_oom: tuple[NoOom, ...] = ()                             # one per device, only when there is no oom
     notes: tuple[str, ...] = ()
 
 
@@ -191,17 +235,14 @@ def _split_segments(snapshot: Snapshot, device: int) -> pd.DataFrame:
     return agg[agg["any_use"] & agg["any_big_free"]][["segment_address", "segment_size", "free_bytes"]]
 
 
-def _advice_for_categories(cats: pd.DataFrame) -> list[str]:
-    """Advice for the category that grew the most inside the window (else the largest live one)."""
+def _advice_for_categories(cats: pd.DataFrame) -> list[Advice]:
+    """Advice about the category that grew the most inside the window (else the largest live one)."""
     if not len(cats):
         return []
     window = cats[cats["window_bytes"] > 0].sort_values("window_bytes", ascending=False, kind="stable")
     pick = window.iloc[0] if len(window) else cats.sort_values("bytes", ascending=False, kind="stable").iloc[0]
-    name = str(pick["category"])
     amount = int(pick["window_bytes"]) if len(window) else int(pick["bytes"])
-    text = CATEGORY_ADVICE.get(name, CHUNK_ADVICE) if name not in _ACTIVATIONS else CHUNK_ADVICE
-    where = "allocated in the trace window and live at the failure" if len(window) else "live at the failure"
-    return [f"{text} — {name} holds {fmt_bytes(amount)} {where}"]
+    return [Advice("category", {"category": str(pick["category"]), "bytes": amount, "in_window": bool(len(window))})]
 
 
 def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> int | None:
@@ -211,7 +252,7 @@ def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> 
 
 
 def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFrame, nvml: pd.DataFrame | None,
-             capacity: int | None, capacity_source: str) -> dict[str, Any]:
+             capacity: int | None, capacity_source: str) -> OomVerdict:
     device, index = int(row.device), int(row.index)
     dt = timeline[device]
     request = int(row.size)
@@ -238,8 +279,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
     gives = reserved_free + free_known
     outside = _capacity_outside(capacity, reserved, device_free)
     outside_source = "capacity − reserved − device free at the failure" if outside is not None else None
-    own = others = growth = None
-    near = ""
+    own = others = growth = gap_us = None
     if nvml is not None and len(nvml):
         joined = join_samples(dt, nvml)
         at = outside_at_instant(dt, joined, index, 0, what="the failure")
@@ -252,69 +292,45 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
                 growth = int(at["outside_bytes"]) - int(known.min())
             sample = at["sample_before_us"] if at["sample_before_us"] is not None else at["sample_after_us"]
             if sample is not None and at["time_us"] is not None:
-                gap = int(at["time_us"]) - int(sample)
-                near = f" (NVML sample {abs(gap) / 1000:.1f} ms {'before' if gap >= 0 else 'after'} the failure)"
+                gap_us = int(at["time_us"]) - int(sample)
     splits = _split_segments(snapshot, device) if exact else pd.DataFrame(columns=["segment_size"])
     kind = "small" if request <= SMALL_REQUEST else "large"
     shortfall = max(0, request - gives)
-    advice: list[str] = []
+    advice: list[Advice] = []
+    pressure = pressure_bytes = None
     if largest >= request:
         verdict = "unexplained"
-        why = (f"a free block of {fmt_bytes(largest)} on stream {stream} could have served the {fmt_bytes(request)} "
-               f"request; the state at the failure differs from what the file shows ({source})")
     elif request <= gives:
         verdict = "fragmentation"
-        alone = request <= reserved_free
-        why = (f"allocation failure from fragmentation: the {fmt_bytes(request)} request did not fit in any single "
-               f"free block (largest usable: {fmt_bytes(largest)} in the {kind} pool of stream {stream}) although "
-               + (f"{fmt_bytes(reserved_free)} was reserved but free, more than the request by itself"
-                  if alone else
-                  f"reserved-but-free ({fmt_bytes(reserved_free)}) + device free ({fmt_bytes(free_known)}) = "
-                  f"{fmt_bytes(gives)} would have covered it")
-               + "; the holes sit in segments that also hold live blocks, so the allocator could not release them")
         if not settings.get("expandable_segments"):
-            advice.append(f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — {fmt_bytes(reserved_free)} is reserved "
-                          f"but free in holes of at most {fmt_bytes(largest_any)}; expandable segments grow one "
-                          "mapping instead of leaving holes between live blocks")
+            advice.append(Advice("expandable_segments", {"reserved_free_bytes": reserved_free,
+                                                         "largest_free_bytes": largest_any}))
         if len(splits) and max_split <= 0:
             smallest = int(splits["segment_size"].min()) // MiB
-            suggest = max(20, 1 << (max(smallest, 1).bit_length() - 1))
-            advice.append(f"max_split_size_mb:{suggest} — {len(splits)} large cached segment(s) were split, leaving "
-                          f"{fmt_bytes(int(splits['free_bytes'].sum()))} free beside live blocks; blocks of at "
-                          "least that size are then never split, so they can be released whole")
+            advice.append(Advice("max_split", {"split_mb": max(20, 1 << (max(smallest, 1).bit_length() - 1)),
+                                               "segments": len(splits),
+                                               "free_bytes": int(splits["free_bytes"].sum())}))
     else:
-        pressure = [(others, "other processes held {} on the device")] if others is not None else []
-        pressure.append((growth, "memory outside the allocator had grown by {} since the lowest NVML sample"))
-        found = [(v, text) for v, text in pressure if v is not None and v >= shortfall and v > 0]
-        base = (f"the device could not give the {fmt_bytes(request)} request: reserved-but-free "
-                f"({fmt_bytes(reserved_free)}) + device free ({fmt_bytes(free_known)}) = {fmt_bytes(gives)}, "
-                f"{fmt_bytes(shortfall)} short")
+        found = [(v, name) for v, name in ((others, "other_processes"), (growth, "outside_growth"))
+                 if v is not None and v >= shortfall and v > 0]
         if found:
             verdict = "outside_pressure"
-            v, text = found[0]
-            why = (f"pressure from outside the allocator: {base}; {text.format(fmt_bytes(v))} at the failure"
-                   f"{near}, at least the {fmt_bytes(shortfall)} that was missing")
-            advice.append("give this process the device to itself (CUDA_VISIBLE_DEVICES, MPS / MIG limits) or lower "
-                          "gpu_memory_utilization so its budget leaves room for what runs beside it")
+            pressure_bytes, pressure = found[0]
+            advice.append(Advice("isolate"))
         else:
             verdict = "live_exhaustion"
-            why = (f"live memory exhaustion: {base}; live bytes ({fmt_bytes(active)} requested, "
-                   f"{fmt_bytes(in_blocks)} in blocks) + the request exceed what the device can give"
-                   + (f" ({fmt_bytes(capacity)} capacity, {fmt_bytes(outside)} of it outside the allocator)"
-                      if capacity is not None and outside is not None else ""))
             advice.extend(_advice_for_categories(cats))
-            advice.append(f"free at least {fmt_bytes(shortfall)} of live memory before this allocation")
-    return {
-        "device": device, "index": index, "time_us": None if pd.isna(row.time_us) else int(row.time_us),
-        "stream": stream, "request_bytes": request, "device_free_bytes": device_free, "active_bytes": active,
-        "allocated_bytes": in_blocks, "reserved_bytes": reserved, "reserved_free_bytes": reserved_free,
-        "largest_free_block_bytes": largest, "largest_free_block_any_bytes": largest_any, "free_blocks": len(free),
-        "pool": pool, "segment_type": kind, "exact": exact, "state_source": source, "capacity_bytes": capacity,
-        "capacity_source": capacity_source if capacity is not None else UNKNOWN_CAPACITY, "outside_bytes": outside,
-        "outside_source": outside_source, "own_outside_bytes": own, "other_processes_bytes": others,
-        "outside_growth_bytes": growth, "shortfall_bytes": shortfall, "split_segments": len(splits),
-        "verdict": verdict, "why": why, "advice": advice,
-    }
+            advice.append(Advice("free_live", {"bytes": shortfall}))
+    return OomVerdict(
+        device=device, index=index, time_us=None if pd.isna(row.time_us) else int(row.time_us), stream=stream,
+        request_bytes=request, device_free_bytes=device_free, active_bytes=active, allocated_bytes=in_blocks,
+        reserved_bytes=reserved, reserved_free_bytes=reserved_free, largest_free_block_bytes=largest,
+        largest_free_block_any_bytes=largest_any, free_blocks=len(free), pool=pool, segment_type=kind, exact=exact,
+        state_source=source, capacity_bytes=capacity,
+        capacity_source=capacity_source if capacity is not None else UNKNOWN_CAPACITY, outside_bytes=outside,
+        outside_source=outside_source, own_outside_bytes=own, other_processes_bytes=others,
+        outside_growth_bytes=growth, shortfall_bytes=shortfall, split_segments=len(splits), verdict=verdict,
+        pressure=pressure, pressure_bytes=pressure_bytes, sample_gap_us=gap_us, advice=tuple(advice))
 
 
 def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int, rules: RuleSet | None,
@@ -346,7 +362,7 @@ def rejected_requests(markers: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def _no_oom(dt: DeviceTimeline, nvml: pd.DataFrame | None, capacity: int | None, capacity_source: str,
-            rejected: pd.DataFrame) -> dict[str, Any]:
+            rejected: pd.DataFrame) -> NoOom:
     index = global_peak_index(dt)
     active, reserved = dt.active_at(index), dt.reserved_at(index)
     used = None
@@ -359,23 +375,11 @@ def _no_oom(dt: DeviceTimeline, nvml: pd.DataFrame | None, capacity: int | None,
                      "reserved at the peak + memory outside the allocator from the NVML samples around it, an "
                      "estimate: no sample fell inside the peak")
     held = used if used is not None else reserved
-    headroom = capacity - held if capacity is not None else None
-    if len(rejected):
-        names = ", ".join(f"{r.name}" + (f" ({r.reason})" if r.reason else "") for r in rejected.itertuples())
-        who = f"the rejected request{'s' if len(rejected) > 1 else ''} {names} {'were' if len(rejected) > 1 else 'was'}"
-    else:
-        who = "any rejected request was"
-    message = f"no allocation failure was recorded; {who} refused by an admission limit, not by the allocator"
-    if headroom is not None:
-        message += (f"; the peak stayed {fmt_bytes(headroom)} below capacity ({fmt_bytes(capacity)}, "
-                    f"{capacity_source}; peak {fmt_bytes(held)}: {basis})")
-    else:
-        message += (f"; the peak reached {fmt_bytes(held)} ({basis}) but the device capacity is unknown "
-                    "(no NVML samples or meta.json), so its distance to capacity cannot be said")
-    return {"device": dt.device, "peak_index": index, "peak_time_us": dt.time_at(index), "active_bytes": active,
-            "reserved_bytes": reserved, "nvml_used_bytes": used, "peak_basis": basis, "capacity_bytes": capacity,
-            "capacity_source": capacity_source if capacity is not None else "unknown", "headroom_bytes": headroom,
-            "rejected_requests": rejected.to_dict("records"), "message": message}
+    return NoOom(device=dt.device, peak_index=index, peak_time_us=dt.time_at(index), active_bytes=active,
+                 reserved_bytes=reserved, nvml_used_bytes=used, peak_basis=basis, capacity_bytes=capacity,
+                 capacity_source=capacity_source if capacity is not None else "unknown",
+                 headroom_bytes=capacity - held if capacity is not None else None,
+                 rejected_requests=tuple(rejected.to_dict("records")))
 
 
 def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: pd.DataFrame | None = None,
@@ -404,22 +408,22 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
         cats.append(c)
         total, source = cap(int(row.device))
         rows.append(_one_oom(snapshot, timeline, row, c, nvml, total, source))
-    table = pd.DataFrame(rows, columns=OOM_COLUMNS)
+    table = pd.DataFrame([v.record() for v in rows], columns=OOM_COLUMNS)
     for c in ("time_us", "device_free_bytes", "capacity_bytes", "outside_bytes", "own_outside_bytes",
               "other_processes_bytes", "outside_growth_bytes"):
         table[c] = table[c].astype("Int64")
     categories = pd.concat(cats, ignore_index=True) if cats else pd.DataFrame(columns=CATEGORY_COLUMNS)
-    no_oom = []
+    no_oom: tuple[NoOom, ...] = ()
     notes = []
     if not len(ooms):
         rejected = rejected_requests(markers)
-        no_oom = [_no_oom(timeline[d], nvml, *cap(d), rejected) for d in sorted(timeline.devices)
-                  if len(timeline[d]) or d in snapshot.traces]
+        no_oom = tuple(_no_oom(timeline[d], nvml, *cap(d), rejected) for d in sorted(timeline.devices)
+                       if len(timeline[d]) or d in snapshot.traces)
     if (table["exact"] == False).any():  # noqa: E712 - pandas element-wise comparison
         notes.append("estimated: events after an oom entry changed memory, so its free blocks are laid out from the "
                      "replay (live blocks at the entry, rounded sizes), not read from the end state")
-    return OomExplanation(snapshot=snapshot, timeline=timeline, ooms=table, categories=categories, no_oom=no_oom,
-                          notes=tuple(notes))
+    return OomExplanation(snapshot=snapshot, timeline=timeline, ooms=table, categories=categories,
+                          verdicts=tuple(rows), no_oom=no_oom, notes=tuple(notes))
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,10 +8,12 @@ their meaning once published; new keys may be added. `problems` lists what was m
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pandas as pd
 
+from . import oom_text
 from .documents import _plain
 
 
@@ -72,6 +74,13 @@ OOM_KEYS = ["device", "index", "time_us", "stream", "request_bytes", "device_fre
             "outside_growth_bytes", "shortfall_bytes", "split_segments", "verdict", "why", "advice"]
 
 
+def no_oom_record(n: Any) -> dict[str, Any]:
+    """A device without an OOM (`analyze.oom.NoOom`) as the JSON record: its fields, then the message."""
+    fields = dataclasses.asdict(n)
+    fields["rejected_requests"] = list(fields["rejected_requests"])
+    return {**fields, "message": oom_text.no_oom_message(n)}
+
+
 def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str, Any]:
     """`snapanalyze explain-oom --format json`: per snapshot, its `ooms` (with the categories live at each)
     or its `no_oom` statement per device, and the run's problems."""
@@ -79,14 +88,15 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
     for item in items:
         e = item.explanation
         ooms = []
-        for _, row in e.ooms.iterrows():
-            rec = _record(row, OOM_KEYS)
+        for (_, row), verdict in zip(e.ooms.iterrows(), e.verdicts):
+            rec = _record({**row.to_dict(), "why": oom_text.why(verdict), "advice": oom_text.advice(verdict)},
+                          OOM_KEYS)
             c = e.categories[(e.categories["device"] == row["device"]) & (e.categories["index"] == row["index"])]
             rec["categories"] = [{"category": x.category, "bytes": int(x.bytes), "share": round(float(x.share), 6),
                                   "blocks": int(x.blocks), "window_bytes": int(x.window_bytes)}
                                  for x in c.itertuples()]
             ooms.append(rec)
-        no_oom = [_record(n, list(n)) for n in e.no_oom]
+        no_oom = [_record(n, list(n)) for n in (no_oom_record(x) for x in e.no_oom)]
         snapshots.append({"rank": item.rank, "tag": item.tag, "path": str(item.path), "ooms": ooms,
                           "no_oom": no_oom, "notes": list(e.notes)})
     return {"source": source, "snapshots": snapshots, "problems": list(problems)}

@@ -36,6 +36,7 @@ from .. import plots
 from ..analyze.attribute import PERSISTENT_CATEGORIES as PERSISTENT
 from ..analyze.summary import summarize
 from ..units import fmt_bytes, fmt_duration_us
+from . import oom_text
 from .compare_documents import diff_document
 from .context import DetailInstant, ReportContext
 from .documents import explain_records
@@ -392,9 +393,10 @@ def oom_section(context: ReportContext) -> Section | None:
     for view in context.views():
         if view.oom is None:
             continue
-        for _, row in view.oom.ooms.iterrows():
+        for (_, row), oom in zip(view.oom.ooms.iterrows(), view.oom.verdicts):
             o = _plain_row(row)
             device, index = int(o["device"]), int(o["index"])
+            why, advice = oom_text.why(oom), oom_text.advice(oom)
             if device not in view.devices:
                 continue
             when = when_in_window(view, device, index)
@@ -403,28 +405,28 @@ def oom_section(context: ReportContext) -> Section | None:
             free = o["device_free_bytes"]
             entries.append({
                 "device": device, "heading": view.heading(device), "when": when, "verdict": o["verdict"],
-                "verdict_name": VERDICT_NAMES.get(o["verdict"], o["verdict"]), "why": _capital(o["why"]),
-                "advice": list(o["advice"]), "numbers": _oom_numbers(o), "exact": bool(o["exact"]),
+                "verdict_name": VERDICT_NAMES.get(o["verdict"], o["verdict"]), "why": _capital(why),
+                "advice": advice, "numbers": _oom_numbers(o), "exact": bool(o["exact"]),
                 "state_source": o["state_source"], "active": view.timeline[device].active_at(index),
                 "rows": category_rows(view, device, index), "anchor": f"oom-{view.key(device)}-e{index}"})
             sentence = (f"{_capital(view.where(device))} ran out of memory {when}: a {fmt_bytes(o['request_bytes'])} "
                         "request failed" + (f" with {fmt_bytes(free)} free on the device" if free is not None else "")
-                        + f". {_capital(o['why'])}.")
-            if o["advice"]:
-                sentence += f" What would have helped: {o['advice'][0]}."
+                        + f". {_capital(why)}.")
+            if advice:
+                sentence += f" What would have helped: {advice[0]}."
             verdict.append(sentence)
         for item in view.oom.no_oom:
-            if not item["rejected_requests"] or item["device"] not in view.devices:
+            if not item.rejected_requests or item.device not in view.devices:
                 continue
-            dt = view.timeline[int(item["device"])]
+            dt = view.timeline[item.device]
             origin = dt.time_at(0)
             rejected = [{"name": r["name"], "reason": r["reason"],
                          "when": (f"{fmt_duration_us(int(r['time_us']) - origin)} into the window"
                                   if origin is not None and int(r["time_us"]) >= origin else "before the window")}
-                        for r in item["rejected_requests"]]
-            message = _capital(item["message"])
-            refusals.append({"heading": view.heading(int(item["device"])), "message": message, "rejected": rejected})
-            verdict.append(f"{_capital(view.where(int(item['device'])))}: {item['message']}.")
+                        for r in item.rejected_requests]
+            said = oom_text.no_oom_message(item)
+            refusals.append({"heading": view.heading(item.device), "message": _capital(said), "rejected": rejected})
+            verdict.append(f"{_capital(view.where(item.device))}: {said}.")
     if not entries and not refusals:
         return None
     body = render("sections/oom.html.j2", entries=entries, refusals=refusals)

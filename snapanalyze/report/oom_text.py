@@ -1,0 +1,111 @@
+"""The words of an OOM verdict: why an allocation failed, what would have helped, why nothing failed.
+
+Contract: `why(v)` and `advice(v)` turn an `analyze.oom.OomVerdict` into the sentence that states its
+arithmetic and the list of things that would have helped; `no_oom_message(n)` words an `analyze.oom.NoOom`.
+The per-category advice is data (`advice.toml`). Bytes are in binary units; an unknown number is "unknown".
+Nothing here computes a number the verdict does not carry.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from importlib import resources
+from typing import Any
+
+from ..analyze.oom import Advice, NoOom, OomVerdict
+from ..units import fmt_bytes as _fmt
+
+MiB = 1 << 20
+
+
+def fmt_bytes(n: int | None) -> str:
+    return _fmt(n, none="unknown")
+
+
+@functools.cache
+def _advice_table() -> dict[str, Any]:
+    return tomllib.loads(resources.files("snapanalyze.report").joinpath("advice.toml").read_text())
+
+
+def why(v: OomVerdict) -> str:
+    """The verdict's arithmetic in words."""
+    request, gives = v.request_bytes, v.reserved_free_bytes + (v.device_free_bytes or 0)
+    if v.verdict == "unexplained":
+        return (f"a free block of {fmt_bytes(v.largest_free_block_bytes)} on stream {v.stream} could have served the "
+                f"{fmt_bytes(request)} request; the state at the failure differs from what the file shows "
+                f"({v.state_source})")
+    if v.verdict == "fragmentation":
+        alone = request <= v.reserved_free_bytes
+        return (f"allocation failure from fragmentation: the {fmt_bytes(request)} request did not fit in any single "
+                f"free block (largest usable: {fmt_bytes(v.largest_free_block_bytes)} in the {v.segment_type} pool "
+                f"of stream {v.stream}) although "
+                + (f"{fmt_bytes(v.reserved_free_bytes)} was reserved but free, more than the request by itself"
+                   if alone else
+                   f"reserved-but-free ({fmt_bytes(v.reserved_free_bytes)}) + device free "
+                   f"({fmt_bytes(v.device_free_bytes or 0)}) = {fmt_bytes(gives)} would have covered it")
+                + "; the holes sit in segments that also hold live blocks, so the allocator could not release them")
+    base = (f"the device could not give the {fmt_bytes(request)} request: reserved-but-free "
+            f"({fmt_bytes(v.reserved_free_bytes)}) + device free ({fmt_bytes(v.device_free_bytes or 0)}) = "
+            f"{fmt_bytes(gives)}, {fmt_bytes(v.shortfall_bytes)} short")
+    if v.verdict == "outside_pressure":
+        held = (f"other processes held {fmt_bytes(v.pressure_bytes)} on the device" if v.pressure == "other_processes"
+                else f"memory outside the allocator had grown by {fmt_bytes(v.pressure_bytes)} since the lowest NVML "
+                     "sample")
+        near = "" if v.sample_gap_us is None else (
+            f" (NVML sample {abs(v.sample_gap_us) / 1000:.1f} ms {'before' if v.sample_gap_us >= 0 else 'after'} "
+            "the failure)")
+        return (f"pressure from outside the allocator: {base}; {held} at the failure{near}, at least the "
+                f"{fmt_bytes(v.shortfall_bytes)} that was missing")
+    return (f"live memory exhaustion: {base}; live bytes ({fmt_bytes(v.active_bytes)} requested, "
+            f"{fmt_bytes(v.allocated_bytes)} in blocks) + the request exceed what the device can give"
+            + (f" ({fmt_bytes(v.capacity_bytes)} capacity, {fmt_bytes(v.outside_bytes)} of it outside the allocator)"
+               if v.capacity_bytes is not None and v.outside_bytes is not None else ""))
+
+
+def _one(a: Advice) -> str:
+    x = a.values
+    if a.kind == "expandable_segments":
+        return (f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — {fmt_bytes(x['reserved_free_bytes'])} is "
+                f"reserved but free in holes of at most {fmt_bytes(x['largest_free_bytes'])}; expandable segments "
+                "grow one mapping instead of leaving holes between live blocks")
+    if a.kind == "max_split":
+        return (f"max_split_size_mb:{x['split_mb']} — {x['segments']} large cached segment(s) were split, leaving "
+                f"{fmt_bytes(x['free_bytes'])} free beside live blocks; blocks of at least that size are then never "
+                "split, so they can be released whole")
+    if a.kind == "isolate":
+        return ("give this process the device to itself (CUDA_VISIBLE_DEVICES, MPS / MIG limits) or lower "
+                "gpu_memory_utilization so its budget leaves room for what runs beside it")
+    if a.kind == "category":
+        table = _advice_table()
+        name = x["category"]
+        text = table["chunk"] if name in table["activations"] else table["categories"].get(name, table["chunk"])
+        where = "allocated in the trace window and live at the failure" if x["in_window"] else "live at the failure"
+        return f"{text} — {name} holds {fmt_bytes(x['bytes'])} {where}"
+    if a.kind == "free_live":
+        return f"free at least {fmt_bytes(x['bytes'])} of live memory before this allocation"
+    raise ValueError(f"unknown advice kind {a.kind!r}")
+
+
+def advice(v: OomVerdict) -> list[str]:
+    """What would have helped, in the verdict's order."""
+    return [_one(a) for a in v.advice]
+
+
+def no_oom_message(n: NoOom) -> str:
+    """That no allocation failed, who was refused instead, and how far the peak stayed below capacity."""
+    rejected = n.rejected_requests
+    if rejected:
+        names = ", ".join(f"{r['name']}" + (f" ({r['reason']})" if r["reason"] else "") for r in rejected)
+        many = len(rejected) > 1
+        who = f"the rejected request{'s' if many else ''} {names} {'were' if many else 'was'}"
+    else:
+        who = "any rejected request was"
+    message = f"no allocation failure was recorded; {who} refused by an admission limit, not by the allocator"
+    held = n.nvml_used_bytes if n.nvml_used_bytes is not None else n.reserved_bytes
+    if n.headroom_bytes is not None:
+        return message + (f"; the peak stayed {fmt_bytes(n.headroom_bytes)} below capacity "
+                          f"({fmt_bytes(n.capacity_bytes)}, {n.capacity_source}; peak {fmt_bytes(held)}: "
+                          f"{n.peak_basis})")
+    return message + (f"; the peak reached {fmt_bytes(held)} ({n.peak_basis}) but the device capacity is unknown "
+                      "(no NVML samples or meta.json), so its distance to capacity cannot be said")
