@@ -20,7 +20,7 @@ import pytest
 from conftest import SnapshotBuilder, write_pickle
 
 from snapanalyze import UsageError, load
-from snapanalyze.report.context import ReportContext, build_context, detail_ranks
+from snapanalyze.report.context import Report, build_context, detail_ranks
 from snapanalyze.report.html import (
     PLOTLY_MARKER,
     build_path_report,
@@ -202,7 +202,7 @@ def test_redact_paths_removes_directories_from_the_page() -> None:
 
 # -- the extension point ------------------------------------------------------------------------------------
 
-def _ranks_section(context: ReportContext) -> Section | None:
+def _ranks_section(context: Report) -> Section | None:
     """What a later per-rank section looks like: its own figure, body and verdict sentence."""
     fig = go.Figure(go.Bar(x=["rank 0", "rank 1"], y=[1, 2]))
     body_html = render("macros.html.j2") + render("sections/categories.html.j2", devices=[
@@ -462,5 +462,5 @@ def test_a_run_report_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(session, "read_run", lambda path: runs_read.append(str(path)) or real_read_run(path))
     run = Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
     ctx = context.build_path_context(run, samples=4)
-    assert len(ctx.views()) == 2 and ctx.run is not None and ctx.run.comparison is not None
+    assert len(ctx.views) == 2 and ctx.run is not None and ctx.run.comparison is not None
     assert sorted(Path(p).parent.name for p in read) == ["rank=0", "rank=1"] and runs_read == [str(run)]

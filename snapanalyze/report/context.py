@@ -1,30 +1,29 @@
 """What an HTML report is built from: one snapshot's analyses — or every rank's of a run — computed once and
 shared by every section.
 
-Contract: `build_context(snapshot, …)` replays the snapshot (unless given a Timeline), finds the top peaks
-per device, resolves the detail instants (every reported peak, or the `at` specs), attributes each of them,
-each OOM entry and a bounded number of sampled instants (`analyze.over_time`; each instant once, through a
-shared `InstantAttributions`), maps the marked phases onto the trace (`analyze.phases.phase_table`),
-explains its OOM entries (`analyze.oom.explain_oom`) and returns a `ReportContext`. Given a `RankInfo` (the
-rank of a run the snapshot came from) it also uses that rank's markers, NVML samples and capacity, and
-reads the memory outside the allocator at each peak (`analyze.outside`). Section functions
-(`report.sections`) read the context and never recompute.
+Contract: `build_view(snapshot, …)` replays the snapshot (unless given a Timeline), finds the top peaks per
+device, resolves the detail instants (every reported peak, or the `at` specs), attributes each of them, each
+OOM entry and a bounded number of sampled instants (`analyze.over_time`; each instant once, through a shared
+`InstantAttributions`), maps the marked phases onto the trace (`analyze.phases.phase_table`), explains its
+OOM entries (`analyze.oom.explain_oom`) and returns an immutable `RankView`. Given a `RankInfo` (the rank of
+a run the snapshot came from) it also uses that rank's markers, NVML samples and capacity, and reads the
+memory outside the allocator at each peak (`analyze.outside`). A `Report` holds the views a report shows
+and what belongs to the whole report; section functions (`report.sections`) read it and never recompute.
 
 `build_path_context(path, rank, tag, …)` is the entry point for what a user names: a snapshot file gives
-`build_context`; a run directory (or one `rank=N` directory) gives a run context — one ReportContext per
-rank (`context.views()`, at most `MAX_DETAILED_RANKS`: with more ranks, the median rank, the outliers and
-the extremes are detailed and the rest appear in the comparison only), the per-rank comparison
-(`session.compare_ranks`, when two or more ranks are reported) and the run's problems (missing NVML
-parts, ranks without a snapshot), which are reported, not fatal. `rank` restricts a run to that rank (no
-comparison); `tag` picks the snapshot of each rank (default: `final`, else a rank's only snapshot). A file
-inside a `rank=N` directory is reported as that rank, with its markers and NVML samples. Given `compare`
-(a baseline snapshot or run), each reported snapshot is diffed against the baseline (`analyze.diff.diff`;
-Δ = this input − the baseline), rank by rank when the baseline is a run.
+`build_context` (a Report of one view); a run directory (or one `rank=N` directory), opened once through
+`session.open_run`, gives one view per rank (at most `MAX_DETAILED_RANKS`: with more ranks, the median
+rank, the outliers and the extremes are detailed and the rest appear in the comparison only), the per-rank
+comparison (`session.compare_ranks`, when two or more ranks are reported) and the run's problems (missing
+NVML parts, ranks without a snapshot), which are reported, not fatal (`Report.run`). `rank` restricts a run
+to that rank (no comparison); `tag` picks the snapshot of each rank (default: `final`, else a rank's only
+snapshot). A file inside a `rank=N` directory is reported as that rank, with its markers and NVML samples.
+Given `compare` (a baseline snapshot or run), each reported snapshot is diffed against the baseline
+(`analyze.diff.diff`; Δ = this input − the baseline), rank by rank when the baseline is a run.
 
-The top-level context of a run is the first reported rank's, with `run` set: a section that does not look
-at `run` (or iterate `views()`) sees that rank only. `inputs` carries what was asked for: "path" (what was
-loaded), "rank" and "tag" (the choice inside a run directory), "compare" (the baseline). `progress` is
-called with a short step name before each slow step; nothing here prints.
+`inputs` carries what was asked for: "path" (what was loaded), "rank" and "tag" (the choice inside a run
+directory; a run's report carries its first view's), "compare" (the baseline). `progress` is called with a
+short step name before each slow step; nothing here prints.
 """
 
 from __future__ import annotations
@@ -96,11 +95,11 @@ class RankInfo:
 
 @dataclass(frozen=True, eq=False)
 class RunInfo:
-    """A run directory's report: the ranks shown in detail, the comparison across ranks, the problems."""
+    """What a report of a run directory knows beyond its views: the comparison across ranks, the ranks only
+    compared, the problems."""
 
     path: str
     samples: RunSamples
-    views: list[ReportContext]                   # one context per rank shown in detail, in rank order
     comparison: RankComparison | None            # None for one rank (or with --rank)
     ranks: tuple[int, ...]                       # every rank with a snapshot
     omitted: tuple[int, ...] = ()                # ranks only in the comparison (beyond MAX_DETAILED_RANKS)
@@ -116,9 +115,9 @@ class BaselineDiff:
     diff: Diff
 
 
-@dataclass
-class ReportContext:
-    """Everything the sections of one report read (see the module docstring)."""
+@dataclass(frozen=True, eq=False)
+class RankView:
+    """One reported snapshot's analyses, computed once (see the module docstring)."""
 
     snapshot: Snapshot
     timeline: Timeline
@@ -135,9 +134,6 @@ class ReportContext:
     rank: RankInfo | None = None               # set when the snapshot is a rank of a run
     outside: pd.DataFrame | None = None        # outside_at_peaks rows at `peaks` (a rank with NVML samples)
     joined: dict[int, pd.DataFrame] = field(default_factory=dict)   # per device: join_samples of its NVML
-    run: RunInfo | None = None                 # set on the top-level context of a run
-    diffs: list[BaselineDiff] = field(default_factory=list)         # against the baseline (--compare)
-    problems: tuple[str, ...] = ()             # what the baseline comparison could not do
     given_capacity: int | None = None          # device memory the user gave (--capacity), for every device
 
     def capacity(self, device: int) -> tuple[int | None, str]:
@@ -151,10 +147,6 @@ class ReportContext:
     def main(self, device: int) -> DetailInstant:
         """The instant the verdict speaks about: the first detail instant (the global peak by default)."""
         return self.details[device][0]
-
-    def views(self) -> list[ReportContext]:
-        """The snapshots this report covers: this one alone, or one context per rank of a run."""
-        return self.run.views if self.run is not None else [self]
 
     def key(self, device: int) -> str:
         """An id fragment for a device: "d0", or "r1-d0" for a rank of a run."""
@@ -174,10 +166,35 @@ class ReportContext:
 
     @property
     def source(self) -> str:
+        """The snapshot's path, redacted for sharing."""
+        return self.redactor.path(self.snapshot.source)
+
+
+@dataclass(frozen=True, eq=False)
+class Report:
+    """Everything the sections of one report read: the reported snapshots (`views`, one per rank of a run),
+    the run's comparison and problems, the diffs against a baseline, and what was asked for (`inputs`)."""
+
+    views: tuple[RankView, ...]
+    run: RunInfo | None = None                 # set for a run directory (or a file inside one)
+    diffs: tuple[BaselineDiff, ...] = ()       # against the baseline (--compare)
+    problems: tuple[str, ...] = ()             # what the baseline comparison could not do
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def rules(self) -> RuleSet:
+        return self.views[0].rules
+
+    @property
+    def redactor(self) -> Redactor:
+        return self.views[0].redactor
+
+    @property
+    def source(self) -> str:
         """What the report is of — the snapshot's path, or the run directory — redacted for sharing."""
         if self.run is not None:
             return self.redactor.path(self.run.path)
-        return self.redactor.path(self.snapshot.source)
+        return self.views[0].source
 
 
 def _named(label: str, index: int) -> tuple[str, str]:
@@ -190,11 +207,18 @@ def _named(label: str, index: int) -> tuple[str, str]:
 
 
 def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
-                  top: int = 3, at: Sequence[str] = (), samples: int = 32, device: int | None = None,
-                  redact_paths: bool = False, inputs: Mapping[str, Any] | None = None,
-                  progress: Progress | None = None, rank: RankInfo | None = None,
-                  capacity: int | None = None) -> ReportContext:
-    """Run the analyses a report shows (see the module docstring).
+                  inputs: Mapping[str, Any] | None = None, **options: Any) -> Report:
+    """The report of one snapshot: `build_view` of it (options as there)."""
+    view = build_view(snapshot, timeline=timeline, rules=rules, inputs=inputs, **options)
+    return Report(views=(view,), inputs=dict(inputs or {}))
+
+
+def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
+               top: int = 3, at: Sequence[str] = (), samples: int = 32, device: int | None = None,
+               redact_paths: bool = False, inputs: Mapping[str, Any] | None = None,
+               progress: Progress | None = None, rank: RankInfo | None = None,
+               capacity: int | None = None) -> RankView:
+    """Run the analyses a report shows for one snapshot (see the module docstring).
 
     top: peaks per device to find, mark and (without `at`) attribute in detail. at: instant specs
     (peak, peak:N, event:I, time:T) to attribute in detail instead. samples: instants per device for the
@@ -250,7 +274,7 @@ def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: R
         step("joining NVML samples")
         outside = outside_at_peaks(timeline, nvml, peaks)
         joined = {d: join_samples(timeline[d], nvml) for d in devices}
-    return ReportContext(snapshot=snapshot, timeline=timeline, rules=rules, devices=devices, peaks=peaks,
+    return RankView(snapshot=snapshot, timeline=timeline, rules=rules, devices=devices, peaks=peaks,
                          details=details, attributions=cache, series=series,
                          redactor=Redactor(snapshot, enabled=redact_paths), inputs=dict(inputs or {}),
                          phases=phases, oom=oom, rank=rank, outside=outside, joined=joined, given_capacity=capacity)
@@ -301,8 +325,8 @@ def detail_ranks(comparison: RankComparison, limit: int = MAX_DETAILED_RANKS) ->
 
 def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
                       rules: RuleSet | None = None, progress: Progress | None = None,
-                      snapshot_path: str | Path | None = None, **options: Any) -> ReportContext:
-    """A run's report context (see the module docstring); `options` go to `build_context` for each rank.
+                      snapshot_path: str | Path | None = None, **options: Any) -> Report:
+    """A run's report (see the module docstring); `options` go to `build_view` for each rank.
     `snapshot_path`: report this snapshot as the rank whose directory holds it (a file inside a run)."""
     step = progress or (lambda _: None)
     rules = rules or load_rules()
@@ -328,21 +352,20 @@ def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
         if data.rank not in shown:
             continue
         snapshot, timeline = data.snapshot, data.timeline
-        views.append(build_context(snapshot, timeline=timeline, rules=rules, progress=progress,
-                                   rank=_rank_info(samples, data.entry),
-                                   inputs={**base, "rank": data.rank, "tag": data.tag or None}, **options))
+        views.append(build_view(snapshot, timeline=timeline, rules=rules, progress=progress,
+                                rank=_rank_info(samples, data.entry),
+                                inputs={**base, "rank": data.rank, "tag": data.tag or None}, **options))
     if not views:
         raise BadInputError(run.given, "no snapshot to report: " + "; ".join(problems))
-    info_run = RunInfo(path=run.given, samples=samples, views=views, comparison=comparison,
-                       ranks=tuple(e.rank for e in chosen),
+    info_run = RunInfo(path=run.given, samples=samples, comparison=comparison, ranks=tuple(e.rank for e in chosen),
                        omitted=tuple(e.rank for e in chosen if e.rank not in shown), problems=tuple(problems))
-    return dataclasses.replace(views[0], run=info_run)
+    return Report(views=tuple(views), run=info_run, inputs=views[0].inputs)
 
 
 def build_path_context(path: str | Path, rank: int | None = None, tag: str | None = None,
                        compare: str | Path | None = None, rules: RuleSet | None = None,
-                       progress: Progress | None = None, **options: Any) -> ReportContext:
-    """The context of what a user names: a snapshot file, a run directory or a rank=N directory (see the
+                       progress: Progress | None = None, **options: Any) -> Report:
+    """The report of what a user names: a snapshot file, a run directory or a rank=N directory (see the
     module docstring); `compare` adds the diff against that baseline. `options` go to `build_context`."""
     step = progress or (lambda _: None)
     rules = rules or load_rules()
@@ -364,15 +387,15 @@ def build_path_context(path: str | Path, rank: int | None = None, tag: str | Non
     return context
 
 
-def compare_with(context: ReportContext, baseline: str | Path, tag: str | None = None,
-                 progress: Progress | None = None) -> ReportContext:
+def compare_with(context: Report, baseline: str | Path, tag: str | None = None,
+                 progress: Progress | None = None) -> Report:
     """`context` with `diffs`: each reported snapshot against `baseline` (a snapshot, or a run whose same
     rank is taken; a run of one rank serves every rank). Ranks the baseline lacks go to `problems`."""
     step = progress or (lambda _: None)
     run_baseline = is_run_path(baseline)
     cache: dict[int | None, Snapshot] = {}
     diffs, problems = [], []
-    for view in context.views():
+    for view in context.views:
         own = view.rank.rank if view.rank is not None else None
         key = own if run_baseline else None
         step("diffing against the baseline" + (f" (rank {own})" if own is not None else ""))
@@ -396,4 +419,4 @@ def compare_with(context: ReportContext, baseline: str | Path, tag: str | None =
         diffs.append(BaselineDiff(rank=own, baseline=str(baseline), diff=result))
     if not diffs:
         raise UsageError(f"--compare {baseline}: nothing to compare: " + "; ".join(problems))
-    return dataclasses.replace(context, diffs=diffs, problems=tuple(problems))
+    return dataclasses.replace(context, diffs=tuple(diffs), problems=tuple(problems))

@@ -1,6 +1,6 @@
 """The HTML postmortem: sections → one self-contained, deterministic HTML string.
 
-Contract: `render_report(context, sections)` calls each section function on the ReportContext, drops those
+Contract: `render_report(report, sections)` calls each section function on the `context.Report`, drops those
 that return None, orders the rest by (`order`, position), puts every section's verdict sentences at the top
 and returns one HTML page: plotly.js inlined once (`plotly.offline.get_plotlyjs()`, no CDN, no network —
 a Content-Security-Policy forbids every fetch), each figure's data in its own
@@ -31,7 +31,7 @@ from ..analyze.attribute import SourceRoots, bind_source
 from ..analyze.rules import RuleSet, load_rules
 from ..model import Snapshot
 from ..replay import Timeline
-from .context import Progress, ReportContext, build_context, build_path_context
+from .context import Progress, Report, build_context, build_path_context
 from .sections import DEFAULT_SECTIONS, Section, SectionFunction
 from .templating import render
 
@@ -62,9 +62,9 @@ def plotly_js() -> str:
     return js.replace("</script", "<\\/script").replace("<!--", "<\\!--")
 
 
-def collect_sections(context: ReportContext, sections: Sequence[SectionFunction]) -> list[Section]:
+def collect_sections(report: Report, sections: Sequence[SectionFunction]) -> list[Section]:
     """The sections that have something to say, in (order, position) order; ids must be unique."""
-    made = [(i, s) for i, fn in enumerate(sections) if (s := fn(context)) is not None]
+    made = [(i, s) for i, fn in enumerate(sections) if (s := fn(report)) is not None]
     made.sort(key=lambda item: (item[1].order, item[0]))
     seen: set[str] = set()
     for _, section in made:
@@ -79,30 +79,30 @@ def collect_sections(context: ReportContext, sections: Sequence[SectionFunction]
     return [s for _, s in made]
 
 
-def render_report(context: ReportContext, sections: Sequence[SectionFunction] = DEFAULT_SECTIONS,
+def render_report(report: Report, sections: Sequence[SectionFunction] = DEFAULT_SECTIONS,
                   progress: Progress | None = None) -> str:
-    """One HTML page from `sections` applied to `context` (see the module docstring)."""
+    """One HTML page from `sections` applied to `report` (see the module docstring)."""
     (progress or (lambda _: None))("rendering")
-    made = collect_sections(context, sections)
+    made = collect_sections(report, sections)
     verdict = [line for s in made for line in s.verdict]
     shown = [s for s in made if s.body or s.figures]
     figures = [{"id": f.id, "json": Markup(figure_json(f.figure))} for s in shown for f in s.figures]
-    views = context.views()
+    views = report.views
     devices = sum(len(v.devices) for v in views)
     events = sum(len(v.timeline[d]) for v in views for d in v.devices)
     subtitle = f"{devices} device{'s' if devices != 1 else ''}, {events:,} events"
-    if context.run is not None and len(context.run.ranks) > 1:
-        ranks = context.run.ranks
+    if report.run is not None and len(report.run.ranks) > 1:
+        ranks = report.run.ranks
         subtitle = f"{len(ranks)} ranks ({', '.join(map(str, ranks))}), " + subtitle
         tags = sorted({v.rank.tag for v in views if v.rank is not None and v.rank.tag})
         subtitle += f", tag {', '.join(tags)}" if tags else ""
     else:
-        rank, tag = context.inputs.get("rank"), context.inputs.get("tag")
+        rank, tag = report.inputs.get("rank"), report.inputs.get("tag")
         if rank is not None or tag is not None:
             subtitle += "".join(f", {k} {v}" for k, v in (("rank", rank), ("tag", tag)) if v is not None)
-    if context.diffs:
-        subtitle += f", compared with {context.redactor.path(context.diffs[0].baseline)}"
-    return str(render("report.html.j2", title="GPU memory postmortem", source=context.source, subtitle=subtitle,
+    if report.diffs:
+        subtitle += f", compared with {report.redactor.path(report.diffs[0].baseline)}"
+    return str(render("report.html.j2", title="GPU memory postmortem", source=report.source, subtitle=subtitle,
                       version=__version__, verdict=verdict, sections=shown, figures=figures,
                       plotly_js=Markup(plotly_js())))
 
@@ -115,9 +115,9 @@ def build_report(snapshot: Snapshot, timeline: Timeline | None = None, rules: Ru
     """The HTML report of one snapshot: `build_context(...)` then `render_report(...)`; `source`: the program's
     checkout (see `attribute`)."""
     rules = bind_source(rules or load_rules(), source)
-    context = build_context(snapshot, timeline=timeline, rules=rules, top=top, at=at, samples=samples,
-                            device=device, redact_paths=redact_paths, inputs=inputs, progress=progress)
-    return render_report(context, sections, progress)
+    report = build_context(snapshot, timeline=timeline, rules=rules, top=top, at=at, samples=samples,
+                           device=device, redact_paths=redact_paths, inputs=inputs, progress=progress)
+    return render_report(report, sections, progress)
 
 
 def build_path_report(path: str | Path, rank: int | None = None, tag: str | None = None,
@@ -129,10 +129,10 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
     """The HTML report of a snapshot file or a run directory (every rank, or `rank`), optionally with the
     diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`."""
     rules = bind_source(rules or load_rules(), source)
-    context = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
+    report = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
                                  top=top, at=at, samples=samples, device=device, redact_paths=redact_paths,
                                  capacity=capacity)
-    return render_report(context, sections, progress)
+    return render_report(report, sections, progress)
 
 
 def normalise(page: str) -> str:

@@ -1,6 +1,6 @@
-"""Report sections: each a function from a ReportContext to a Section (HTML fragment, figures, verdict lines).
+"""Report sections: each a function from a Report to a Section (HTML fragment, figures, verdict lines).
 
-Contract: a section function takes the `ReportContext` and returns a `Section`, or None when it has nothing
+Contract: a section function takes the `Report` and returns a `Section`, or None when it has nothing
 to say for this input (no OOM entries, no second rank, …) — the report never shows an empty placeholder.
 A Section carries a stable `id` (its anchor, and the prefix of its figures' ids), a `title`, a `body` (HTML
 rendered with `templating.render`, so every value is escaped), its `figures` (plotly Figures, each placed in
@@ -9,14 +9,14 @@ the top of the report in section order) and an `order` (see ORDER). `DEFAULT_SEC
 `snapanalyze report` shows, for one snapshot and for a run directory alike.
 
 Runs: the per-snapshot sections (timelines, categories, instants, OOM, rules, facts) repeat their content
-for each rank of `context.views()`, under "Rank r, device d" headings and with ids keyed by
-`context.key(device)` ("d0" for a lone snapshot, "r1-d0" for rank 1), so a lone snapshot's report is the
-same as before runs existed. The run-level sections read `context.run` (the per-rank comparison),
-each view's `outside` (memory outside the allocator at its peaks) and `context.diffs` (against a baseline);
-for a lone snapshot they return None.
+for each view of `report.views` (a `RankView` per rank), under "Rank r, device d" headings and with ids
+keyed by `view.key(device)` ("d0" for a lone snapshot, "r1-d0" for rank 1), so a lone snapshot's report is
+the same as before runs existed. The run-level sections read `report.run` (the per-rank comparison), each
+view's `outside` (memory outside the allocator at its peaks) and `report.diffs` (against a baseline); for a
+lone snapshot they return None. Helpers of one view take the `RankView`.
 
 Extension point: a later analysis plugs in by writing one more section function — reading its own inputs
-from `context.inputs` (e.g. "path", the run directory) or computing from `context.snapshot` — and passing
+from `report.inputs` (e.g. "path", the run directory) or computing from each view's `snapshot` — and passing
 `sections=(*DEFAULT_SECTIONS, its_section)` to `html.render_report` / `html.build_report` (or adding it to
 DEFAULT_SECTIONS once it applies to every report). Its `order` places it (ORDER reserves slots: ranks 60,
 outside 70, diff 80), and its `verdict` sentences join the verdict at the top. Nothing else changes.
@@ -38,7 +38,7 @@ from ..analyze.summary import summarize
 from ..units import fmt_bytes, fmt_duration_us
 from . import oom_text
 from .compare_documents import diff_document
-from .context import DetailInstant, ReportContext
+from .context import DetailInstant, RankView, Report
 from .documents import explain_records
 from .templating import render
 
@@ -71,7 +71,7 @@ class Section:
     order: int = 50
 
 
-SectionFunction = Callable[[ReportContext], "Section | None"]
+SectionFunction = Callable[[Report], "Section | None"]
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
@@ -101,31 +101,31 @@ def _category_phrase(category: str, size: int, inferred: int) -> str:
     return text
 
 
-def category_rows(context: ReportContext, device: int, event_index: int) -> list[dict[str, Any]]:
+def category_rows(view: RankView, device: int, event_index: int) -> list[dict[str, Any]]:
     """The attribution summary of one instant as template rows (top sites redacted when asked)."""
-    attribution = context.attribution(device, event_index)
+    attribution = view.attribution(device, event_index)
     summary = attribution.summary[attribution.summary["device"] == device]
     blocks = attribution.blocks[attribution.blocks["device"] == device]
     inferred = blocks[blocks["inferred"].astype(bool)].groupby("category")["size"].sum()
-    label = context.redactor.label
-    known = list(context.rules.categories)
+    label = view.redactor.label
+    known = list(view.rules.categories)
     return [{"category": r.category, "bytes": int(r.bytes), "share": float(r.share), "blocks": int(r.blocks),
              "inferred": int(inferred.get(r.category, 0)), "color": plots.category_color(r.category, known),
              "sites": [(label(site), int(n)) for site, n in zip(r.top_frames, r.top_frame_bytes)]}
             for r in summary.itertuples()]
 
 
-def _window(context: ReportContext, device: int) -> tuple[int | None, int]:
+def _window(view: RankView, device: int) -> tuple[int | None, int]:
     """(window length in µs or None, number of events) of a device."""
-    dt = context.timeline[device]
+    dt = view.timeline[device]
     first, last = dt.time_at(0), dt.time_at(len(dt) - 1)
     return ((last - first) if first is not None and last is not None else None), len(dt)
 
 
-def when_in_window(context: ReportContext, device: int, index: int) -> str:
+def when_in_window(view: RankView, device: int, index: int) -> str:
     """'at 2.38 ms into the 2.41 ms window (event 598 of 619)', or 'at event 598 of 619' without times."""
-    dt = context.timeline[device]
-    window, events = _window(context, device)
+    dt = view.timeline[device]
+    window, events = _window(view, device)
     event = "before the first event" if index < 0 else f"event {index:,} of {events:,}"
     t, first = dt.time_at(index), dt.time_at(0)
     if window is None or t is None or first is None:
@@ -141,10 +141,10 @@ def _phase_label(rows: pd.DataFrame, row: Any) -> str:
     return f"{row.phase} #{int(row.occurrence)}" if len(same) > 1 else str(row.phase)
 
 
-def phase_at(context: ReportContext, device: int, index: int) -> str | None:
+def phase_at(view: RankView, device: int, index: int) -> str | None:
     """'during prefill #1 (request req-1)': the innermost phase (markers or record_function annotations) and
     the requests whose span holds event `index` of `device`; None when no span holds it."""
-    table = context.phases
+    table = view.phases
     if not len(table) or index < 0:
         return None
     rows = table[table["device"] == device]
@@ -163,22 +163,22 @@ def phase_at(context: ReportContext, device: int, index: int) -> str | None:
     return "during " + " ".join(parts) if parts else None
 
 
-def peak_sentences(context: ReportContext, instant: DetailInstant) -> list[str]:
+def peak_sentences(view: RankView, instant: DetailInstant) -> list[str]:
     """Plain sentences with numbers about one attributed instant: how high, when, during which phase, and
     what held it."""
     device, index = instant.device, instant.event_index
-    dt = context.timeline[device]
+    dt = view.timeline[device]
     active, reserved = dt.active_at(index), dt.reserved_at(index)
-    when = when_in_window(context, device, index)
-    phase = phase_at(context, device, index)
+    when = when_in_window(view, device, index)
+    phase = phase_at(view, device, index)
     when += f", {phase}" if phase else ""
-    where = context.where(device)
+    where = view.where(device)
     if instant.label == "peak 1":
         first = f"The peak on {where} was {fmt_bytes(active)} active ({fmt_bytes(reserved)} reserved), {when}."
     else:
         first = (f"At {instant.label} on {where}, {fmt_bytes(active)} were active ({fmt_bytes(reserved)} "
                  f"reserved), {when}.")
-    rows = category_rows(context, device, index)
+    rows = category_rows(view, device, index)
     transient = [r for r in rows if r["category"] not in PERSISTENT and r["bytes"] > 0]
     persistent = [r for r in rows if r["category"] in PERSISTENT and r["bytes"] > 0]
     sentences = [first]
@@ -206,17 +206,17 @@ def peak_sentences(context: ReportContext, instant: DetailInstant) -> list[str]:
     return sentences
 
 
-def _instant_anchor(context: ReportContext, device: int, index: int) -> str | None:
+def _instant_anchor(view: RankView, device: int, index: int) -> str | None:
     """The anchor of the detail instant at `index` of `device`, if it is one."""
-    for instant in context.details.get(device, []):
+    for instant in view.details.get(device, []):
         if instant.event_index == index:
-            return f"instant-{context.key(device)}-{instant.slug}"
+            return f"instant-{view.key(device)}-{instant.slug}"
     return None
 
 
-def _phase_rows(context: ReportContext, device: int) -> tuple[list[dict[str, Any]], int]:
+def _phase_rows(view: RankView, device: int) -> tuple[list[dict[str, Any]], int]:
     """The phases table of one device (at most MAX_PHASE_ROWS, the largest transients) and how many were left."""
-    table = context.phases
+    table = view.phases
     rows = table[table["device"] == device] if len(table) else table
     if not len(rows):
         return [], 0
@@ -234,16 +234,16 @@ def _phase_rows(context: ReportContext, device: int) -> tuple[list[dict[str, Any
                     "after": int(r.after_bytes),
                     "categories": list(zip(r.top_categories, r.top_category_bytes)),
                     "flags": [f for f, on in (("clipped", r.clipped), ("open", r.open)) if on],
-                    "anchor": _instant_anchor(context, device, int(r.peak_index))})
+                    "anchor": _instant_anchor(view, device, int(r.peak_index))})
     return out, len(rows) - len(shown)
 
 
 # -- the per-snapshot sections (repeated per rank of a run) --------------------------------------------------
 
-def verdict_section(context: ReportContext) -> Section | None:
+def verdict_section(report: Report) -> Section | None:
     """The verdict's core: per device (of each rank), the main instant in plain sentences (no body of its own)."""
     lines: list[str] = []
-    for view in context.views():
+    for view in report.views:
         for device in view.devices:
             if view.details.get(device):
                 lines += peak_sentences(view, view.main(device))
@@ -253,16 +253,16 @@ def verdict_section(context: ReportContext) -> Section | None:
             lines.append(f"Warning: the replay{whose} does not match the end state ({problems[0]}"
                          + (f", and {len(problems) - 1} more" if len(problems) > 1 else "")
                          + "); see Snapshot facts.")
-    if not any(view.devices for view in context.views()):
+    if not any(view.devices for view in report.views):
         lines.append("The snapshot holds no devices: no segments and no trace.")
     return Section(id="verdict", title="Verdict", verdict=tuple(lines), order=ORDER["verdict"])
 
 
-def timelines_section(context: ReportContext) -> Section | None:
+def timelines_section(report: Report) -> Section | None:
     """Active, reserved and allocated (estimate) bytes per device, peaks and OOM entries marked; for a rank of
     a run also NVML used, and the phases as bands with their table."""
     devices, figures = [], []
-    for view in context.views():
+    for view in report.views:
         ooms = view.snapshot.ooms
         nvml = view.rank.nvml if view.rank is not None and len(view.rank.nvml) else None
         for device in view.devices:
@@ -297,10 +297,10 @@ def timelines_section(context: ReportContext) -> Section | None:
                    order=ORDER["timelines"])
 
 
-def categories_section(context: ReportContext) -> Section | None:
+def categories_section(report: Report) -> Section | None:
     """Live bytes per category at sampled instants, stacked, per device."""
     devices, figures = [], []
-    for view in context.views():
+    for view in report.views:
         series = view.series
         if not len(series):
             continue
@@ -329,10 +329,10 @@ def _labeller(redact: Callable[[tuple[str, int, str]], tuple[str, int, str]]) ->
     return lambda frame: plots.frame_label(redact(frame))
 
 
-def instants_section(context: ReportContext) -> Section | None:
+def instants_section(report: Report) -> Section | None:
     """At each peak (or `--at` instant): what held the memory, as a table and an icicle of the live stacks."""
     instants, figures = [], []
-    for view in context.views():
+    for view in report.views:
         label = view.redactor.frame
         for device in view.devices:
             dt = view.timeline[device]
@@ -385,12 +385,12 @@ def _plain_row(row: pd.Series) -> dict[str, Any]:
     return {k: (None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v) for k, v in row.items()}
 
 
-def oom_section(context: ReportContext) -> Section | None:
+def oom_section(report: Report) -> Section | None:
     """Why each allocation failed (`explain_oom`: fragmentation, live exhaustion or pressure from outside
     the allocator), with its numbers, what was live and what would have helped — or, for a rank whose
     request was refused although nothing failed, the statement that an admission limit refused it."""
     entries, refusals, verdict = [], [], []
-    for view in context.views():
+    for view in report.views:
         if view.oom is None:
             continue
         for (_, row), oom in zip(view.oom.ooms.iterrows(), view.oom.verdicts):
@@ -433,10 +433,10 @@ def oom_section(context: ReportContext) -> Section | None:
     return Section(id="oom", title="Out of memory", body=body, verdict=tuple(verdict), order=ORDER["oom"])
 
 
-def rules_section(context: ReportContext) -> Section | None:
+def rules_section(report: Report) -> Section | None:
     """Which rule fired on which frame at each detail instant, and where the rules came from."""
     groups = []
-    for view in context.views():
+    for view in report.views:
         label = view.redactor.label
         for device in view.devices:
             for n, instant in enumerate(view.details.get(device, [])):
@@ -447,16 +447,16 @@ def rules_section(context: ReportContext) -> Section | None:
                                "open": n == 0, "records": records})
     if not groups:
         return None
-    sources = [context.redactor.path(s) if not s.startswith("rulepacks/") else s for s in context.rules.sources]
+    sources = [report.redactor.path(s) if not s.startswith("rulepacks/") else s for s in report.rules.sources]
     body = render("sections/rules.html.j2", groups=groups, sources=sources)
     return Section(id="rules", title="Rules that fired", body=body, order=ORDER["rules"])
 
 
-def facts_section(context: ReportContext) -> Section | None:
+def facts_section(report: Report) -> Section | None:
     """What each file holds (format, inferred torch version, devices, allocator settings) and caveats; for a
     run also the ranks, their snapshots, NVML sampling and capacity, and what the run directory lacks."""
     parts = []
-    for view in context.views():
+    for view in report.views:
         facts = summarize(view.snapshot)
         notes = sorted({note for device in view.devices for instant in view.details.get(device, [])
                         for note in view.attribution(device, instant.event_index).notes})
@@ -471,34 +471,34 @@ def facts_section(context: ReportContext) -> Section | None:
             part = render("sections/rank_heading.html.j2", rank=view.rank.rank, tag=view.rank.tag) + part
         parts.append(part)
     run = None
-    if context.run is not None:
-        info = context.run
+    if report.run is not None:
+        info = report.run
         ranks = []
-        for view in info.views:
+        for view in report.views:
             assert view.rank is not None
             caps = [(d, *view.capacity(d)) for d in view.devices]
             ranks.append({"rank": view.rank.rank, "tag": view.rank.tag, "path": view.redactor.path(view.rank.path),
                           "nvml": len(view.rank.nvml), "interval_ms": view.rank.interval_ms,
                           "markers": len(view.rank.markers), "capacity": caps})
-        run = {"path": context.source, "ranks": ranks, "all": list(info.ranks), "omitted": list(info.omitted),
+        run = {"path": report.source, "ranks": ranks, "all": list(info.ranks), "omitted": list(info.omitted),
                "world_size": info.samples.world_size, "problems": list(info.problems)}
     body = Markup("").join(parts)
     if run is not None:
         body = render("sections/run_facts.html.j2", run=run) + body
-    title = "Snapshot facts" if context.run is None else "Run and snapshot facts"
+    title = "Snapshot facts" if report.run is None else "Run and snapshot facts"
     return Section(id="facts", title=title, body=body, order=ORDER["facts"])
 
 
 # -- the run-level sections ---------------------------------------------------------------------------------
 
-def ranks_section(context: ReportContext) -> Section | None:
+def ranks_section(report: Report) -> Section | None:
     """A run's ranks side by side at their peaks (`compare_ranks`): table, stacked categories per rank, and
     for each outlier the categories that differ from the median rank's."""
-    if context.run is None or context.run.comparison is None or len(context.run.comparison.table) < 2:
+    if report.run is None or report.run.comparison is None or len(report.run.comparison.table) < 2:
         return None
-    comparison = context.run.comparison
+    comparison = report.run.comparison
     table = comparison.table
-    views = {view.rank.rank: view for view in context.views() if view.rank is not None}
+    views = {view.rank.rank: view for view in report.views if view.rank is not None}
     multi = table["device"].nunique() > 1
     rows = []
     for r in table.itertuples(index=False):
@@ -535,15 +535,15 @@ def ranks_section(context: ReportContext) -> Section | None:
     if not outliers:
         verdict.append(f"No rank stands out: every rank's peak lies within 2% (at least 256 MiB) of the median "
                        f"rank's (rank {comparison.median_rank}, {fmt_bytes(int(table['active_bytes'].median()))}).")
-    order = [name for name, _ in sorted(context.rules.categories.items(), key=lambda kv: (-kv[1].precedence, kv[0]))]
+    order = [name for name, _ in sorted(report.rules.categories.items(), key=lambda kv: (-kv[1].precedence, kv[0]))]
     figure = FigureSpec("fig-ranks", plots.ranks_figure(table, comparison.categories, order))
     body = render("sections/ranks.html.j2", rows=rows, outliers=outliers, fig_id=figure.id, multi=multi,
-                  median=comparison.median_rank, omitted=list(context.run.omitted))
+                  median=comparison.median_rank, omitted=list(report.run.omitted))
     return Section(id="ranks", title="Ranks compared", body=body, figures=(figure,), verdict=tuple(verdict),
                    order=ORDER["ranks"])
 
 
-def _outside_row(view: ReportContext, o: dict[str, Any]) -> dict[str, Any]:
+def _outside_row(view: RankView, o: dict[str, Any]) -> dict[str, Any]:
     device = int(o["device"])
     dt = view.timeline[device]
     index = int(o["event_index"])
@@ -572,7 +572,7 @@ def _outside_row(view: ReportContext, o: dict[str, Any]) -> dict[str, Any]:
         "headroom": capacity - (used if used is not None else o["reserved_bytes"]) if capacity is not None else None}
 
 
-def outside_section(context: ReportContext) -> Section | None:
+def outside_section(report: Report) -> Section | None:
     """Memory outside the allocator (NVML used − reserved) at each peak of each rank with NVML samples: this
     process's part and other processes', the samples around the peak, and how uncertain the number is when
     the sampler was slower than the peak."""
@@ -580,7 +580,7 @@ def outside_section(context: ReportContext) -> Section | None:
     mains: list[str] = []
     others: list[str] = []
     origins = []
-    for view in context.views():
+    for view in report.views:
         if view.rank is None:
             continue
         if view.outside is None:
@@ -632,18 +632,18 @@ WHAT_OUTSIDE = ("NVML measures how much device memory lies outside the allocator
                 "library workspaces, other processes — not what it is.")
 
 
-def diff_section(context: ReportContext) -> Section | None:
+def diff_section(report: Report) -> Section | None:
     """This input against the baseline (`--compare`): aligned peaks, the categories and stacks that changed
     (`diff_document`), and bytes per category side by side."""
-    if not context.diffs:
+    if not report.diffs:
         return None
-    views = {(view.rank.rank if view.rank is not None else None): view for view in context.views()}
+    views = {(view.rank.rank if view.rank is not None else None): view for view in report.views}
     parts, figures, verdict = [], [], []
-    for item in context.diffs:
-        view = views.get(item.rank, context)
+    for item in report.diffs:
+        view = views.get(item.rank, report.views[0])
         doc = diff_document(item.diff)
         label = view.redactor.label
-        baseline = context.redactor.path(item.baseline)
+        baseline = report.redactor.path(item.baseline)
         peaks = [{"device": p["device"], "phase": p["phase"], "a": p["a"]["active_bytes"], "b": p["b"]["active_bytes"],
                   "delta": p["delta"]} for p in doc["peaks"]]
         stacks = [{**s, "site": label(s["site"]), "frames": [label(f) for f in s["frames"]]}
@@ -677,7 +677,7 @@ def diff_section(context: ReportContext) -> Section | None:
             verdict.append(f"Against the baseline {baseline}, the peak on {where} {move} "
                            f"({fmt_bytes(p['a']['active_bytes'])} → {fmt_bytes(p['b']['active_bytes'])})"
                            + (f": {named}" if named else "") + (f"; stacks: {moved}" if moved else "") + ".")
-    body = render("sections/diff.html.j2", parts=parts, problems=list(context.problems))
+    body = render("sections/diff.html.j2", parts=parts, problems=list(report.problems))
     return Section(id="diff", title="Compared with the baseline", body=body, figures=tuple(figures),
                    verdict=tuple(verdict), order=ORDER["diff"])
 
