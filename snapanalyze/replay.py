@@ -152,13 +152,25 @@ def _member(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
     return pool[pos] == values
 
 
-def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
-    trace = snapshot.trace(device)
-    action, addr, size = trace.action, trace.addr, trace.size
-    n = len(action)
+@dataclass(frozen=True, eq=False)
+class _Spans:
+    """The block lifetimes of one device's trace: one span per alloc (or per address first seen freeing a
+    block from before the window), in address order; event indices are −1 where a span has no such event."""
 
-    # Pair allocs with their frees: sort block events by (address, index); a span starts at each alloc
-    # (or at the first event of an address, which then belongs to a block from before the window).
+    start_ev: np.ndarray       # the span's first event (its alloc, or the free of a pre-window block)
+    from_alloc: np.ndarray     # the span starts at an alloc
+    requested: np.ndarray      # its free_requested
+    completed: np.ndarray      # its free_completed
+    addr: np.ndarray           # ascending
+    last: np.ndarray           # the last span at its address
+
+    def __len__(self) -> int:
+        return len(self.start_ev)
+
+
+def _pair_spans(action: np.ndarray, addr: np.ndarray) -> _Spans:
+    """Pair allocs with their frees: sort block events by (address, index); a span starts at each alloc (or at
+    the first event of an address, which then belongs to a block from before the window)."""
     idx = np.flatnonzero((action == ALLOC) | (action == FREE_REQUESTED) | (action == FREE_COMPLETED))
     order = _address_order(addr, idx)
     addr_s, act_s = addr[order], action[order]
@@ -168,112 +180,135 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
     span_id = np.cumsum(span_start) - 1
     start_pos = np.flatnonzero(span_start)
     n_spans = len(start_pos)
-    start_ev = order[start_pos]
-    from_alloc = act_s[start_pos] == ALLOC
-    completed = _first_per_span(act_s == FREE_COMPLETED, span_id, order, n_spans)
-    requested = _first_per_span(act_s == FREE_REQUESTED, span_id, order, n_spans)
-    span_addr = addr_s[start_pos]                     # ascending: spans are in address order
+    span_addr = addr_s[start_pos]
+    last = np.ones(n_spans, dtype=bool)
+    last[:-1] = span_addr[1:] != span_addr[:-1]
+    return _Spans(start_ev=order[start_pos], from_alloc=act_s[start_pos] == ALLOC,
+                  requested=_first_per_span(act_s == FREE_REQUESTED, span_id, order, n_spans),
+                  completed=_first_per_span(act_s == FREE_COMPLETED, span_id, order, n_spans),
+                  addr=span_addr, last=last)
 
-    # Active blocks of the end state, and which of them the trace explains.
+
+@dataclass(frozen=True, eq=False)
+class _EndBlocks:
+    """The active blocks of the end state on one device (rows into `block_columns`)."""
+
+    rows: np.ndarray
+    addr: np.ndarray
+    requested: np.ndarray
+    size: np.ndarray
+    pending_addr: np.ndarray   # sorted addresses of blocks whose free is still pending
+
+
+def _end_blocks(snapshot: Snapshot, device: int) -> _EndBlocks:
     blocks = snapshot.block_columns
-    dev_rows = np.flatnonzero((blocks["device"] == device) & np.isin(blocks["state"], ACTIVE_STATES))
-    block_addr = blocks["address"][dev_rows]
-    block_req = blocks["requested_size"][dev_rows].astype(np.int64)
-    block_size = blocks["size"][dev_rows].astype(np.int64)
+    rows = np.flatnonzero((blocks["device"] == device) & np.isin(blocks["state"], ACTIVE_STATES))
+    addr = blocks["address"][rows]
+    return _EndBlocks(rows=rows, addr=addr, requested=blocks["requested_size"][rows].astype(np.int64),
+                      size=blocks["size"][rows].astype(np.int64),
+                      pending_addr=np.sort(addr[blocks["state"][rows] != "active_allocated"]))
 
-    # A free_requested whose completion is still pending when the snapshot was taken (the last span at
-    # its address, with no free_completed, and the block `active_pending_free` in segments) stays active.
-    last_span = np.ones(n_spans, dtype=bool)
-    last_span[:-1] = span_addr[1:] != span_addr[:-1]
-    pending_addr = block_addr[blocks["state"][dev_rows] != "active_allocated"]
-    pending = (completed < 0) & (requested >= 0) & last_span & _member(span_addr, np.sort(pending_addr))
-    free_ev = np.where(completed >= 0, completed, requested)
-    active_end = np.where(pending, -1, free_ev)
-    allocated_end = np.where(requested >= 0, requested, completed)
-    span_size = np.where(from_alloc, size[start_ev], size[np.maximum(free_ev, 0)]) if n_spans else \
-        np.zeros(0, dtype=np.int64)
-    live_end = active_end < 0
-    explained = _member(block_addr, span_addr[live_end])
-    pre_live_rows = dev_rows[~explained]
 
-    # Map each span live at the end to its end-state block row (for exact sizes, frames, checks).
-    span_block = np.full(n_spans, -1, dtype=np.int64)
-    if len(dev_rows) and live_end.any():
-        sorter = np.argsort(block_addr, kind="stable")
-        where = np.searchsorted(block_addr, span_addr[live_end], sorter=sorter)
-        where = np.minimum(where, len(block_addr) - 1)
-        hit = block_addr[sorter[where]] == span_addr[live_end]
-        rows = np.where(hit, dev_rows[sorter[where]], -1)
-        span_block[np.flatnonzero(live_end)] = rows
+def _block_of(spans: _Spans, live_end: np.ndarray, end: _EndBlocks) -> np.ndarray:
+    """The end-state block row of each span live at the end (for exact sizes, frames, checks), else −1."""
+    span_block = np.full(len(spans), -1, dtype=np.int64)
+    if len(end.rows) and live_end.any():
+        sorter = np.argsort(end.addr, kind="stable")
+        where = np.minimum(np.searchsorted(end.addr, spans.addr[live_end], sorter=sorter), len(end.addr) - 1)
+        hit = end.addr[sorter[where]] == spans.addr[live_end]
+        span_block[np.flatnonzero(live_end)] = np.where(hit, end.rows[sorter[where]], -1)
+    return span_block
 
-    est = rounded_size(span_size)
-    known = span_block >= 0
-    if known.any():
-        est[known] = blocks["size"][span_block[known]].astype(np.int64)
 
-    # Curves.
+def _curve(n: int, starts: np.ndarray, gains: np.ndarray, ends: np.ndarray, losses: np.ndarray,
+           baseline: int) -> np.ndarray:
+    """baseline + Σ gains from their event on − Σ losses from their event on, after each of n events."""
     delta = np.zeros(n, dtype=np.int64)
-    delta[start_ev[from_alloc]] = span_size[from_alloc]
-    ended = active_end >= 0
-    delta[active_end[ended]] -= span_size[ended]
-    pre_freed = ~from_alloc
-    pre_live_req = block_req[~explained]
-    baseline_active = int(span_size[pre_freed].sum() + pre_live_req.sum())
-    active = np.cumsum(delta, out=delta)          # in place: three curves of n int64 each are the bulk
-    active += baseline_active
+    delta[starts] = gains
+    delta[ends] -= losses
+    curve = np.cumsum(delta, out=delta)          # in place: three curves of n int64 each are the bulk
+    curve += baseline
+    return curve
 
-    adelta = np.zeros(n, dtype=np.int64)
-    adelta[start_ev[from_alloc]] = est[from_alloc]
-    aended = allocated_end >= 0
-    adelta[allocated_end[aended]] -= est[aended]
-    baseline_alloc = int(est[pre_freed].sum() + block_size[~explained].sum())
-    allocated = np.cumsum(adelta, out=adelta)
-    allocated += baseline_alloc
 
-    sdelta = np.zeros(n, dtype=np.int64)
-    grow = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_MAP))
-    shrink = np.flatnonzero((action == SEGMENT_FREE) | (action == SEGMENT_UNMAP))
-    sdelta[grow] = size[grow]
-    sdelta[shrink] = -size[shrink]
-    segs = snapshot.segment_columns
-    end_reserved = int(segs["total_size"][segs["device"] == device].sum())
-    baseline_reserved = end_reserved - int(sdelta.sum())
-    reserved = np.cumsum(sdelta, out=sdelta)
-    reserved += baseline_reserved
-
-    def lifetimes() -> pd.DataFrame:
-        import pandas as pd
-        pre = len(pre_live_rows)
-        return pd.DataFrame({
-            "addr": np.concatenate([span_addr, block_addr[~explained]]).astype(np.uint64),
-            "size": np.concatenate([span_size, pre_live_req]).astype(np.int64),
-            "allocated_est": np.concatenate([est, block_size[~explained]]).astype(np.int64),
-            "alloc_index": np.concatenate([np.where(from_alloc, start_ev, -1), np.full(pre, -1)]).astype(np.int64),
-            "free_index": np.concatenate([active_end, np.full(pre, -1)]).astype(np.int64),
-            "free_requested_index": np.concatenate([requested, np.full(pre, -1)]).astype(np.int64),
-            "stream": np.concatenate([trace.stream[start_ev] if n_spans else np.zeros(0, np.int64),
-                                      blocks["stream"][pre_live_rows]]).astype(np.int64),
-            "block_row": np.concatenate([span_block, pre_live_rows]).astype(np.int64),
-            "origin": pd.Categorical.from_codes(
-                np.concatenate([np.where(from_alloc, 0, 1), np.full(pre, 2)]).astype(np.int8),
-                categories=list(ORIGINS)),
-        })
-
+def _problems(device: int, spans: _Spans, live_end: np.ndarray, span_block: np.ndarray, span_size: np.ndarray,
+              snapshot: Snapshot, end: _EndBlocks, explained: np.ndarray, baseline_reserved: int) -> list[str]:
+    """What proves the replay wrong against the end state (see `Timeline.check_invariants`)."""
     problems = []
-    all_req = blocks["requested_size"]
+    all_req = snapshot.block_columns["requested_size"]
     known_req = all_req[np.maximum(span_block, 0)] if len(all_req) else span_size  # no blocks at all
     mismatch = live_end & ((span_block < 0) | (span_size != np.where(span_block >= 0, known_req, span_size)))
     for i in np.flatnonzero(mismatch)[:5]:
-        problems.append(f"device {device}: block at 0x{int(span_addr[i]):x} ({int(span_size[i])} bytes) is "
+        problems.append(f"device {device}: block at 0x{int(spans.addr[i]):x} ({int(span_size[i])} bytes) is "
                         "live at the end of the trace but not active with that size in segments")
     if mismatch.sum() > 5:
         problems.append(f"device {device}: … {int(mismatch.sum()) - 5} more such blocks")
-    stale = _member(block_addr[~explained], span_addr[~live_end & from_alloc])
+    stale = _member(end.addr[~explained], spans.addr[~live_end & spans.from_alloc])
     if stale.any():
         problems.append(f"device {device}: {int(stale.sum())} block(s) active in segments were freed in the "
                         "trace and never allocated again")
     if baseline_reserved < 0:
         problems.append(f"device {device}: segment events free more than was ever reserved")
+    return problems
+
+
+def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
+    trace = snapshot.trace(device)
+    action, size = trace.action, trace.size
+    n = len(action)
+    spans = _pair_spans(action, trace.addr)
+    end = _end_blocks(snapshot, device)
+
+    # A free_requested whose completion is still pending when the snapshot was taken (the last span at its
+    # address, with no free_completed, and the block `active_pending_free` in segments) stays active.
+    pending = (spans.completed < 0) & (spans.requested >= 0) & spans.last & _member(spans.addr, end.pending_addr)
+    free_ev = np.where(spans.completed >= 0, spans.completed, spans.requested)
+    active_end = np.where(pending, -1, free_ev)
+    allocated_end = np.where(spans.requested >= 0, spans.requested, spans.completed)
+    span_size = np.where(spans.from_alloc, size[spans.start_ev], size[np.maximum(free_ev, 0)]) if len(spans) \
+        else np.zeros(0, dtype=np.int64)
+    live_end = active_end < 0
+    explained = _member(end.addr, spans.addr[live_end])      # end-state blocks the trace allocated
+    pre_live_rows = end.rows[~explained]
+    span_block = _block_of(spans, live_end, end)
+    est = rounded_size(span_size)
+    known = span_block >= 0
+    if known.any():
+        est[known] = snapshot.block_columns["size"][span_block[known]].astype(np.int64)
+
+    alloc, pre_freed = spans.from_alloc, ~spans.from_alloc
+    ended, aended = active_end >= 0, allocated_end >= 0
+    baseline_active = int(span_size[pre_freed].sum() + end.requested[~explained].sum())
+    active = _curve(n, spans.start_ev[alloc], span_size[alloc], active_end[ended], span_size[ended], baseline_active)
+    baseline_alloc = int(est[pre_freed].sum() + end.size[~explained].sum())
+    allocated = _curve(n, spans.start_ev[alloc], est[alloc], allocated_end[aended], est[aended], baseline_alloc)
+    grow = np.flatnonzero((action == SEGMENT_ALLOC) | (action == SEGMENT_MAP))
+    shrink = np.flatnonzero((action == SEGMENT_FREE) | (action == SEGMENT_UNMAP))
+    segs = snapshot.segment_columns
+    baseline_reserved = int(segs["total_size"][segs["device"] == device].sum()) - int(size[grow].sum()) \
+        + int(size[shrink].sum())
+    reserved = _curve(n, grow, size[grow], shrink, size[shrink], baseline_reserved)
+
+    def lifetimes() -> pd.DataFrame:
+        import pandas as pd
+        pre = len(pre_live_rows)
+        return pd.DataFrame({
+            "addr": np.concatenate([spans.addr, end.addr[~explained]]).astype(np.uint64),
+            "size": np.concatenate([span_size, end.requested[~explained]]).astype(np.int64),
+            "allocated_est": np.concatenate([est, end.size[~explained]]).astype(np.int64),
+            "alloc_index": np.concatenate([np.where(alloc, spans.start_ev, -1), np.full(pre, -1)]).astype(np.int64),
+            "free_index": np.concatenate([active_end, np.full(pre, -1)]).astype(np.int64),
+            "free_requested_index": np.concatenate([spans.requested, np.full(pre, -1)]).astype(np.int64),
+            "stream": np.concatenate([trace.stream[spans.start_ev] if len(spans) else np.zeros(0, np.int64),
+                                      snapshot.block_columns["stream"][pre_live_rows]]).astype(np.int64),
+            "block_row": np.concatenate([span_block, pre_live_rows]).astype(np.int64),
+            "origin": pd.Categorical.from_codes(
+                np.concatenate([np.where(alloc, 0, 1), np.full(pre, 2)]).astype(np.int8),
+                categories=list(ORIGINS)),
+        })
+
+    problems = _problems(device, spans, live_end, span_block, span_size, snapshot, end, explained,
+                         baseline_reserved)
     return DeviceTimeline(device=device, active=active, allocated_est=allocated, reserved=reserved,
                           time_us=trace.time_us, baseline_active=baseline_active,
                           baseline_allocated_est=baseline_alloc, baseline_reserved=baseline_reserved,

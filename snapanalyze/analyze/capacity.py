@@ -196,12 +196,9 @@ def _target_jumps(x: np.ndarray, t: np.ndarray, q: np.ndarray, y: np.ndarray, ma
     return jumps
 
 
-def fit_capacity(sweep: Sweep, driver: str | None = None) -> Capacity:
-    """Choose the driver, fit every target, find the jumps (see the module docstring)."""
-    shapes = sweep.shapes
-    if len(shapes) < 2:
-        raise UsageError(f"capacity: a sweep needs at least 2 shapes, got {len(shapes)}")
-    total = shapes["transient_bytes"].to_numpy().astype(float)
+def _choose_driver(shapes: pd.DataFrame, total: np.ndarray, driver: str | None
+                   ) -> tuple[str, np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """The driver that explains the total transient best (or the one asked for): (name, x, m, rows)."""
     driver_rows: list[dict[str, Any]] = []
     candidates: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for name in ([driver] if driver else DRIVER_ORDER):
@@ -220,13 +217,11 @@ def fit_capacity(sweep: Sweep, driver: str | None = None) -> Capacity:
     best = min(driver_rows, key=lambda r: (round(float(r["score"]), 9), DRIVER_ORDER.index(str(r["driver"]))))
     best["chosen"] = True
     chosen = str(best["driver"])
-    x, m = candidates[chosen]
-    order = np.lexsort((shapes["label"].to_numpy(), m, x))
-    x, m, total = x[order], m[order], total[order]
-    labels = shapes["label"].to_numpy()[order]
-    t, q = m * x, m * x * x
+    return chosen, *candidates[chosen], driver_rows
 
-    cats = sweep.categories
+
+def _target_series(cats: pd.DataFrame, labels: np.ndarray, total: np.ndarray) -> dict[str, tuple[str, np.ndarray]]:
+    """Per target (the total, each family, each category with bytes): (kind, transient per point in order)."""
     series: dict[str, tuple[str, np.ndarray]] = {"total": ("total", total)}
     for kind in ("family", "category"):
         sub = cats[cats["kind"] == kind]
@@ -235,27 +230,49 @@ def fit_capacity(sweep: Sweep, driver: str | None = None) -> Capacity:
             values = np.array([float(by_label.get(lb, 0)) for lb in labels])
             if np.any(values > 0):
                 series[target] = (kind, values)
-    material = _material(total)
+    return series
 
-    raw = {target: _target_jumps(x, t, q, y, material) for target, (_, y) in series.items()}
+
+@dataclass(frozen=True, eq=False)
+class _Curves:
+    """The sweep's points in driver order: x, t = m·x, q = m·x², the targets' series and the kept jumps."""
+
+    x: np.ndarray
+    t: np.ndarray
+    q: np.ndarray
+    series: dict[str, tuple[str, np.ndarray]]
+    kept: dict[str, list[tuple[int, int, float]]]        # target → (from point, to point, predicted) jumps
+
+    def expected_at(self, target: str, j: int) -> float:
+        """What the target's shapes before x[j] (since its last kept jump) predict at point j."""
+        x = self.x
+        starts = [float(x[jj]) for _, jj, _ in self.kept[target] if x[jj] < x[j]]
+        lo = max(starts, default=float(x[0]))
+        return _predict_from(np.flatnonzero((x >= lo) & (x < x[j])), self.t, self.q, x, self.series[target][1],
+                             self.t[j], self.q[j])
+
+
+def _kept_jumps(c_x: np.ndarray, t: np.ndarray, q: np.ndarray, series: dict[str, tuple[str, np.ndarray]],
+                material: np.ndarray) -> dict[str, list[tuple[int, int, float]]]:
+    """Each target's jumps, without a category's that only relabel bytes inside its family."""
+    raw = {target: _target_jumps(c_x, t, q, y, material) for target, (_, y) in series.items()}
     family_of = {c: fam for fam, members in FAMILIES.items() for c in members}
     kept: dict[str, list[tuple[int, int, float]]] = {}
     for target, js in raw.items():
         fam = family_of.get(target) if series[target][0] == "category" else None
         if fam is not None:                      # a relabel inside a family is no jump
-            fam_at = {float(x[j]) for _, j, _ in raw.get(fam, [])}
-            js = [jp for jp in js if float(x[jp[1]]) in fam_at]
+            fam_at = {float(c_x[j]) for _, j, _ in raw.get(fam, [])}
+            js = [jp for jp in js if float(c_x[jp[1]]) in fam_at]
         kept[target] = js
+    return kept
 
-    def expected_at(target: str, j: int) -> float:
-        """What the target's shapes before x[j] (since its last kept jump) predict at point j."""
-        starts = [float(x[jj]) for _, jj, _ in kept[target] if x[jj] < x[j]]
-        lo = max(starts, default=float(x[0]))
-        return _predict_from(np.flatnonzero((x >= lo) & (x < x[j])), t, q, x, series[target][1], t[j], q[j])
 
-    jump_rows = []
-    for xj in sorted({float(x[jp[1]]) for js in kept.values() for jp in js}):
-        at = {target: jp for target, js in kept.items() for jp in js if float(x[jp[1]]) == xj}
+def _jump_rows(c: _Curves, labels: np.ndarray, material: np.ndarray) -> list[dict[str, Any]]:
+    """One row per x where something jumped, naming the category that jumped (or the largest riser)."""
+    x, series, total = c.x, c.series, c.series["total"][1]
+    rows = []
+    for xj in sorted({float(x[jp[1]]) for js in c.kept.values() for jp in js}):
+        at = {target: jp for target, js in c.kept.items() for jp in js if float(x[jp[1]]) == xj}
         cat_hits = {tg: jp for tg, jp in at.items() if series[tg][0] == "category"}
         if cat_hits:
             name = max(cat_hits, key=lambda tg: (float(series[tg][1][cat_hits[tg][1]] - cat_hits[tg][2]), tg))
@@ -264,26 +281,31 @@ def fit_capacity(sweep: Sweep, driver: str | None = None) -> Capacity:
             i, j, _ = next(iter(at.values()))
             cats = [tg for tg, (kind, _) in series.items() if kind == "category"]
             name = max(cats, key=lambda tg: (float(series[tg][1][j] - series[tg][1][i]), tg)) if cats else "total"
-            pred = expected_at(name, j)
+            pred = c.expected_at(name, j)
         y = series[name][1]
-        total_pred = at["total"][2] if "total" in at else expected_at("total", j)
+        total_pred = at["total"][2] if "total" in at else c.expected_at("total", j)
         absent_before = float(np.max(y[x < x[j]], initial=0.0)) < material[j] * 0.2
-        jump_rows.append({
+        rows.append({
             "from_label": labels[i], "to_label": labels[j], "from_x": float(x[i]), "to_x": float(x[j]),
             "category": name, "how": "appears" if absent_before else "grows",
             "bytes_before": int(y[i]), "bytes_after": int(y[j]), "predicted_bytes": int(round(pred)),
             "total_before": int(total[i]), "total_after": int(total[j]), "total_predicted": int(round(total_pred)),
             "targets": sorted(at),
         })
+    return rows
 
+
+def _regimes(c: _Curves, material: np.ndarray) -> tuple[dict[str, list[tuple[float, float, Fit]]],
+                                                         list[dict[str, Any]]]:
+    """Each target's fits per regime (between its jumps, from where it is present) and its last fit's row."""
+    x, t, q = c.x, c.t, c.q
     fit_rows, regimes = [], {}
-    for target, (kind, y) in series.items():
-        starts = [float(x[0])] + [float(x[j]) for _, j, _ in kept[target]]
+    for target, (kind, y) in c.series.items():
+        starts = [float(x[0])] + [float(x[j]) for _, j, _ in c.kept[target]]
         present = np.flatnonzero(y >= material * (0.2 if kind != "total" else 0.0))
         if kind != "total" and len(present):
             first_present = float(x[present[0]])
-            starts = [max(s, first_present) for s in starts]
-            starts = list(dict.fromkeys(starts))
+            starts = list(dict.fromkeys(max(s, first_present) for s in starts))
         bounds = starts[1:] + [math.inf]
         regs = []
         for lo, hi in zip(starts, bounds):
@@ -295,8 +317,26 @@ def fit_capacity(sweep: Sweep, driver: str | None = None) -> Capacity:
         fit_rows.append({"target": target, "kind": kind, "model": f.model, "intercept_bytes": f.intercept,
                          "linear_bytes": f.linear, "quadratic_bytes": f.quadratic,
                          "max_rel_residual": f.max_rel_residual, "points": f.points, "from_x": lo, "to_x": hi,
-                         "jumped": bool(kept[target])})
+                         "jumped": bool(c.kept[target])})
+    return regimes, fit_rows
 
+
+def fit_capacity(sweep: Sweep, driver: str | None = None) -> Capacity:
+    """Choose the driver, fit every target, find the jumps (see the module docstring)."""
+    shapes = sweep.shapes
+    if len(shapes) < 2:
+        raise UsageError(f"capacity: a sweep needs at least 2 shapes, got {len(shapes)}")
+    total = shapes["transient_bytes"].to_numpy().astype(float)
+    chosen, x, m, driver_rows = _choose_driver(shapes, total, driver)
+    order = np.lexsort((shapes["label"].to_numpy(), m, x))
+    x, m, total = x[order], m[order], total[order]
+    labels = shapes["label"].to_numpy()[order]
+    t, q = m * x, m * x * x
+    series = _target_series(sweep.categories, labels, total)
+    material = _material(total)
+    curves = _Curves(x=x, t=t, q=q, series=series, kept=_kept_jumps(x, t, q, series, material))
+    jump_rows = _jump_rows(curves, labels, material)
+    regimes, fit_rows = _regimes(curves, material)
     points = pd.DataFrame({"label": labels, "x": x, "multiplier": m, "t": t, "q": q,
                            **{target: y for target, (_, y) in series.items()}})
     notes = list(sweep.notes)
