@@ -29,7 +29,7 @@ from conftest import (
 )
 
 from snapanalyze.cli import main
-from snapanalyze.report.text import fmt_bytes
+from snapanalyze.units import fmt_bytes
 
 MiB = 1024 * 1024
 EXACT_FILE = next(p for p in REAL_FILES if p.name == "cs336-step-user-metadata-t2.11.pickle")

@@ -10,7 +10,7 @@ from conftest import SnapshotBuilder, write_pickle
 
 from snapanalyze import attribute, load, replay
 from snapanalyze.report.notebook import attribution_html, snapshot_html, timeline_html
-from snapanalyze.report.text import fmt_bytes
+from snapanalyze.units import fmt_bytes
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
 BASE = 0x7F00_0000_0000

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from snapanalyze.report.text import fmt_bytes, fmt_duration_us, fmt_share, fmt_time_us, table
+from snapanalyze.report.text import table
+from snapanalyze.units import fmt_bytes, fmt_duration_us, fmt_share, fmt_time_us
 
 
 @pytest.mark.parametrize(("n", "text"), [

@@ -59,7 +59,7 @@ def _fill(snapshot: Snapshot, staging: Path) -> None:
            staging / "frames.parquet")
     _write(pa.Table.from_pandas(snapshot.stacks_table(), schema=schema.STACKS, preserve_index=False),
            staging / "stacks.parquet")
-    meta = {"schema_version": schema.SCHEMA_VERSION, "source": snapshot.source,
+    meta = {"schema_version": layout.SCHEMA_VERSION, "source": snapshot.source,
             "format": dataclasses.asdict(snapshot.format), "allocator_settings": snapshot.allocator_settings,
             "trace_devices": sorted(snapshot.traces),
             "action_names": {str(d): list(t.action_names) for d, t in snapshot.traces.items()}}
@@ -76,8 +76,8 @@ def _read_arrow(directory: Path, name: str, columns: list[str] | None = None) ->
     except (pa.ArrowException, OSError) as exc:
         raise BadInputError(path, f"unreadable Parquet file ({exc})") from None
     version = (table.schema.metadata or {}).get(b"schema_version", b"0").decode()
-    if version != str(schema.SCHEMA_VERSION):
-        raise BadInputError(path, f"schema version {version}, this snapanalyze reads {schema.SCHEMA_VERSION}: "
+    if version != str(layout.SCHEMA_VERSION):
+        raise BadInputError(path, f"schema version {version}, this snapanalyze reads {layout.SCHEMA_VERSION}: "
                             "convert the pickle again")
     return table
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import units
 from . import text
 
 
@@ -21,14 +22,14 @@ def render_ranks(doc: dict[str, Any]) -> str:
     rows = []
     for r in doc["ranks"]:
         p = r["peak"]
-        used = text.fmt_bytes(r["nvml_used_bytes"])
+        used = units.fmt_bytes(r["nvml_used_bytes"])
         if r["nvml_used_bytes"] is not None and not r["nvml_used_measured"]:
             used += " (est.)"
-        rows.append([str(r["rank"]), str(r["device"]), text.fmt_time_us(p["time_us"]),
-                     text.fmt_bytes(p["active_bytes"]), text.fmt_bytes(p["reserved_bytes"]), used,
-                     text.fmt_bytes(r["outside_bytes"]),
-                     f"{r['top_category'] or '–'} {text.fmt_bytes(r['top_category_bytes'])}",
-                     ("+" if r["difference_bytes"] > 0 else "") + text.fmt_bytes(r["difference_bytes"]),
+        rows.append([str(r["rank"]), str(r["device"]), units.fmt_time_us(p["time_us"]),
+                     units.fmt_bytes(p["active_bytes"]), units.fmt_bytes(p["reserved_bytes"]), used,
+                     units.fmt_bytes(r["outside_bytes"]),
+                     f"{r['top_category'] or '–'} {units.fmt_bytes(r['top_category_bytes'])}",
+                     ("+" if r["difference_bytes"] > 0 else "") + units.fmt_bytes(r["difference_bytes"]),
                      "OUTLIER" if r["outlier"] else ""])
     out.append(text.table(["rank", "dev", "peak time", "active", "reserved", "NVML used", "outside alloc.",
                            "top category", "vs median", ""], rows,
@@ -38,11 +39,11 @@ def render_ranks(doc: dict[str, Any]) -> str:
     if doc["outliers"]:
         for o in doc["outliers"]:
             sign = "above" if o["difference_bytes"] > 0 else "below"
-            out.append(f"rank {o['rank']} (device {o['device']}) peaks {text.fmt_bytes(abs(o['difference_bytes']))} "
+            out.append(f"rank {o['rank']} (device {o['device']}) peaks {units.fmt_bytes(abs(o['difference_bytes']))} "
                        f"{sign} the median rank; the difference by category:")
             out.append(text.table(["category", f"rank {o['rank']}", "median rank", "difference"],
-                                  [[c["category"], text.fmt_bytes(c["bytes"]), text.fmt_bytes(c["median_bytes"]),
-                                    ("+" if c["difference_bytes"] > 0 else "") + text.fmt_bytes(c["difference_bytes"])]
+                                  [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_bytes(c["median_bytes"]),
+                                    ("+" if c["difference_bytes"] > 0 else "") + units.fmt_bytes(c["difference_bytes"])]
                                    for c in o["categories"]], right=[False, True, True, True]))
     elif doc["ranks"]:
         out.append("no outlier: every rank peaks within the tolerance of the median rank")
@@ -55,33 +56,33 @@ def render_ranks(doc: dict[str, Any]) -> str:
 
 
 def _oom_block(o: dict[str, Any]) -> list[str]:
-    where = f"event {o['index']:,}" + (f", {text.fmt_time_us(o['time_us'])}" if o["time_us"] else "")
+    where = f"event {o['index']:,}" + (f", {units.fmt_time_us(o['time_us'])}" if o["time_us"] else "")
     out = [f"\nOOM on device {o['device']} at {where}: verdict {o['verdict'].replace('_', ' ').upper()}",
            f"  {o['why']}"]
     est = "" if o["exact"] else " (est.)"
     rows = [
-        ["request (rounded)", text.fmt_bytes(o["request_bytes"]), f"stream {o['stream']}, {o['segment_type']} pool"],
-        ["device free", text.fmt_bytes(o["device_free_bytes"]), "reported by the driver at the failure"],
-        ["live (active)", text.fmt_bytes(o["active_bytes"]), "Σ requested bytes of live blocks"],
-        ["in blocks" + est, text.fmt_bytes(o["allocated_bytes"]), "Σ sizes of blocks in use"],
-        ["reserved", text.fmt_bytes(o["reserved_bytes"]), "Σ segment sizes"],
-        ["reserved but free" + est, text.fmt_bytes(o["reserved_free_bytes"]), f"in {o['free_blocks']} free block(s)"],
-        ["largest usable free block" + est, text.fmt_bytes(o["largest_free_block_bytes"]),
-         f"largest of any pool/stream: {text.fmt_bytes(o['largest_free_block_any_bytes'])}"],
-        ["capacity", text.fmt_bytes(o["capacity_bytes"]), o["capacity_source"]],
-        ["outside the allocator", text.fmt_bytes(o["outside_bytes"]), o["outside_source"] or "capacity unknown"],
+        ["request (rounded)", units.fmt_bytes(o["request_bytes"]), f"stream {o['stream']}, {o['segment_type']} pool"],
+        ["device free", units.fmt_bytes(o["device_free_bytes"]), "reported by the driver at the failure"],
+        ["live (active)", units.fmt_bytes(o["active_bytes"]), "Σ requested bytes of live blocks"],
+        ["in blocks" + est, units.fmt_bytes(o["allocated_bytes"]), "Σ sizes of blocks in use"],
+        ["reserved", units.fmt_bytes(o["reserved_bytes"]), "Σ segment sizes"],
+        ["reserved but free" + est, units.fmt_bytes(o["reserved_free_bytes"]), f"in {o['free_blocks']} free block(s)"],
+        ["largest usable free block" + est, units.fmt_bytes(o["largest_free_block_bytes"]),
+         f"largest of any pool/stream: {units.fmt_bytes(o['largest_free_block_any_bytes'])}"],
+        ["capacity", units.fmt_bytes(o["capacity_bytes"]), o["capacity_source"]],
+        ["outside the allocator", units.fmt_bytes(o["outside_bytes"]), o["outside_source"] or "capacity unknown"],
     ]
     if o["own_outside_bytes"] is not None or o["other_processes_bytes"] is not None:
-        rows.append(["  this process (NVML)", text.fmt_bytes(o["own_outside_bytes"]), "CUDA context, NCCL, libraries"])
-        rows.append(["  other processes (NVML)", text.fmt_bytes(o["other_processes_bytes"]), ""])
+        rows.append(["  this process (NVML)", units.fmt_bytes(o["own_outside_bytes"]), "CUDA context, NCCL, libraries"])
+        rows.append(["  other processes (NVML)", units.fmt_bytes(o["other_processes_bytes"]), ""])
     out.append(text.table(["", "bytes", ""], rows, right=[False, True, False]))
     if not o["exact"]:
         out.append(f"  (est.): {o['state_source']}")
     if o["categories"]:
         out.append("  live at the failure:")
         out.append(text.table(["category", "bytes", "share", "allocated in window"],
-                              [[c["category"], text.fmt_bytes(c["bytes"]), text.fmt_share(c["share"]),
-                                text.fmt_bytes(c["window_bytes"])] for c in o["categories"]],
+                              [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_share(c["share"]),
+                                units.fmt_bytes(c["window_bytes"])] for c in o["categories"]],
                               right=[False, True, True, True]))
     if o["advice"]:
         out.append("  what would have helped:")
@@ -111,11 +112,11 @@ def render_phases(doc: dict[str, Any]) -> str:
     rows = []
     for p in doc["phases"]:
         flags = ", ".join(f for f, on in (("clipped", p["clipped"]), ("open", p["open"])) if on)
-        cats = "; ".join(f"{c} {text.fmt_bytes(b)}" for c, b in zip(p["top_categories"], p["top_category_bytes"]))
+        cats = "; ".join(f"{c} {units.fmt_bytes(b)}" for c, b in zip(p["top_categories"], p["top_category_bytes"]))
         rows.append([str(p["device"]), f"{p['phase']} #{p['occurrence']}", p["kind"],
                      f"{p['start_index']:,}–{p['end_index']:,}" if p["end_index"] >= p["start_index"] else "no events",
-                     text.fmt_bytes(p["before_bytes"]), text.fmt_bytes(p["peak_bytes"]),
-                     text.fmt_bytes(p["transient_bytes"]), text.fmt_bytes(p["after_bytes"]), cats or "–", flags])
+                     units.fmt_bytes(p["before_bytes"]), units.fmt_bytes(p["peak_bytes"]),
+                     units.fmt_bytes(p["transient_bytes"]), units.fmt_bytes(p["after_bytes"]), cats or "–", flags])
     if rows:
         out.append(text.table(["dev", "phase", "kind", "events", "before", "peak", "transient", "after",
                                "top categories (allocated inside, live at its peak)", ""], rows,

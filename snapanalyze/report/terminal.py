@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import units
 from . import text
 
 
@@ -16,18 +17,18 @@ def render_peaks(doc: dict[str, Any], problems: list[str]) -> str:
     if not doc["devices"]:
         out.append("  no devices: the snapshot holds no segments and no trace")
     for d in doc["devices"]:
-        window = text.fmt_duration_us(d["window_us"])
+        window = units.fmt_duration_us(d["window_us"])
         out.append(f"\ndevice {d['device']}: {d['events']:,} events"
                    + (f" over {window}" if d["window_us"] is not None else " (no timestamps)")
-                   + (f", from {text.fmt_time_us(d['first_time_us'])}" if d["first_time_us"] else ""))
-        out.append(f"  baseline (live when the window began): {text.fmt_bytes(d['baseline_active_bytes'])}"
-                   f" active, {text.fmt_bytes(d['baseline_reserved_bytes'])} reserved")
+                   + (f", from {units.fmt_time_us(d['first_time_us'])}" if d["first_time_us"] else ""))
+        out.append(f"  baseline (live when the window began): {units.fmt_bytes(d['baseline_active_bytes'])}"
+                   f" active, {units.fmt_bytes(d['baseline_reserved_bytes'])} reserved")
         rows = []
         for rank, p in enumerate(d["peaks"], start=1):
             event = "baseline" if p["event_index"] < 0 else f"{p['event_index']:,}"
-            rows.append([str(rank), event, text.fmt_time_us(p["time_us"]), text.fmt_bytes(p["active_bytes"]),
-                         text.fmt_bytes(p["reserved_bytes"]), text.fmt_bytes(p["allocated_est_bytes"]),
-                         text.fmt_bytes(p["transient_bytes"]), text.fmt_duration_us(p["duration_us"])])
+            rows.append([str(rank), event, units.fmt_time_us(p["time_us"]), units.fmt_bytes(p["active_bytes"]),
+                         units.fmt_bytes(p["reserved_bytes"]), units.fmt_bytes(p["allocated_est_bytes"]),
+                         units.fmt_bytes(p["transient_bytes"]), units.fmt_duration_us(p["duration_us"])])
         out.append(text.table(["peak", "event", "time", "active", "reserved", "allocated (est.)",
                                "transient", "held"], rows, right=[True, True, False] + [True] * 5))
     out.append("\nactive = Σ requested bytes live (exact); allocated (est.) = rounded block sizes, an estimate.")
@@ -44,10 +45,10 @@ def render_summary(f: dict[str, Any]) -> str:
            f"  torch: {v['range']} (inferred from: {'; '.join(v['evidence']) or 'nothing'})"]
     for d in f["devices"]:
         actions = ", ".join(f"{k} {n:,}" for k, n in d["actions"].items()) or "none"
-        span = text.fmt_duration_us(d["duration_us"]) if d["duration_us"] is not None else "no timestamps"
+        span = units.fmt_duration_us(d["duration_us"]) if d["duration_us"] is not None else "no timestamps"
         out += [f"  device {d['device']}: {d['events']:,} events ({actions})",
                 f"    window: {span}; ring buffer: {d['ring_buffer']}",
-                f"    end state: {d['segments']:,} segments, {text.fmt_bytes(d['reserved_bytes'])} reserved, "
+                f"    end state: {d['segments']:,} segments, {units.fmt_bytes(d['reserved_bytes'])} reserved, "
                 f"{d['active_blocks']:,} active blocks; {d['events_with_frames']:,} events with frames"]
     yes = {True: "yes", False: "no"}
     out += [f"  frames: {yes[bool(has['frames'])]}; C++ frames: {yes[bool(has['cpp_frames'])]}; "
@@ -66,7 +67,7 @@ def render_summary(f: dict[str, Any]) -> str:
     if f["ooms"]:
         for o in f["ooms"]:
             out.append(f"  OOM on device {o['device']} at event {o['index']:,}: request "
-                       f"{text.fmt_bytes(o['size'])}, device free {text.fmt_bytes(o['device_free'])}")
+                       f"{units.fmt_bytes(o['size'])}, device free {units.fmt_bytes(o['device_free'])}")
     else:
         out.append("  OOM entries: none")
     if f["unknown_actions"]:
@@ -80,14 +81,14 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool) -> str:
         p = d["peak"]
         where = "before the first event" if p["event_index"] < 0 else f"event {p['event_index']:,}"
         out.append(f"\ndevice {d['device']} at the {d['instant']} ({where}"
-                   + (f", {text.fmt_time_us(p['time_us'])}" if p["time_us"] else "") + ")")
-        out.append(f"  active {text.fmt_bytes(p['active_bytes'])} = baseline "
-                   f"{text.fmt_bytes(d['baseline_active_bytes'])} + transient {text.fmt_bytes(d['transient_bytes'])};"
-                   f" reserved {text.fmt_bytes(p['reserved_bytes'])}"
+                   + (f", {units.fmt_time_us(p['time_us'])}" if p["time_us"] else "") + ")")
+        out.append(f"  active {units.fmt_bytes(p['active_bytes'])} = baseline "
+                   f"{units.fmt_bytes(d['baseline_active_bytes'])} + transient {units.fmt_bytes(d['transient_bytes'])};"
+                   f" reserved {units.fmt_bytes(p['reserved_bytes'])}"
                    + (f"; made by request {d['request']!r}" if d["request"] else ""))
-        rows = [[c["category"], text.fmt_bytes(c["bytes"]), text.fmt_share(c["share"]), f"{c['blocks']:,}",
+        rows = [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_share(c["share"]), f"{c['blocks']:,}",
                  _inferred(c["inferred_bytes"], c["bytes"]),
-                 "; ".join(f"{site} ({text.fmt_bytes(n)})" for site, n in
+                 "; ".join(f"{site} ({units.fmt_bytes(n)})" for site, n in
                            zip(c["top_frames"][:top], c["top_frame_bytes"][:top]))] for c in d["categories"]]
         out.append(text.table(["category", "bytes", "share", "blocks", "inferred", "top allocation sites"], rows,
                               right=[False, True, True, True, True, False]))
@@ -96,7 +97,7 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool) -> str:
             for e in d["explain"]:
                 flag = " [inferred]" if e["inferred"] else ""
                 tags = f" tags={','.join(e['tags'])}" if e["tags"] else ""
-                out.append(f"  {text.fmt_bytes(e['bytes']):>10}  {e['category']}{tags} ← {e['rule']}{flag} "
+                out.append(f"  {units.fmt_bytes(e['bytes']):>10}  {e['category']}{tags} ← {e['rule']}{flag} "
                            f"@ {e['frame'] or '(no frame)'}\n{'':14}{e['reason']}")
     if any(c["inferred_bytes"] for d in doc["devices"] for c in d["categories"]):
         out.append("inferred = bytes decided by sizes, lifetimes, layout or time rather than proven by a frame, "
@@ -109,4 +110,4 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool) -> str:
 def _inferred(inferred: int, total: int) -> str:
     if not inferred:
         return ""
-    return "all" if inferred >= total else text.fmt_bytes(inferred)
+    return "all" if inferred >= total else units.fmt_bytes(inferred)

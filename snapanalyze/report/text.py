@@ -1,4 +1,4 @@
-"""Plain-text rendering for terminals: aligned tables (and the unit formatters of `units`, re-exported).
+"""Plain-text rendering for terminals: aligned tables (the unit formatters are `units`').
 
 Contract: `table` renders rows of already-formatted cells with right-aligned numeric columns. Nothing here
 prints.
@@ -7,8 +7,6 @@ prints.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from ..units import fmt_bytes, fmt_duration_us, fmt_share, fmt_time_us  # noqa: F401  (re-exported)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
