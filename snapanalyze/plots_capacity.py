@@ -11,12 +11,10 @@ measured concurrency at each x. Deterministic for the same input (no random colo
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import plotly.graph_objects as go
 
-from .analyze.capacity import Capacity, Fit
+from .analyze.capacity import Capacity, Contract, Fit
 
 _PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
@@ -26,7 +24,7 @@ def _curve(fit: Fit, lo: float, hi: float, multiplier: float) -> tuple[np.ndarra
     return xs, fit.predict(multiplier * xs, multiplier * xs * xs)
 
 
-def capacity_figure(cap: Capacity, contract: dict[str, Any] | None = None, top: int = 5) -> go.Figure:
+def capacity_figure(cap: Capacity, contract: Contract | None = None, top: int = 5) -> go.Figure:
     """Transient bytes against the driver, with fits, jumps and the budget (see the module docstring)."""
     pts = cap.points
     fig = go.Figure()
@@ -34,7 +32,7 @@ def capacity_figure(cap: Capacity, contract: dict[str, Any] | None = None, top: 
     x_max = float(pts["x"].max())
     reach = x_max
     if contract:
-        found = [lim["max_x"] for lim in contract.get("limits", []) if lim.get("max_x")]
+        found = [lim.max_x for lim in contract.limits if lim.max_x]
         reach = max([x_max, *found])
     others = [t for t in cap.fits["target"] if t != "total"]
     ranked = sorted(others, key=lambda t: (-float(pts[t].max()), t))[:top]
@@ -65,7 +63,7 @@ def capacity_figure(cap: Capacity, contract: dict[str, Any] | None = None, top: 
         fig.add_vline(x=(j.from_x + j.to_x) / 2, line_dash="dot", line_color="#444",
                       annotation_text=f"jump: {j.category} {j.how}", annotation_position="top left")
     if contract:
-        fig.add_hline(y=contract["transient_budget_bytes"], line_dash="dash", line_color="#d62728",
+        fig.add_hline(y=contract.transient_budget_bytes, line_dash="dash", line_color="#d62728",
                       annotation_text="transient budget", annotation_position="bottom right")
     fig.update_layout(title=f"Transient bytes against {cap.driver}", template="plotly_white",
                       xaxis_title=f"{cap.driver} per sequence", yaxis_title="bytes (requested, at the peak)",

@@ -243,10 +243,10 @@ def test_chunked_prefill_follows_the_chunk(chunked) -> None:  # type: ignore[no-
 def test_chunk_contract_solves_for_the_chunk_that_fits(chunked) -> None:  # type: ignore[no-untyped-def]
     exp = _expected("chunked_prefill")["transient_by_chunk"]
     contract = capacity_contract(chunked, transient_budget_bytes=exp["4096"], margin=0.0, concurrency=(1,))
-    assert contract["driver"] == "chunk"
-    assert 4090 <= contract["limits"][0]["max_x"] <= 4096
+    assert contract.driver == "chunk"
+    assert 4090 <= contract.limits[0].max_x <= 4096
     contract = capacity_contract(chunked, transient_budget_bytes=exp["4096"] - MiB, margin=0.0, concurrency=(1,))
-    assert contract["limits"][0]["max_x"] < 4096
+    assert contract.limits[0].max_x < 4096
 
 
 def test_markers_sweep_takes_shapes_from_phase_attrs() -> None:
@@ -270,29 +270,29 @@ def test_markers_sweep_takes_shapes_from_phase_attrs() -> None:
 def test_contract_trusts_a_regime_below_a_jump_only_up_to_its_last_shape(threshold) -> None:  # type: ignore[no-untyped-def]
     baseline = int(threshold.sweep.shapes["baseline_bytes"].max())
     tight = capacity_contract(threshold, budget_bytes=baseline + (1 << 30), concurrency=(1,))
-    assert tight["limits"][0]["max_x"] == 4096 and not tight["limits"][0]["extrapolated"]
+    assert tight.limits[0].max_x == 4096 and not tight.limits[0].extrapolated
     roomy = capacity_contract(threshold, budget_bytes=80 << 30, concurrency=(1, 2))
-    first = roomy["limits"][0]
-    assert first["max_x"] > 8192 and first["extrapolated"]
+    first = roomy.limits[0]
+    assert first.max_x > 8192 and first.extrapolated
     fit = threshold.fit("total")
-    assert fit.predict(first["max_x"], first["max_x"] ** 2) * (1 + roomy["margin"]) <= roomy["transient_budget_bytes"]
-    assert roomy["limits"][1]["max_x"] < first["max_x"] and roomy["limits"][1]["max_total"] > first["max_total"]
-    assert any("jumps between tokens 4096 and 5120" in n for n in roomy["notes"])
+    assert fit.predict(first.max_x, first.max_x ** 2) * (1 + roomy.margin) <= roomy.transient_budget_bytes
+    assert roomy.limits[1].max_x < first.max_x and roomy.limits[1].max_total > first.max_total
+    assert any("jumps between tokens 4096 and 5120" in n for n in roomy.notes)
 
 
 def test_contract_reserve_and_observed_points(threshold) -> None:  # type: ignore[no-untyped-def]
     shapes = threshold.sweep.shapes
     budget = int(shapes["peak_bytes"].iloc[-2]) + 1                # the 6144-token peak fits, 8192 does not
     contract = capacity_contract(threshold, budget_bytes=budget)
-    assert [o["fits"] for o in contract["observed"]] == [True] * 6 + [False]
-    r = contract["reserve"]
-    assert r["x"] == 8192 and r["measured_bytes"] == int(shapes["transient_bytes"].iloc[-1])
-    assert r["reserve_bytes"] >= r["measured_bytes"] and not r["fits"]
+    assert [o.fits for o in contract.observed] == [True] * 6 + [False]
+    r = contract.reserve
+    assert r.x == 8192 and r.measured_bytes == int(shapes["transient_bytes"].iloc[-1])
+    assert r.reserve_bytes >= r.measured_bytes and not r.fits
 
 
 def test_contract_when_the_baseline_alone_is_over_budget(threshold) -> None:  # type: ignore[no-untyped-def]
     contract = capacity_contract(threshold, budget_bytes=1 << 30)
-    assert contract["limits"] == [] and "already exceeds" in contract["notes"][0]
+    assert contract.limits == () and "already exceeds" in contract.notes[0]
     with pytest.raises(UsageError):
         capacity_contract(threshold)
 
@@ -342,13 +342,13 @@ def test_tokens_times_concurrency_from_a_batch_sweep() -> None:
     assert (f.intercept, f.linear, f.quadratic) == pytest.approx((1e6, 1000, 10), rel=1e-6)
     budget = (10 << 30) + (4 << 30)
     contract = capacity_contract(cap, budget_bytes=budget, margin=0.0, concurrency=(1, 4, 8))
-    limits = {lim["concurrency"]: lim for lim in contract["limits"]}
+    limits = {lim.concurrency: lim for lim in contract.limits}
     for c, lim in limits.items():
-        x = lim["max_x"]
+        x = lim.max_x
         assert f.predict(c * x, c * x * x) <= 4 << 30 < f.predict(c * (x + 1), c * (x + 1) ** 2)
-        assert lim["max_total"] == c * x
-    assert not limits[4]["extrapolated"] or limits[4]["max_x"] > 4096
-    assert limits[8]["extrapolated"]                              # concurrency 8 was never measured
+        assert lim.max_total == c * x
+    assert not limits[4].extrapolated or limits[4].max_x > 4096
+    assert limits[8].extrapolated                              # concurrency 8 was never measured
 
 
 def test_a_category_taking_over_its_family_is_no_jump_but_appearing_alone_is() -> None:

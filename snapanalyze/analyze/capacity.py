@@ -364,10 +364,75 @@ def _solve(f: Fit, m: float, available: float) -> float | None:
     return math.inf
 
 
-def max_driver_value(cap: Capacity, available: float, multiplier: float = 1.0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DriverLimit:
+    """The largest driver value whose modelled total transient fits (None: nothing fits, or — `unbounded` —
+    the last regime never reaches the budget), from which regime, what it predicts there, whether that lies
+    beyond the measured shapes."""
+
+    max_x: int | None
+    regime_from_x: float | None
+    predicted_bytes: float | None
+    extrapolated: bool
+    unbounded: bool
+
+
+@dataclass(frozen=True)
+class ContractLimit:
+    """At one concurrency: the largest driver value that fits, driver × concurrency, the modelled transient
+    there, whether it extrapolates beyond the measured shapes (or concurrencies)."""
+
+    concurrency: int
+    max_x: int | None
+    max_total: int | None
+    predicted_bytes: int | None
+    extrapolated: bool
+    unbounded: bool
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """The transient to hold back for the target shape `x` (with its multiplier): modelled, measured, the
+    reserve with the margin, whether baseline + reserve fits and the headroom left."""
+
+    x: float
+    multiplier: float
+    predicted_bytes: int
+    measured_bytes: int
+    reserve_bytes: int
+    fits: bool
+    headroom_bytes: int
+
+
+@dataclass(frozen=True)
+class ObservedPoint:
+    """A measured shape's peak against the budget (`fits` None without a device budget)."""
+
+    label: str
+    x: float
+    peak_bytes: int
+    fits: bool | None
+
+
+@dataclass(frozen=True)
+class Contract:
+    """The fitted sweep solved for a budget (see `capacity_contract`)."""
+
+    driver: str
+    budget_bytes: int | None
+    baseline_bytes: int
+    transient_budget_bytes: int
+    margin: float
+    limits: tuple[ContractLimit, ...]
+    reserve: Reserve
+    observed: tuple[ObservedPoint, ...]
+    notes: tuple[str, ...]
+
+
+def max_driver_value(cap: Capacity, available: float, multiplier: float = 1.0) -> DriverLimit:
     """The largest driver value whose modelled total transient fits in `available` bytes, across regimes:
     a regime below a jump is only trusted up to its last measured shape (the threshold lies somewhere after
-    it). Returns {max_x, regime_from_x, predicted_bytes, extrapolated, unbounded}; max_x is None if nothing fits."""
+    it)."""
     regs = cap.regimes["total"]
     observed = cap.points["x"].to_numpy()
     for r in range(len(regs) - 1, -1, -1):
@@ -379,29 +444,25 @@ def max_driver_value(cap: Capacity, available: float, multiplier: float = 1.0) -
         cap_x = math.inf if r == len(regs) - 1 else last
         best = min(x_star, cap_x)
         if math.isinf(best):
-            return {"max_x": None, "regime_from_x": lo, "predicted_bytes": float(f.predict(0, 0)),
-                    "extrapolated": True, "unbounded": True}
+            return DriverLimit(None, lo, float(f.predict(0, 0)), True, True)
         best = math.floor(best)
         if best < floor or best < 1:
             continue
-        return {"max_x": int(best), "regime_from_x": lo,
-                "predicted_bytes": float(f.predict(multiplier * best, multiplier * best * best)),
-                "extrapolated": bool(best > observed.max() or best < observed.min()), "unbounded": False}
-    return {"max_x": None, "regime_from_x": None, "predicted_bytes": None, "extrapolated": False, "unbounded": False}
+        return DriverLimit(int(best), lo, float(f.predict(multiplier * best, multiplier * best * best)),
+                           bool(best > observed.max() or best < observed.min()), False)
+    return DriverLimit(None, None, None, False, False)
 
 
 def capacity_contract(cap: Capacity, budget_bytes: int | None = None, transient_budget_bytes: int | None = None,
                       margin: float | None = None, concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
-                      target_x: float | None = None) -> dict[str, Any]:
+                      target_x: float | None = None) -> Contract:
     """Solve the fitted sweep for a device budget (active bytes beside the baseline) and/or a transient budget.
 
-    Returns a JSON-ready dict: driver; budget_bytes; baseline_bytes (the largest measured baseline: weights,
-    KV cache, buffers); transient_budget_bytes (what the transient may use); margin (the fraction added to
-    every modelled transient, default the worst relative residual of the total's fits); limits (per
-    concurrency: the largest driver value that fits, driver × concurrency, the modelled transient there,
-    whether it extrapolates beyond the measured shapes); reserve (the transient to hold back for the target
-    shape, default the largest measured, with the margin; whether baseline + reserve fits); observed (each
-    measured point's peak against the budget); notes."""
+    The `Contract`: driver; budget_bytes; baseline_bytes (the largest measured baseline: weights, KV cache,
+    buffers); transient_budget_bytes (what the transient may use); margin (the fraction added to every
+    modelled transient, default the worst relative residual of the total's fits); limits (per concurrency,
+    `ContractLimit`); reserve (the transient to hold back for the target shape, default the largest
+    measured, with the margin: `Reserve`); observed (each measured point's peak against the budget); notes."""
     if budget_bytes is None and transient_budget_bytes is None:
         raise UsageError("capacity contract: give a device budget and/or a transient budget")
     shapes = cap.sweep.shapes
@@ -416,23 +477,22 @@ def capacity_contract(cap: Capacity, budget_bytes: int | None = None, transient_
         raise UsageError("capacity contract: the margin must be ≥ 0")
     effective = available / (1.0 + margin)
     notes = []
-    rows = []
+    rows: list[ContractLimit] = []
     seen_m = cap.points["multiplier"].to_numpy()
     if available <= 0:
         notes.append(f"the baseline ({baseline:,} bytes) already exceeds the budget: nothing fits")
     else:
         for c in concurrency:
             found = max_driver_value(cap, effective, float(c))
-            if found["max_x"] is None and not found["unbounded"]:
-                rows.append({"concurrency": int(c), "max_x": None, "max_total": None, "predicted_bytes": None,
-                             "extrapolated": False, "unbounded": False})
+            if found.max_x is None and not found.unbounded:
+                rows.append(ContractLimit(int(c), None, None, None, False, False))
                 break
-            rows.append({"concurrency": int(c), "max_x": found["max_x"],
-                         "max_total": None if found["max_x"] is None else int(found["max_x"] * c),
-                         "predicted_bytes": None if found["predicted_bytes"] is None
-                         else int(round(found["predicted_bytes"])),
-                         "extrapolated": bool(found["extrapolated"] or not seen_m.min() <= c <= seen_m.max()),
-                         "unbounded": found["unbounded"]})
+            rows.append(ContractLimit(
+                concurrency=int(c), max_x=found.max_x,
+                max_total=None if found.max_x is None else int(found.max_x * c),
+                predicted_bytes=None if found.predicted_bytes is None else int(round(found.predicted_bytes)),
+                extrapolated=bool(found.extrapolated or not seen_m.min() <= c <= seen_m.max()),
+                unbounded=found.unbounded))
     pts = cap.points
     tx = float(pts["x"].max()) if target_x is None else float(target_x)
     at_target = pts[pts["x"] == tx]
@@ -442,20 +502,18 @@ def capacity_contract(cap: Capacity, budget_bytes: int | None = None, transient_
     predicted = float(reg.predict(m_target * tx, m_target * tx * tx))
     measured = float(at_target["total"].max()) if len(at_target) else 0.0
     reserve = int(math.ceil(max(predicted, measured) * (1.0 + margin)))
-    fits_reserve = bool(reserve <= available)
     if cap.jumps is not None and len(cap.jumps):
         last = cap.jumps.iloc[-1]
         notes.append(f"{last['category']} jumps between {cap.driver} {last['from_x']:g} and {last['to_x']:g}: "
                      "below the jump the contract trusts each regime only up to its last measured shape")
     if target_x is not None and (tx > pts["x"].max() or tx < pts["x"].min()):
         notes.append(f"the reserve for {cap.driver} {tx:g} extrapolates beyond the measured shapes")
-    observed = [{"label": r.label, "x": float(px), "peak_bytes": int(r.peak_bytes),
-                 "fits": None if budget_bytes is None else bool(r.peak_bytes <= budget_bytes)}
-                for r, px in zip(shapes.itertuples(), _driver_x(shapes, cap.driver)[0])]  # type: ignore[index]
-    return {"driver": cap.driver, "budget_bytes": budget_bytes, "baseline_bytes": baseline,
-            "transient_budget_bytes": int(available), "margin": float(margin), "limits": rows,
-            "reserve": {"x": tx, "multiplier": m_target, "predicted_bytes": int(round(predicted)),
-                        "measured_bytes": int(measured), "reserve_bytes": reserve, "fits": fits_reserve,
-                        "headroom_bytes": int(available - reserve)},
-            "observed": observed, "notes": notes}
-
+    observed = tuple(ObservedPoint(r.label, float(px), int(r.peak_bytes),
+                                   None if budget_bytes is None else bool(r.peak_bytes <= budget_bytes))
+                     for r, px in zip(shapes.itertuples(), _driver_x(shapes, cap.driver)[0]))  # type: ignore[index]
+    return Contract(driver=cap.driver, budget_bytes=budget_bytes, baseline_bytes=baseline,
+                    transient_budget_bytes=int(available), margin=float(margin), limits=tuple(rows),
+                    reserve=Reserve(x=tx, multiplier=m_target, predicted_bytes=int(round(predicted)),
+                                    measured_bytes=int(measured), reserve_bytes=reserve,
+                                    fits=bool(reserve <= available), headroom_bytes=int(available - reserve)),
+                    observed=observed, notes=tuple(notes))

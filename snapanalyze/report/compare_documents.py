@@ -22,11 +22,12 @@ their meaning; new keys may be added. Nothing here analyses anything.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pandas as pd
 
-from ..analyze.capacity import Capacity
+from ..analyze.capacity import Capacity, Contract
 from ..analyze.check import CheckResult
 from ..analyze.diff import Diff
 from ..load.shapes import SHAPE_KEYS
@@ -86,7 +87,15 @@ def _fit_record(r: Any) -> dict[str, Any]:
             "to_x": float(r.to_x), "jumped": bool(r.jumped)}
 
 
-def capacity_document(cap: Capacity, contract: dict[str, Any] | None = None) -> dict[str, Any]:
+def contract_document(contract: Contract) -> dict[str, Any]:
+    """A `Contract` as the JSON-ready dict of `capacity --format json` (its fields, in order)."""
+    doc = dataclasses.asdict(contract)
+    for key in ("limits", "observed", "notes"):
+        doc[key] = list(doc[key])
+    return doc
+
+
+def capacity_document(cap: Capacity, contract: Contract | None = None) -> dict[str, Any]:
     """The `capacity --format json` document (see the module docstring)."""
     shapes = cap.sweep.shapes
     xs = dict(zip(cap.points["label"], cap.points["x"]))
@@ -119,7 +128,7 @@ def capacity_document(cap: Capacity, contract: dict[str, Any] | None = None) -> 
                   for r in cap.jumps.itertuples()],
         "drivers": [{"driver": r.driver, "model": r.model, "max_rel_residual": float(r.max_rel_residual),
                      "score": float(r.score), "chosen": bool(r.chosen)} for r in cap.drivers.itertuples()],
-        "contract": contract,
+        "contract": None if contract is None else contract_document(contract),
         "notes": list(cap.notes),
     }
 
