@@ -1,8 +1,13 @@
-"""Run-directory layout, atomic writes and the collector's Parquet schemas."""
+"""Run-directory layout (names written, and names read back checked), atomic writes (never onto what is not a
+regular file, stale leftovers removed) and the collector's Parquet schemas."""
 
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -14,7 +19,10 @@ import pytest
 
 from snapanalyze import layout
 from snapanalyze import schema as schemas
-from snapanalyze.atomic import write_atomic, write_new
+from snapanalyze.atomic import STALE_AFTER_S, is_leftover, write_atomic, write_directory, write_new
+from snapanalyze.errors import BadInputError, UsageError
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
 
 
 def test_rank_dir_is_a_hive_partition(tmp_path: Path) -> None:
@@ -141,3 +149,138 @@ def test_dataset_reads_every_rank_with_a_rank_column(tmp_path: Path) -> None:
     plain = ds.dataset([str(p) for p in layout.rank_files(tmp_path, "markers")], partitioning="hive",
                        partition_base_dir=str(tmp_path))
     assert "rank" in plain.schema.names
+
+
+# -- names read back are checked ------------------------------------------------------------------------------
+
+def test_rank_names_are_ascii_digits_below_the_bound(tmp_path: Path) -> None:
+    assert layout.parse_rank_dir("rank=0000") == 0
+    assert layout.parse_rank_dir("rank=\u0663") is None                 # an Arabic-Indic digit: not a rank name
+    past = "rank=" + "9" * 30                                           # past int64, too
+    assert layout.parse_rank_dir(past) is None
+    assert "past the largest rank" in (layout.rank_name_problem(past) or "")
+    assert layout.rank_name_problem("rank=999999") is None and layout.rank_name_problem("notes") is None
+    (tmp_path / "rank=0").mkdir()
+    (tmp_path / "rank=0000").mkdir()
+    with pytest.raises(BadInputError, match=r"rank=0 and rank=0000 both name rank 0"):
+        layout.rank_dirs(tmp_path)
+    (tmp_path / "rank=0000").rmdir()
+    (tmp_path / past).mkdir()
+    with pytest.raises(BadInputError, match=r"names rank 9+\.\.\., past the largest rank this reader accepts"):
+        layout.rank_dirs(tmp_path)
+
+
+def test_tags_from_names_are_made_valid() -> None:
+    assert layout.sanitize_tag("we ird/na:me!") == "we_ird_na_me_"
+    assert layout.sanitize_tag("..hidden") == "hidden"
+    assert layout.sanitize_tag("...") is None and layout.sanitize_tag("x" * 300) == "x" * 128
+    for tag in ("final", "oom-1", "1758551300.159891", "iteration_10_exit"):
+        assert layout.is_valid_tag(tag) and layout.sanitize_tag(tag) == tag
+    assert layout.is_oom_tag("oom-2") and layout.is_oom_tag("iteration_9_exit")
+    assert not layout.is_oom_tag("iteration_10") and not layout.is_oom_tag("final")
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    # SGLang: {time.time() or profile id}-TP-{tp rank}-memory[-{stage}].pickle, in one directory
+    ("prof/1758551300.159891-TP-0-memory.pickle", ("sglang", 0, "1758551300.159891")),
+    ("prof/1758551300.16-TP-3-memory-prefill.pickle", ("sglang", 3, "1758551300.16-prefill")),
+    ("prof/run 7-TP-12-memory-ForwardMode.EXTEND.pickle", ("sglang", 12, "run_7-ForwardMode.EXTEND")),
+    # torchtitan: memory_snapshot/iteration_<N>[_exit]/rank<R>_memory_snapshot.pickle
+    ("memory_snapshot/iteration_10/rank3_memory_snapshot.pickle", ("torchtitan", 3, "iteration_10")),
+    ("memory_snapshot/iteration_9_exit/rank0_memory_snapshot.pickle", ("torchtitan", 0, "iteration_9_exit")),
+    ("elsewhere/rank0_memory_snapshot.pickle", None),                  # torchtitan's name outside its folders
+    ("prof/1758551300.1-TP-0.trace.json.gz", None),                     # SGLang's trace, not a memory snapshot
+    ("run/rank=0/snapshot-final.pickle", None),
+])
+def test_engine_names(path: str, expected: tuple[str, int, str] | None) -> None:
+    assert layout.engine_snapshot(path) == expected
+
+
+# -- atomic writes never replace what is not a regular file, and clean up after killed writers ----------------
+
+def test_write_atomic_refuses_to_replace_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    device = tmp_path / "null"
+    device.symlink_to("/dev/null")
+    (tmp_path / "dir").mkdir()
+    for target, what in ((fifo, "a FIFO"), (device, "a symbolic link to a character device"),
+                         (tmp_path / "dir", "a directory")):
+        with pytest.raises(UsageError, match=f"is {what}, not a regular file: refusing to replace it"):
+            write_atomic(target, lambda f: f.write(b"report"))
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and device.is_symlink() and (tmp_path / "dir").is_dir()
+    regular = tmp_path / "old.html"
+    regular.write_text("old")
+    link = tmp_path / "latest.html"
+    link.symlink_to(regular)
+    write_atomic(link, lambda f: f.write(b"new"))                       # a link to a regular file: replaced
+    assert link.read_bytes() == b"new" and regular.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "fifo", "latest.html", "null", "old.html"]
+
+
+def test_cli_report_force_onto_a_fifo_is_refused(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from snapanalyze.cli import main
+
+    fifo = tmp_path / "report.html"
+    os.mkfifo(fifo)
+    result = CliRunner().invoke(main, ["report", str(SCENARIOS / "oom_fragmentation.pickle"), "-o", str(fifo),
+                                       "--force"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"snapanalyze: error: {fifo}: is a FIFO, not a regular file: refusing to replace it (write somewhere else)"]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and os.listdir(tmp_path) == ["report.html"]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_stale_leftovers_of_killed_writers_are_removed_on_the_next_write(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    stale = tmp_path / f".meta.json.{dead}.0123abcd.tmp"                # a killed write_atomic
+    staging = tmp_path / f".tag=final.{dead}.89abcdef.tmp"              # a killed write_directory
+    fresh = tmp_path / f".markers.parquet.{dead}.00000000.tmp"          # dead writer, but touched a minute ago
+    mine = tmp_path / f".nvml-part-00001.parquet.{os.getpid()}.11111111.tmp"   # a live writer (this process)
+    other = tmp_path / ".notes.swp"                                      # not ours
+    staging.mkdir()
+    (staging / "events.parquet").write_bytes(b"half")
+    for path in (stale, fresh, mine, other):
+        path.write_bytes(b"partial")
+    for path in (stale, staging, mine, other):
+        _age(path, 2 * STALE_AFTER_S)
+    _age(fresh, 60)
+    assert all(is_leftover(p) for p in (stale, staging, fresh, mine)) and not is_leftover(other)
+    write_atomic(tmp_path / "meta.json", lambda f: f.write(b"{}"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["meta.json", fresh.name, mine.name, other.name])
+    _age(fresh, 2 * STALE_AFTER_S)
+    write_directory(tmp_path / "tag=final", lambda d: (d / "x").write_bytes(b"x"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["meta.json", "tag=final", mine.name, other.name])
+
+
+def test_write_directory_replaces_only_a_directory_and_leaves_no_staging(tmp_path: Path) -> None:
+    target = tmp_path / "tag=final"
+    write_directory(target, lambda d: (d / "a").write_bytes(b"1"))
+    write_directory(target, lambda d: (d / "b").write_bytes(b"2"), replace=True)
+    assert [p.name for p in target.iterdir()] == ["b"] and os.listdir(tmp_path) == ["tag=final"]
+
+    def broken(d: Path) -> None:
+        (d / "c").write_bytes(b"3")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_directory(target, broken, replace=True)
+    assert [p.name for p in target.iterdir()] == ["b"] and os.listdir(tmp_path) == ["tag=final"]
+    fifo = tmp_path / "tag=fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="is a FIFO, not a directory: refusing to replace it"):
+        write_directory(fifo, lambda d: None, replace=True)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)

@@ -11,7 +11,7 @@ import pytest
 from conftest import BASE, SnapshotBuilder, write_pickle
 
 from snapanalyze import BadInputError, UsageError, attribute, find_peaks, load, replay
-from snapanalyze.load.parquet import read_tables, write_tables
+from snapanalyze.load.parquet import TABLE_COLUMNS, read_tables, write_tables
 from snapanalyze.report.documents import attribution_document, peaks_document
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -107,12 +107,12 @@ def _with_text_column(directory, column):
 
 
 def test_a_column_of_the_wrong_type_is_a_clear_error(tmp_path):
-    with pytest.raises(BadInputError, match=r"damaged snapshot tables \(a column of string where numbers belong\)"):
+    with pytest.raises(BadInputError, match=r"t/events.parquet: damaged snapshot tables \(column size holds string, "
+                       r"expected integers\)"):
         read_tables(_with_text_column(tmp_path / "t", "size"))
-    # A detail column is read on first use: its damage is reported then, as clearly.
-    snapshot = read_tables(_with_text_column(tmp_path / "u", "stack_id"))
-    with pytest.raises(BadInputError, match=r"u: damaged snapshot tables"):
-        snapshot.trace(0).stack_ids  # noqa: B018  (reading it is the point)
+    # A detail column is read on first use, but its type is checked up front: the error comes at once.
+    with pytest.raises(BadInputError, match=r"u/events.parquet: damaged snapshot tables \(column stack_id holds "):
+        read_tables(_with_text_column(tmp_path / "u", "stack_id"))
 
 
 def test_tables_in_many_row_groups_answer_alike(tmp_path):
@@ -141,3 +141,131 @@ def test_column_buffers_read_like_to_numpy_across_chunks_nulls_and_offsets():
     flags = pa.chunked_array([pa.array([True, False, True, True, False, False, True, False, True]).slice(3)])
     assert _numpy(flags, bool).tolist() == [True, False, False, True, False, True]
     assert _values(pa.chunked_array([], type=pa.uint64()))[0].dtype == np.uint64
+
+
+# -- damaged tables: one BadInputError naming the file and the problem, also for what is read on first use ----
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tables") / "t"
+    write_tables(load(REAL / "cs336-forward-fp32-t2.6.pickle"), directory)
+    return directory
+
+
+def _copy(converted, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(converted, tmp_path / "t"))
+
+
+def _use(directory):
+    """Read the tables and everything an analysis reads from them later."""
+    snapshot = read_tables(directory)
+    snapshot.annotations  # noqa: B018  (reading it is the point)
+    snapshot.frames_table()
+    for device in snapshot.traces:
+        snapshot.trace(device).stack_ids  # noqa: B018
+    return snapshot
+
+
+def _rewrite(path, change):
+    table = pq.read_table(path)
+    pq.write_table(change(table).replace_schema_metadata(table.schema.metadata), path)
+
+
+@pytest.mark.parametrize(("table", "column"), [(t, c) for t, cols in TABLE_COLUMNS.items() for c in cols])
+def test_a_dropped_column_names_the_table_and_the_column(converted, tmp_path, table, column):
+    directory = _copy(converted, tmp_path)
+    _rewrite(directory / f"{table}.parquet", lambda t: t.drop([column]))
+    with pytest.raises(BadInputError, match=rf"t/{table}.parquet: damaged snapshot tables: missing column\(s\) "
+                                            rf"{column}: convert the pickle again"):
+        _use(directory)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda m: {**m, "format": {**m["format"], "container": 5}}, "field format.container: expected a string, got 5"),
+    (lambda m: {**m, "format": {**m["format"], "entry_keys": "action"}},
+     'field format.entry_keys: expected a list of strings, got "action"'),
+    (lambda m: {**m, "format": {**m["format"], "trace_included": "yes"}},
+     'field format.trace_included: expected true or false, got "yes"'),
+    (lambda m: {k: v for k, v in m.items() if k != "format"}, "field format: expected an object, got null"),
+    (lambda m: {**m, "action_names": ["alloc"]}, 'field action_names: expected an object of lists of action names'),
+    (lambda m: {**m, "allocator_settings": "expandable"}, 'field allocator_settings: expected an object'),
+    (lambda m: {**m, "schema_version": 99}, r"field schema_version: expected 1 \(convert the pickle again\), got 99"),
+    (lambda m: [m], r"not a snapshot.json document \(expected a JSON object\)"),
+])
+def test_a_wrong_type_in_snapshot_json_names_the_field(converted, tmp_path, change, message):
+    import json
+
+    directory = _copy(converted, tmp_path)
+    meta = directory / "snapshot.json"
+    meta.write_text(json.dumps(change(json.loads(meta.read_text()))))
+    with pytest.raises(BadInputError, match=f"t/snapshot.json: {message}"):
+        read_tables(directory)
+
+
+def test_files_that_are_not_regular_are_refused_at_once(converted, tmp_path):
+    import os
+    import time
+
+    directory = _copy(converted, tmp_path)
+    meta = directory / "snapshot.json"
+    meta.unlink()
+    meta.symlink_to("/dev/zero")
+    started = time.monotonic()
+    with pytest.raises(BadInputError, match="snapshot.json: is a character device, not a regular file"):
+        read_tables(directory)
+    assert time.monotonic() - started < 10
+    meta.unlink()
+    os.mkfifo(meta)
+    with pytest.raises(BadInputError, match="snapshot.json: is a FIFO, not a regular file"):
+        read_tables(directory)
+    meta.unlink()
+    meta.write_bytes((converted / "snapshot.json").read_bytes())
+    (directory / "events.parquet").unlink()
+    os.mkfifo(directory / "events.parquet")
+    with pytest.raises(BadInputError, match="events.parquet: is a FIFO, not a regular file"):
+        read_tables(directory)
+
+
+def test_ids_that_point_outside_their_tables_are_refused(converted, tmp_path):
+    import pyarrow as pa
+
+    def set_column(name, values):
+        return lambda t: t.set_column(t.schema.get_field_index(name), name, pa.array(values, t.schema.field(name).type))
+
+    directory = _copy(converted, tmp_path)
+    blocks = pq.read_table(directory / "blocks.parquet")
+    _rewrite(directory / "blocks.parquet", set_column("stack_id", [10**12] * blocks.num_rows))
+    with pytest.raises(BadInputError, match="blocks.parquet: damaged snapshot tables: stack_id 1000000000000 points "
+                                            "outside the stacks table"):
+        read_tables(directory)
+    directory = _copy(converted, tmp_path / "u")
+    stacks = pq.read_table(directory / "stacks.parquet")
+    _rewrite(directory / "stacks.parquet", set_column("frame_id", [2**40] * stacks.num_rows))
+    snapshot = read_tables(directory)                   # stacks are read on first use: refused then, as clearly
+    with pytest.raises(BadInputError, match=r"stacks.parquet: damaged snapshot tables: frame_id 1099511627776 points "
+                                            r"past the \d+ frames"):
+        snapshot.frames_table()
+    directory = _copy(converted, tmp_path / "v")
+    events = pq.read_table(directory / "events.parquet")
+    _rewrite(directory / "events.parquet", set_column("device", [None] * events.num_rows))
+    with pytest.raises(BadInputError, match=r"events.parquet: damaged snapshot tables: nulls where the writer writes "
+                                            r"none: device \("):
+        read_tables(directory)
+
+
+def test_force_replaces_only_converted_tables(tmp_path):
+    import os
+
+    snap = load(REAL / "cs336-forward-fp32-t2.6.pickle")
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "todo.txt").write_text("keep me")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target, what in ((mine, "a directory without snapshot.json"), (fifo, "a FIFO")):
+        with pytest.raises(UsageError, match=f"is {what}, not tables `snapanalyze convert` wrote"):
+            write_tables(snap, target, force=True)
+    assert (mine / "todo.txt").read_text() == "keep me" and fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "notes"]

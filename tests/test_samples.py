@@ -4,7 +4,11 @@ files that are not the collector's refused with the file named, and which snapsh
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -159,3 +163,140 @@ def test_markers_for_and_rank_of() -> None:
     lone = markers_for(Path(__file__).resolve().parent.parent / "fixtures" / "scenarios" / "oom_fragmentation.pickle")
     assert list(lone.columns) == MARKER_COLUMNS and len(lone) == 0
     assert isinstance(lone, pd.DataFrame)
+
+
+# -- damaged run directories: one clear error naming the file and the field, never a traceback or a hang -------
+
+def _meta(tp2: Path, rank: int = 0, **changes: object) -> Path:
+    path = tp2 / f"rank={rank}" / "meta.json"
+    doc = json.loads(path.read_text())
+    doc.update(changes)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _one_error_line(*args: object) -> str:
+    from click.testing import CliRunner
+
+    from snapanalyze.cli import main
+
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("snapanalyze: error: ") and "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"world_size": "2"}, 'field world_size: expected an integer from 1 to 1,000,000, got "2"'),
+    ({"world_size": 1e9}, "field world_size: expected an integer from 1 to 1,000,000, got 1000000000.0"),
+    ({"world_size": 10**9}, "field world_size: expected an integer from 1 to 1,000,000, got 1000000000"),
+    ({"world_size": 0}, "field world_size: expected an integer from 1 to 1,000,000, got 0"),
+    ({"world_size": True}, "field world_size: expected an integer from 1 to 1,000,000, got true"),
+    ({"devices": {"index": 0}}, 'field devices: expected a list of device objects, got {"index": 0}'),
+    ({"devices": [7]}, "field devices\\[0\\]: expected an object, got 7"),
+    ({"devices": [{"index": 0, "total_memory_bytes": -1}]},
+     "field devices\\[0\\].total_memory_bytes: expected a non-negative integer, got -1"),
+    ({"nvml": "on"}, 'field nvml: expected an object, got "on"'),
+    ({"nvml": {"interval_ms": "fast"}}, 'field nvml.interval_ms: expected a positive number, got "fast"'),
+    ({"nvml": {"interval_ms": float("nan")}}, "field nvml.interval_ms: expected a positive number, got NaN"),
+    ({"nvml": {"reason": ["x"]}}, 'field nvml.reason: expected a string, got \\["x"\\]'),
+])
+def test_a_wrong_type_in_meta_json_names_the_field(tp2: Path, changes: dict, message: str) -> None:
+    path = _meta(tp2, 1, **changes)
+    with pytest.raises(BadInputError, match=f"^{re.escape(str(path))}: {message}$"):
+        read_run(tp2)
+    assert re.search(message, _one_error_line("ranks", tp2))
+
+
+def test_meta_json_that_is_not_a_regular_file_is_refused_at_once(tp2: Path) -> None:
+    meta = tp2 / "rank=0" / "meta.json"
+    meta.unlink()
+    meta.symlink_to("/dev/zero")                       # read() would never end, then MemoryError
+    started = time.monotonic()
+    with pytest.raises(BadInputError, match=r"rank=0/meta.json: is a character device, not a regular file"):
+        read_run(tp2)
+    assert "is a character device, not a regular file" in _one_error_line("ranks", tp2)
+    assert time.monotonic() - started < 10
+    meta.unlink()
+    os.mkfifo(meta)                                    # open() would wait for a writer forever
+    done: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_run(tp2)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            done.append(exc)
+
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    if worker.is_alive():                              # unblock the reader before failing
+        os.close(os.open(meta, os.O_WRONLY | os.O_NONBLOCK))
+    assert not worker.is_alive() and isinstance(done[0], BadInputError)
+    assert "meta.json: is a FIFO, not a regular file" in str(done[0])
+
+
+def test_meta_json_has_a_size_cap(tp2: Path) -> None:
+    meta = tp2 / "rank=0" / "meta.json"
+    with open(meta, "r+b") as f:
+        f.truncate(65 << 20)                           # sparse: 65 MiB of zeros
+    with pytest.raises(BadInputError, match=r"meta.json: 68,157,440 bytes, larger than the 64 MiB a meta.json may be"):
+        read_run(tp2)
+    meta.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(BadInputError, match="meta.json: not a readable meta.json: not UTF-8 text"):
+        read_run(tp2)
+    meta.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BadInputError, match="meta.json: not a readable meta.json"):
+        read_run(tp2)
+
+
+def test_a_huge_world_size_is_summarised_not_listed(tp2: Path) -> None:
+    _meta(tp2, 0, world_size=1_000_000)
+    started = time.monotonic()
+    s = read_run(tp2)
+    assert time.monotonic() - started < 10
+    assert [p for p in s.problems if "world_size" in p] == [
+        "999,998 ranks of 1,000,000 (rank 2 to 999999) have no rank=N directory although meta.json says world_size "
+        "1000000"]
+    _meta(tp2, 0, world_size=1)
+    _meta(tp2, 1, world_size=1)
+    assert [p for p in read_run(tp2).problems if "world_size" in p] == [
+        "rank=1: past the world_size 1 that meta.json states"]
+
+
+def test_damaged_nvml_and_markers_columns_are_refused(tp2: Path) -> None:
+    part = tp2 / "rank=0" / "nvml-part-00001.parquet"
+    table = pq.read_table(part)
+    used = table.schema.get_field_index("used_bytes")
+    pq.write_table(table.set_column(used, "used_bytes", pa.array([None] * table.num_rows, pa.int64())), part)
+    with pytest.raises(BadInputError, match=r"nvml-part-00001.parquet: an NVML part: null values where the collector "
+                                            r"always writes one: used_bytes \(87\)"):
+        read_run(tp2)
+    pq.write_table(table.set_column(used, "used_bytes", pa.array([-1] * table.num_rows, pa.int64())), part)
+    with pytest.raises(BadInputError, match="an NVML part: negative values in used_bytes"):
+        read_run(tp2)
+    pq.write_table(table.set_column(used, "used_bytes", pa.array([2**64 - 1] * table.num_rows, pa.uint64())), part)
+    with pytest.raises(BadInputError, match="an NVML part: column types differ"):
+        read_run(tp2)
+    part.unlink()
+    os.mkfifo(part)
+    with pytest.raises(BadInputError, match="nvml-part-00001.parquet: is a FIFO, not a regular file"):
+        read_run(tp2)
+    part.unlink()
+    marks = tp2 / "rank=1" / "markers.parquet"
+    table = pq.read_table(marks)
+    pq.write_table(table.drop(["start_time_us"]), marks)
+    with pytest.raises(BadInputError, match="markers.parquet: not a markers file as the collector writes it: missing "
+                                            "column.s. start_time_us"):
+        read_run(tp2)
+
+
+def test_marker_attrs_nested_past_the_recursion_limit_are_kept_raw(tp2: Path) -> None:
+    marks = tp2 / "rank=1" / "markers.parquet"
+    table = pq.read_table(marks)
+    deep = "[" * 100_000 + "]" * 100_000
+    attrs = table.schema.get_field_index("attrs")
+    pq.write_table(table.set_column(attrs, "attrs", pa.array([deep] * table.num_rows, pa.string())), marks)
+    first = read_run(tp2).markers_of(1)["attrs"].iloc[0]
+    assert first == {"_raw": deep}

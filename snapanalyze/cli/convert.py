@@ -1,4 +1,5 @@
-"""`snapanalyze convert`: snapshot pickles → a Parquet run directory."""
+"""`snapanalyze convert`: snapshot pickles (a run directory, an engine's dump directory, or files) → a Parquet run
+directory; which file goes where, and what may be replaced, is `load.convert.convert_plan`'s."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from . import main
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=str), default=None,
               help="Run directory to write (default: convert a run directory in place).")
 @click.option("--rank", type=int, default=None, help="Rank of a single input file (default: from a rank=N "
-              "parent directory, else 0).")
-@click.option("--tag", default=None, help="Tag of a single input file (default: from snapshot-<tag>.pickle, "
-              "else the file name).")
-@click.option("--force", is_flag=True, help="Replace tables that already exist.")
+              "parent directory, else from an engine's file name, else 0).")
+@click.option("--tag", default=None, help="Tag of a single input file: 1-128 letters, digits, '.', '_' or '-' "
+              "(default: from snapshot-<tag>.pickle or an engine's file name, else the file name made safe).")
+@click.option("--force", is_flag=True, help="Replace converted tables that already exist (never anything else).")
 def convert(inputs: tuple[str, ...], output: str | None, rank: int | None, tag: str | None, force: bool) -> None:
     """Turn snapshot pickles into a Parquet run directory (RUN/rank=N/tag=T/*.parquet)."""
     jobs = convert_plan(inputs, output, rank, tag, force)

@@ -2,9 +2,19 @@
 
 Contract: `write_tables(snapshot, directory)` writes the tables named in `schema.SNAPSHOT_TABLES` plus
 `snapshot.json` into `directory` atomically (a temporary sibling directory renamed into place) and refuses
-to replace an existing one unless `force=True`; `read_tables(directory)` returns a Snapshot whose replay,
-peaks and attribution equal those of the original pickle. Stacks are stored interned (frames + stacks
-tables, a stack_id per event and block), so reading never touches a frame dict.
+to replace an existing one unless `force=True` — and even then replaces only converted tables (a directory
+holding `snapshot.json`), never a file, a link, a FIFO or a device (`check_replaceable`). `read_tables(directory)`
+returns a Snapshot whose replay, peaks and attribution equal those of the original pickle. Stacks are stored
+interned (frames + stacks tables, a stack_id per event and block), so reading never touches a frame dict.
+
+Reading trusts nothing it reads: only regular files are opened; `snapshot.json` is read by `jsonfile` (size
+cap, JSON errors) and its ``schema_version``, ``format`` (every `Format` field, typed), ``action_names`` and
+``allocator_settings`` are checked; each table must hold the columns `TABLE_COLUMNS` lists, of that kind,
+without nulls where the writer writes none, with ids that cannot be negative non-negative (`NON_NEGATIVE`),
+frame ids 0, 1, … in row order, and stack ids, depths and frame ids that point inside their tables (what
+the values mean together — sizes, devices, overlaps — is `validate`'s, after loading). Any failure, also one
+met later by a column read on first use — OSError, pyarrow errors, a wrong type, MemoryError,
+RecursionError — is one BadInputError naming the file (or the directory) and what was wrong.
 """
 
 from __future__ import annotations
@@ -12,19 +22,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import layout, schema
-from ..atomic import write_directory
+from ..atomic import describe, write_directory
 from ..errors import BadInputError, UsageError
 from ..model import ACTION_CODE, BLOCK_COLUMNS, SEGMENT_COLUMNS, DeviceTrace, Format, Snapshot, TraceDetails
 from ..stacks import StackInterner
+from .jsonfile import expect, read_json
+from .safe_pickle import regular_file
 
 if TYPE_CHECKING:                 # reading what `peaks` needs makes no DataFrame: pandas loads on first use
     import pandas as pd
@@ -35,10 +48,28 @@ def _write(table: pa.Table, path: Path) -> None:
     pq.write_table(table, path, compression="zstd")
 
 
+T = TypeVar("T")
+
+
+def check_replaceable(directory: str | Path) -> None:
+    """UsageError unless `directory` is absent or converted tables (a real directory holding `snapshot.json`):
+    --force replaces those only."""
+    target = Path(directory)
+    if not os.path.lexists(target):
+        return
+    if target.is_symlink() or not target.is_dir() or not layout.is_tables_dir(target):
+        what = describe(target)
+        what = f"a directory without {layout.TABLES_META}" if what == "a directory" else what
+        raise UsageError(f"{target}: is {what}, not tables `snapanalyze convert` wrote: --force replaces only "
+                         "those (move it away, or choose another --tag)")
+
+
 def write_tables(snapshot: Snapshot, directory: str | Path, force: bool = False) -> Path:
     """Write `snapshot` as Parquet tables into `directory` (see the module docstring)."""
-    if Path(directory).exists() and not force:
-        raise UsageError(f"{directory}: already exists (use --force to replace it)")
+    if os.path.lexists(directory):
+        if not force:
+            raise UsageError(f"{directory}: already exists (use --force to replace it)")
+        check_replaceable(directory)
     return write_directory(directory, lambda staging: _fill(snapshot, staging), replace=True)
 
 
@@ -66,20 +97,127 @@ def _fill(snapshot: Snapshot, staging: Path) -> None:
     (staging / layout.TABLES_META).write_text(json.dumps(meta, indent=1, default=str))
 
 
-def _read_arrow(directory: Path, name: str, columns: list[str] | None = None) -> pa.Table:
+# The columns a reader uses, per table: name → (kind, nullable). Kinds: "int" (an integer type), "bool", "str"
+# (string, or a dictionary of strings). A column of Arrow's null type (only nulls) passes the kind check and
+# then the null check. Columns not listed are read when present, never required.
+_KIND = {object: "str", np.bool_: "bool"}
+
+
+def _spec(columns: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    return {name: (_KIND.get(dtype, "int"), _KIND.get(dtype) == "str") for name, dtype in columns.items()}
+
+
+TABLE_COLUMNS: dict[str, dict[str, tuple[str, bool]]] = {
+    "events": {"device": ("int", False), "index": ("int", False), "action": ("str", False), "addr": ("int", False),
+               "size": ("int", False), "stream": ("int", False), "time_us": ("int", True), "stack_id": ("int", True),
+               "user_metadata": ("str", True), "compile_context": ("str", True), "device_free": ("int", True)},
+    "segments": _spec(SEGMENT_COLUMNS),
+    "blocks": {**_spec(BLOCK_COLUMNS), "stack_id": ("int", True)},
+    "frames": {"frame_id": ("int", False), "filename": ("str", False), "line": ("int", False), "name": ("str", False)},
+    "stacks": {"stack_id": ("int", False), "depth": ("int", False), "frame_id": ("int", False)},
+    "annotations": {"device": ("int", False), "name": ("str", True), "stage": ("str", True), "time_us": ("int", True)},
+}
+# Columns newer writers add, read when present (older tables lack them): the events' pool ids (torch ≥ 2.12).
+OPTIONAL_COLUMNS: dict[str, dict[str, tuple[str, bool]]] = {"events": {"pool_id": ("str", True)}}
+NON_NEGATIVE: dict[str, tuple[str, ...]] = {"stacks": ("stack_id", "depth", "frame_id")}
+_KIND_CHECK: dict[str, Callable[[pa.DataType], bool]] = {
+    "int": pa.types.is_integer,
+    "bool": pa.types.is_boolean,
+    "str": lambda t: pa.types.is_string(t) or pa.types.is_large_string(t) or (
+        pa.types.is_dictionary(t) and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))),
+}
+_KIND_WORDS = {"int": "integers", "bool": "booleans", "str": "strings"}
+# What a damaged file can make reading raise, beside BadInputError: each becomes one BadInputError.
+_DAMAGE = (TypeError, KeyError, ValueError, IndexError, OverflowError, RecursionError, OSError, pa.ArrowException)
+
+
+def _guarded(directory: Path, read: Callable[[], T]) -> T:
+    """`read()`, with every damage it meets turned into one BadInputError naming `directory`."""
+    try:
+        return read()
+    except BadInputError:
+        raise
+    except MemoryError:
+        raise BadInputError(directory, "ran out of memory reading the snapshot tables") from None
+    except _DAMAGE as exc:
+        why = str(exc)[:200] or type(exc).__name__
+        raise BadInputError(directory, f"damaged snapshot tables ({why}): convert the pickle again") from None
+
+
+def _table_file(directory: Path, name: str) -> Path:
     path = directory / f"{name}.parquet"
+    if not os.path.lexists(path):
+        raise BadInputError(directory, f"incomplete snapshot tables: {name}.parquet is missing")
+    regular_file(path)
+    return path
+
+
+def _read_arrow(directory: Path, name: str, columns: list[str] | None = None) -> pa.Table:
+    """Table `name` of a tables directory (only `columns`, when given), checked against TABLE_COLUMNS: the
+    schema of every listed column (it is in the footer), the nulls of the columns read."""
+    path = _table_file(directory, name)
+    optional = OPTIONAL_COLUMNS.get(name, {})
     try:
         with pq.ParquetFile(path) as reader:   # not read_table: its dataset layer costs ~0.4 s per process
+            schema = reader.schema_arrow
+            present = {c: spec for c, spec in optional.items() if schema.get_field_index(c) >= 0}
+            _check_schema(path, schema, {**TABLE_COLUMNS[name], **present})
+            if columns is not None:
+                columns = [c for c in columns if c not in optional or c in present]
             table = reader.read(columns=columns)
-    except FileNotFoundError:
-        raise BadInputError(directory, f"incomplete snapshot tables: {name}.parquet is missing") from None
-    except (pa.ArrowException, OSError) as exc:
-        raise BadInputError(path, f"unreadable Parquet file ({exc})") from None
-    version = (table.schema.metadata or {}).get(b"schema_version", b"0").decode()
+        spec = {**TABLE_COLUMNS[name], **present}
+        wanted = spec if columns is None else {c: spec[c] for c in columns}
+    except BadInputError:
+        raise
+    except MemoryError:
+        raise BadInputError(path, "ran out of memory reading the table") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise BadInputError(path, f"unreadable Parquet file ({str(exc)[:200]})") from None
+    version = (table.schema.metadata or {}).get(b"schema_version", b"0").decode(errors="replace")
     if version != str(layout.SCHEMA_VERSION):
-        raise BadInputError(path, f"schema version {version}, this snapanalyze reads {layout.SCHEMA_VERSION}: "
+        raise BadInputError(path, f"schema version {version[:20]}, this snapanalyze reads {layout.SCHEMA_VERSION}: "
                             "convert the pickle again")
+    nulls = [f"{c} ({table.column(c).null_count:,})" for c, (_, nullable) in wanted.items()
+             if not nullable and table.column(c).null_count]
+    if nulls:
+        raise BadInputError(path, f"damaged snapshot tables: nulls where the writer writes none: {', '.join(nulls)}")
     return table
+
+
+def _check_schema(path: Path, found: pa.Schema, wanted: dict[str, tuple[str, bool]]) -> None:
+    missing = [c for c in wanted if found.get_field_index(c) < 0]
+    if missing:
+        raise BadInputError(path, f"damaged snapshot tables: missing column(s) {', '.join(missing)}: convert the "
+                            "pickle again")
+    for column, (kind, _) in wanted.items():
+        kind_of = found.field(column).type
+        if not (pa.types.is_null(kind_of) or _KIND_CHECK[kind](kind_of)):
+            raise BadInputError(path, f"damaged snapshot tables (column {column} holds {kind_of}, expected "
+                                f"{_KIND_WORDS[kind]}): convert the pickle again")
+
+
+def _check_non_negative(path: Path, table: str, columns: dict[str, np.ndarray]) -> None:
+    negative = [c for c in NON_NEGATIVE.get(table, ()) if c in columns and len(columns[c]) and columns[c].min() < 0]
+    if negative:
+        raise BadInputError(path, f"damaged snapshot tables: negative values in {', '.join(negative)}")
+
+
+def _check_stack_ids(path: Path, ids: np.ndarray, bound: int) -> None:
+    """Stack ids are -1 (none) or point into the stacks table (fewer than `bound`)."""
+    if len(ids) and (ids.min() < -1 or ids.max() >= bound):
+        bad = int(ids.min() if ids.min() < -1 else ids.max())
+        raise BadInputError(path, f"damaged snapshot tables: stack_id {bad} points outside the stacks table "
+                            f"({bound - 1:,} stacks at most)")
+
+
+def _stack_bound(directory: Path) -> int:
+    """One more than the largest stack id the stacks table can define (a stack per row, and the empty one)."""
+    path = _table_file(directory, "stacks")
+    try:
+        with pq.ParquetFile(path) as reader:
+            return int(reader.metadata.num_rows) + 1
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise BadInputError(path, f"unreadable Parquet file ({str(exc)[:200]})") from None
 
 
 def _read(directory: Path, name: str) -> pd.DataFrame:
@@ -97,6 +235,9 @@ def _values(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray 
     pyarrow's own `to_numpy` goes through its pandas conversion layer, which imports pandas (≈ 0.3 s a
     process) even for plain integers; reading the buffers keeps `peaks` on a converted run free of it."""
     kind = column.type
+    if pa.types.is_null(kind):                           # only nulls: no buffers to read
+        n = len(column)
+        return np.zeros(n, dtype=np.int64), (np.zeros(n, dtype=bool) if n else None)
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
         raise TypeError(f"a column of {kind} where numbers belong")
     dtype = np.dtype(bool) if pa.types.is_boolean(kind) else np.dtype(kind.to_pandas_dtype())
@@ -133,9 +274,12 @@ def _columns(table: pa.Table, spec: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def _annotations(directory: Path) -> pd.DataFrame:
-    annotations = _read(directory, "annotations")
-    annotations["time_us"] = annotations["time_us"].astype("Int64")
-    return annotations
+    def read() -> pd.DataFrame:
+        annotations = _read(directory, "annotations")
+        annotations["time_us"] = annotations["time_us"].astype("Int64")
+        return annotations
+
+    return _guarded(directory, read)
 
 
 def _numpy(column: pa.ChunkedArray | pa.Array, dtype: Any, fill: int = 0) -> np.ndarray:
@@ -159,7 +303,7 @@ def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, tuple[str, ...]] |
 
 # What replay and peaks need is read at once; the rest of the events table on first use (TraceDetails).
 REPLAY_COLUMNS = ["device", "index", "action", "addr", "size", "stream", "time_us"]
-DETAIL_COLUMNS = ["stack_id", "user_metadata", "compile_context", "device_free"]
+DETAIL_COLUMNS = ["stack_id", "user_metadata", "compile_context", "device_free", "pool_id"]
 
 
 def _pick(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
@@ -169,15 +313,19 @@ def _pick(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
 def _details(directory: Path, table: Callable[[], pa.Table], rows: np.ndarray | None,
              index: np.ndarray) -> TraceDetails:
     """The detail columns of one device's events (`rows` of the table, in trace order; None: all)."""
-    try:
-        return _detail_columns(table(), rows, index)
-    except TypeError as exc:
-        raise BadInputError(directory, f"damaged snapshot tables ({exc}): convert the pickle again") from None
+    def read() -> TraceDetails:
+        details = _detail_columns(table(), rows, index)
+        if details.stack_ids is not None:
+            _check_stack_ids(directory / "events.parquet", details.stack_ids, _stack_bound(directory))
+        return details
+
+    return _guarded(directory, read)
 
 
 def _detail_columns(ev: pa.Table, rows: np.ndarray | None, index: np.ndarray) -> TraceDetails:
     um = _dictionary(ev.column("user_metadata"))
     cc = _dictionary(ev.column("compile_context"))
+    pools = _dictionary(ev.column("pool_id")) if "pool_id" in ev.column_names else None
     free = ev.column("device_free")                     # null except on oom entries
     values, valid = _values(free)
     free_rows = np.flatnonzero(valid) if valid is not None else np.arange(len(values))
@@ -190,11 +338,28 @@ def _detail_columns(ev: pa.Table, rows: np.ndarray | None, index: np.ndarray) ->
     return TraceDetails(
         user_metadata=_pick(um[0], rows) if um else None, user_metadata_names=um[1] if um else (),
         compile_context=_pick(cc[0], rows) if cc else None, compile_context_names=cc[1] if cc else (),
-        device_free=device_free, stack_ids=_pick(_numpy(ev.column("stack_id"), np.int64, -1), rows))
+        device_free=device_free, stack_ids=_pick(_numpy(ev.column("stack_id"), np.int64, -1), rows),
+        pool_id=_pick(pools[0], rows) if pools else None, pool_id_names=pools[1] if pools else ())
 
 
 def _interner(directory: Path) -> StackInterner:
-    return StackInterner.from_tables(_read(directory, "frames"), _read(directory, "stacks"))
+    return _guarded(directory, lambda: _checked_interner(directory))
+
+
+def _checked_interner(directory: Path) -> StackInterner:
+    frames, stacks = _read_arrow(directory, "frames"), _read_arrow(directory, "stacks")
+    frame_ids = _numpy(frames.column("frame_id"), np.int64)
+    if not np.array_equal(frame_ids, np.arange(len(frame_ids))):
+        raise BadInputError(directory / "frames.parquet", "damaged snapshot tables: frame_id is not 0, 1, 2, … in "
+                            "row order")
+    columns = {name: _numpy(stacks.column(name), np.int64) for name in TABLE_COLUMNS["stacks"]}
+    path = directory / "stacks.parquet"
+    _check_non_negative(path, "stacks", columns)
+    if len(columns["frame_id"]) and columns["frame_id"].max() >= len(frame_ids):
+        raise BadInputError(path, f"damaged snapshot tables: frame_id {int(columns['frame_id'].max())} points past "
+                            f"the {len(frame_ids):,} frames")
+    _check_stack_ids(path, columns["stack_id"], stacks.num_rows + 1)
+    return StackInterner.from_tables(frames.to_pandas(), stacks.to_pandas())
 
 
 def read_tables(directory: str | Path) -> Snapshot:
@@ -204,23 +369,53 @@ def read_tables(directory: str | Path) -> Snapshot:
     stacks are read from the same files when an analysis first asks for them.
     """
     directory = Path(directory)
-    try:
-        meta: dict[str, Any] = json.loads((directory / layout.TABLES_META).read_text())
-    except FileNotFoundError:
-        raise BadInputError(directory, f"not a converted snapshot: {layout.TABLES_META} is missing") from None
-    except ValueError as exc:
-        raise BadInputError(directory / layout.TABLES_META, f"damaged ({exc})") from None
-    try:
-        return _read_tables(directory, meta)
-    except (TypeError, KeyError) as exc:
-        raise BadInputError(directory, f"damaged snapshot tables ({exc}): convert the pickle again") from None
+    meta_path = directory / layout.TABLES_META
+    if not os.path.lexists(meta_path):
+        raise BadInputError(directory, f"not a converted snapshot: {layout.TABLES_META} is missing")
+    meta = check_tables_meta(read_json(meta_path, layout.TABLES_META), meta_path)
+    return _guarded(directory, lambda: _read_tables(directory, meta))
+
+
+_FORMAT_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63, "a non-negative integer"),
+    "tuple[str, ...]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+}
+
+
+def check_tables_meta(meta: Any, path: Path) -> dict[str, Any]:
+    """`meta` if the snapshot.json fields readers use are what `write_tables` writes; BadInputError naming the
+    field otherwise."""
+    if not isinstance(meta, dict):
+        raise BadInputError(path, f"not a {layout.TABLES_META} document (expected a JSON object)")
+    version = meta.get("schema_version")
+    expect(version is None or version == layout.SCHEMA_VERSION and not isinstance(version, bool), path,
+           "schema_version", f"{layout.SCHEMA_VERSION} (convert the pickle again)", version)
+    fmt = meta.get("format")
+    expect(isinstance(fmt, dict), path, "format", "an object", fmt)
+    assert isinstance(fmt, dict)
+    for f in dataclasses.fields(Format):
+        if f.name not in fmt:
+            expect(f.default is not dataclasses.MISSING, path, f"format.{f.name}", "to be present", None)
+            continue
+        check, words = _FORMAT_FIELDS.get(str(f.type), (lambda v: True, ""))
+        expect(check(fmt[f.name]), path, f"format.{f.name}", words, fmt[f.name])
+    names = meta.get("action_names", {})
+    expect(isinstance(names, dict) and all(isinstance(v, list) and all(isinstance(x, str) for x in v)
+                                           for v in names.values()),
+           path, "action_names", "an object of lists of action names", names)
+    settings = meta.get("allocator_settings")
+    expect(settings is None or isinstance(settings, dict), path, "allocator_settings", "an object", settings)
+    return meta
 
 
 def _read_tables(directory: Path, meta: dict[str, Any]) -> Snapshot:
+    events_path = directory / "events.parquet"
     events = _read_arrow(directory, "events", REPLAY_COLUMNS)
     found = _dictionary(events.column("action"))
     if found is None and len(events):
-        raise BadInputError(directory / "events.parquet", "events without an action")
+        raise BadInputError(events_path, "events without an action")
     codes, names = found or (np.zeros(0, dtype=np.int32), ())
     device_column = _numpy(events.column("device"), np.int64)
     index_column = _numpy(events.column("index"), np.int64)
@@ -252,11 +447,13 @@ def _read_tables(directory: Path, meta: dict[str, Any]) -> Snapshot:
             time_us=None if time_column is None else _pick(time_column, rows),
             frames=[], action_names=tuple(table),
             details_source=functools.partial(_details, directory, detail_table, rows, index))
-    fmt = meta["format"]
+    segments = _columns(_read_arrow(directory, "segments"), SEGMENT_COLUMNS)
+    blocks = _columns(_read_arrow(directory, "blocks"), {**BLOCK_COLUMNS, "stack_id": np.int64})
+    _check_stack_ids(directory / "blocks.parquet", blocks["stack_id"], _stack_bound(directory))
+    fmt = {f.name: meta["format"][f.name] for f in dataclasses.fields(Format) if f.name in meta["format"]}
     return Snapshot(
         source=str(directory), traces=traces, block_frames=[],
-        segment_columns=_columns(_read_arrow(directory, "segments"), SEGMENT_COLUMNS),
-        block_columns=_columns(_read_arrow(directory, "blocks"), {**BLOCK_COLUMNS, "stack_id": np.int64}),
+        segment_columns=segments, block_columns=blocks,
         annotations_source=functools.partial(_annotations, directory),
         allocator_settings=meta.get("allocator_settings"),
         format=Format(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fmt.items()}),  # type: ignore[arg-type]
