@@ -7,6 +7,11 @@ and keeps its traceback. Messages say what was wrong with which file and, where 
 from __future__ import annotations
 
 
+class InputWarning(UserWarning):
+    """Something in an input the analysis can live with (it says what was withheld): the CLI prints it as one
+    `snapanalyze: warning:` line on stderr and lists it under `warnings` in JSON output."""
+
+
 class SnapanalyzeError(Exception):
     """Base class: a problem with the user's input or environment, not a bug."""
 

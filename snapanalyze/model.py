@@ -9,7 +9,7 @@ Units are in column names' meaning: bytes for sizes, µs since the epoch for `ti
 
 DataFrame columns:
 - `events`: device, index (position in that device's trace), action, addr, size, stream, time_us
-  (nullable), stack_id (−1: no frames), user_metadata, compile_context.
+  (nullable), stack_id (−1: no frames), user_metadata, compile_context, pool_id (torch ≥ 2.12; else null).
 - `segments`: device, address, total_size, allocated_size, active_size, requested_size, stream,
   segment_type, pool_id (str "a,b"; "0,0" is the default pool), is_expandable.
 - `blocks`: device, segment_address, address, size, requested_size, state, stream, pool_id,
@@ -41,7 +41,8 @@ ACTIONS: tuple[str, ...] = (
 ACTION_CODE: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, \
     SNAPSHOT, OOM, ANNOTATE = range(len(ACTIONS))
-ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
+ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")  # C++ name; docstring's
+HOST_DEVICE = -1            # the device torch writes on pinned host memory segments (Snapshot.host)
 
 # The end state as numpy columns (name → dtype); object columns hold str and become categoricals in the
 # DataFrames. A converted run's blocks also carry `stack_id`.
@@ -72,9 +73,10 @@ def _frame(columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
 class TraceDetails:
     """The per-event columns of a trace that only some analyses read.
 
-    `user_metadata` / `compile_context` hold codes into their `*_names` tables, or are None when the file
-    has no such field; `device_free` maps the index of each oom entry to the bytes the driver reported
-    free; `stack_ids` holds already-interned stack ids (runs read from Parquet), else None.
+    `user_metadata` / `compile_context` / `pool_id` hold codes into their `*_names` tables, or are None when
+    the file has no such field (`pool_id` on events: torch ≥ 2.12, "a,b" like a segment's); `device_free`
+    maps the index of each oom entry to the bytes the driver reported free; `stack_ids` holds already-interned
+    stack ids (runs read from Parquet), else None.
     """
 
     user_metadata: np.ndarray | None = None
@@ -83,6 +85,8 @@ class TraceDetails:
     compile_context_names: tuple[str, ...] = ()
     device_free: dict[int, int] = field(default_factory=dict)
     stack_ids: np.ndarray | None = None
+    pool_id: np.ndarray | None = None
+    pool_id_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,19 +142,27 @@ class DeviceTrace:
     def stack_ids(self) -> np.ndarray | None:
         return self.details.stack_ids
 
+    def pools_of(self, indices: np.ndarray) -> np.ndarray | None:
+        """The pool id text ("a,b") each event `indices` names, or None when the trace names none."""
+        details = self.details
+        if details.pool_id is None:
+            return None
+        return np.array(details.pool_id_names, dtype=object)[details.pool_id[np.asarray(indices, dtype=np.int64)]]
+
 
 @dataclass(frozen=True)
 class Format:
     """What the file turned out to be, and which optional parts it carried."""
 
     container: str                 # pickle, gzip pickle, torch.save zip, json, …
-    layout: str                    # "dict" or "segment list"
+    layout: str                    # "dict", "segment list", or "host" (the pinned host memory of Snapshot.host)
     top_level_keys: tuple[str, ...]
     entry_keys: tuple[str, ...]    # union of trace-entry keys seen
     segment_keys: tuple[str, ...]
     block_keys: tuple[str, ...]
     legacy_block_history: bool     # 2.0-style blocks (history, no address)
     trace_included: bool           # device_traces present (even if empty)
+    trace_devices: int = 0         # how many per-device trace lists it had (torch writes one per device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,6 +183,8 @@ class Snapshot(HtmlDisplay):
     format: Format
     interner_source: StackInterner | Callable[[], StackInterner] = field(default_factory=StackInterner, repr=False)
     _frameless: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
+    warnings: tuple[str, ...] = ()   # what validation found the analysis can live with (load.validate)
+    host: Snapshot | None = None     # pinned host memory (torch ≥ 2.14), on device HOST_DEVICE; never in the above
 
     @cached_property
     def segments(self) -> pd.DataFrame:
@@ -265,6 +279,7 @@ class Snapshot(HtmlDisplay):
             "stack_id": self.event_stack_ids(device, np.arange(n)),
             "user_metadata": _decode(t.user_metadata, t.user_metadata_names, n),
             "compile_context": _decode(t.compile_context, t.compile_context_names, n),
+            "pool_id": _decode(t.details.pool_id, t.details.pool_id_names, n),
         })
 
     @property

@@ -12,6 +12,8 @@ device's trace, the bytes that were live:
 - `allocated_est`: Σ block sizes as the allocator rounds them, falling at `free_requested` — an ESTIMATE
   (rounding to 512 bytes; the real block may keep an unsplit remainder), exact only for blocks known from
   `segments`.
+A curve that would go below zero proves the trace contradicts itself (it frees more than it allocated or
+reserved): that is a BadInputError naming the device and the event, never a negative number.
 `lifetimes` lists every block lifetime (one row per alloc…free, pre-window blocks included) and is what
 attribution reads; it is built on first use, so finding peaks never pays for it. `check_invariants()`
 proves the replay against the end state. All work is vectorised.
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .display import HtmlDisplay
+from .errors import BadInputError
 from .model import (
     ACTIVE_STATES,
     ALLOC,
@@ -232,7 +235,7 @@ def _curve(n: int, starts: np.ndarray, gains: np.ndarray, ends: np.ndarray, loss
 
 
 def _problems(device: int, spans: _Spans, live_end: np.ndarray, span_block: np.ndarray, span_size: np.ndarray,
-              snapshot: Snapshot, end: _EndBlocks, explained: np.ndarray, baseline_reserved: int) -> list[str]:
+              snapshot: Snapshot, end: _EndBlocks, explained: np.ndarray) -> list[str]:
     """What proves the replay wrong against the end state (see `Timeline.check_invariants`)."""
     problems = []
     all_req = snapshot.block_columns["requested_size"]
@@ -247,9 +250,18 @@ def _problems(device: int, spans: _Spans, live_end: np.ndarray, span_block: np.n
     if stale.any():
         problems.append(f"device {device}: {int(stale.sum())} block(s) active in segments were freed in the "
                         "trace and never allocated again")
-    if baseline_reserved < 0:
-        problems.append(f"device {device}: segment events free more than was ever reserved")
     return problems
+
+
+def _never_negative(snapshot: Snapshot, device: int, curves: dict[str, tuple[int, np.ndarray]]) -> None:
+    """A curve below zero (before the window or after some event) proves the trace contradicts itself."""
+    for name, (baseline, curve) in curves.items():
+        low = int(curve.argmin()) if len(curve) else -1
+        if baseline < 0 or (low >= 0 and curve[low] < 0):
+            where = "before the trace begins" if baseline < 0 else f"after device_traces[{device}][{low}]"
+            value = baseline if baseline < 0 else int(curve[low])
+            raise BadInputError(snapshot.source, f"inconsistent trace: device {device}'s {name} bytes would be "
+                                f"{value:,} {where}: its events free more than was ever allocated or reserved")
 
 
 def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
@@ -307,8 +319,9 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
                 categories=list(ORIGINS)),
         })
 
-    problems = _problems(device, spans, live_end, span_block, span_size, snapshot, end, explained,
-                         baseline_reserved)
+    _never_negative(snapshot, device, {"active": (baseline_active, active), "reserved": (baseline_reserved, reserved),
+                                       "allocated": (baseline_alloc, allocated)})
+    problems = _problems(device, spans, live_end, span_block, span_size, snapshot, end, explained)
     return DeviceTimeline(device=device, active=active, allocated_est=allocated, reserved=reserved,
                           time_us=trace.time_us, baseline_active=baseline_active,
                           baseline_allocated_est=baseline_alloc, baseline_reserved=baseline_reserved,

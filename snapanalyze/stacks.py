@@ -6,7 +6,10 @@ Contract: `StackInterner.intern(frames)` maps a raw frames list (innermost first
 name) to a stack id (-1 for none), interning lazily so that only the stacks an analysis asks for are ever
 touched. Identity of the unpickled objects is the cheap first key (torch's pickle shares frame dicts and
 many frames lists), the frame values the second, so equal stacks get one id however they were stored.
-The raw lists stay referenced by the Snapshot, which keeps the identity keys valid.
+The raw lists stay referenced by the Snapshot, which keeps the identity keys valid. Frames are untrusted
+input: a field of the wrong type reads as "<malformed …>" (never str() of a nested object), every string goes
+through `clean_text` (lone surrogates escaped, length capped), and a stack keeps at most MAX_STACK_DEPTH
+innermost frames.
 """
 
 from __future__ import annotations
@@ -20,6 +23,32 @@ if TYPE_CHECKING:
 
 Frame = tuple[str, int, str]  # (filename, line, name)
 NATIVE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".c")
+MAX_TEXT = 4096                # characters kept of any one string from a snapshot (a path, a name, a tag)
+MAX_STACK_DEPTH = 10_000       # frames kept per stack, innermost first (real stacks hold tens to hundreds)
+
+
+def clean_text(value: str) -> str:
+    """`value` printable and encodable anywhere: lone surrogates (which no UTF-8 output accepts) become
+    backslash escapes, and anything past MAX_TEXT characters becomes "…"."""
+    if len(value) > MAX_TEXT:
+        value = value[:MAX_TEXT] + "…"
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _frame_value(frame: Any) -> Frame:
+    """(filename, line, name) of one raw frame dict, whatever it holds."""
+    if not isinstance(frame, dict):
+        return ("??", 0, f"<malformed frame: a {type(frame).__name__}>")
+    filename, line, name = frame.get("filename", ""), frame.get("line", 0), frame.get("name", "")
+    return (clean_text(filename.replace("\\", "/")) if isinstance(filename, str) else "<malformed filename>",
+            line if isinstance(line, int) and not isinstance(line, bool) and 0 <= line < 1 << 31 else 0,
+            clean_text(name) if isinstance(name, str) else "<malformed name>")
 
 
 def is_python_frame(filename: str) -> bool:
@@ -63,12 +92,7 @@ class StackInterner:
     def _frame_id(self, frame: Any) -> int:
         fid = self._frame_by_obj.get(id(frame))
         if fid is None:
-            if isinstance(frame, dict):
-                line = frame.get("line", 0)
-                value = (str(frame.get("filename", "")).replace("\\", "/"),
-                         line if isinstance(line, int) else 0, str(frame.get("name", "")))
-            else:  # malformed input: keep it visible rather than fail late
-                value = ("??", 0, f"<malformed frame {str(frame)[:40]!r}>")
+            value = _frame_value(frame)
             fid = self._frame_by_value.get(value)
             if fid is None:
                 fid = len(self.frames)
@@ -84,7 +108,7 @@ class StackInterner:
         sid = self._stack_by_list.get(id(frames))
         if sid is not None:
             return sid
-        key = tuple(self._frame_id(f) for f in frames)
+        key = tuple(self._frame_id(f) for f in frames[:MAX_STACK_DEPTH])
         sid = self._stack_by_key.get(key)
         if sid is None:
             sid = len(self.stacks)

@@ -221,7 +221,7 @@ BAD: dict[str, tuple[Callable[[Path], Path], str]] = {
     "empty": (_write("empty.pickle", b""), "empty"),
     "random bytes": (_write("random.bin", b"\xcd" + random.Random(1).randbytes(2047)), "not a snapshot file"),
     "text file": (_write("notes.txt", b"hello, this is text\n"), "not a snapshot file"),
-    "pickled int": (_write("int.pickle", pickle.dumps(7)), "holds a int"),
+    "pickled int": (_write("int.pickle", pickle.dumps(7)), "holds an int (7)"),
     "dict without segments": (_write("d.pickle", pickle.dumps({"device_traces": []})), "no 'segments'"),
     "list of ints": (_write("l.pickle", pickle.dumps([1, 2, 3])), "not segments"),
     "segments not a list": (_write("s.pickle", pickle.dumps({"segments": 3})), "'segments' is not a list"),

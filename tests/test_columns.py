@@ -283,7 +283,7 @@ def test_unknown_keys_at_every_level_are_ignored(tmp_path: Path) -> None:
 def test_unknown_actions_are_kept_and_named(tmp_path: Path) -> None:
     snap = two_block_snapshot()
     snap["device_traces"][0].insert(1, {"action": "future_thing", "addr": 5, "size": 1, "stream": 0,
-                                        "time_us": 1})
+                                        "time_us": snap["device_traces"][0][0]["time_us"]})
     s = load(write_pickle(tmp_path / "u.pickle", snap))
     t = s.trace(0)
     assert t.action_names[t.action[1]] == "future_thing"

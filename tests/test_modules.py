@@ -67,14 +67,14 @@ def test_spans_of_two_threads_at_once_decide_nothing(spans: pd.DataFrame) -> Non
 
 
 def test_attribution_labels_frameless_allocations_by_their_module(tmp_path, spans: pd.DataFrame) -> None:  # type: ignore[no-untyped-def]
-    names = list(WHERE)
+    names = sorted(WHERE, key=lambda name: _inside(spans, name))    # a trace runs forward in time
     b = SnapshotBuilder(frames=False)
     b.segment(BASE, [(MiB, MiB, "active_allocated") for _ in names] + [(MiB, 0, "inactive")])
     for k, name in enumerate(names):
         b.alloc(BASE + k * MiB, MiB, time_us=_inside(spans, name))
     snap = load(write_pickle(tmp_path / "modules.pickle", b.build()))
     blocks = attribute(snap, at=f"event:{len(names) - 1}", markers=spans).blocks.sort_values("address")
-    assert blocks["category"].tolist() == [c or "other" for c in WHERE.values()]
+    assert blocks["category"].tolist() == [WHERE[name] or "other" for name in names]
     named = blocks[blocks["category"] != "other"]
     assert (named["rule"] == "signal.module_span").all() and named["inferred"].all()
     without = attribute(snap, at=f"event:{len(names) - 1}").blocks

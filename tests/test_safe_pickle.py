@@ -11,6 +11,7 @@ import os
 import pickle
 import random
 import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,8 @@ from conftest import BASE, REAL_FILES, SnapshotBuilder, write_gzip, write_json, 
 from snapanalyze.errors import BadInputError, UnsafePickleError
 from snapanalyze.load import load
 from snapanalyze.load.safe_pickle import read_raw
+
+MiB = 1 << 20
 
 
 def small_snapshot() -> dict:
@@ -36,7 +39,7 @@ def small_snapshot() -> dict:
 def test_plain_pickle_any_protocol_round_trips(tmp_path: Path, protocol: int) -> None:
     snap = small_snapshot()
     path = write_pickle(tmp_path / "s.pickle", snap, protocol=protocol)
-    raw, container = read_raw(path)
+    raw, container, _ = read_raw(path)
     assert container == "pickle"
     # Protocol 0/1 store the pool id tuple as a tuple too; everything must come back equal.
     assert raw == snap
@@ -44,14 +47,14 @@ def test_plain_pickle_any_protocol_round_trips(tmp_path: Path, protocol: int) ->
 
 def test_gzip_pickle(tmp_path: Path) -> None:
     snap = small_snapshot()
-    raw, container = read_raw(write_gzip(tmp_path / "s.pickle.gz", pickle.dumps(snap)))
+    raw, container, _ = read_raw(write_gzip(tmp_path / "s.pickle.gz", pickle.dumps(snap)))
     assert container == "gzip pickle"
     assert raw == snap
 
 
 def test_gzip_json(tmp_path: Path) -> None:
     snap = small_snapshot()
-    raw, container = read_raw(write_gzip(tmp_path / "s.json.gz", json.dumps(snap).encode()))
+    raw, container, _ = read_raw(write_gzip(tmp_path / "s.json.gz", json.dumps(snap).encode()))
     assert container == "gzip json"
     assert raw["segments"][0]["address"] == BASE
     assert raw["segments"][0]["segment_pool_id"] == [0, 0]
@@ -60,7 +63,7 @@ def test_gzip_json(tmp_path: Path) -> None:
 def test_torch_save_zip(tmp_path: Path) -> None:
     snap = small_snapshot()
     path = write_torch_zip(tmp_path / "s.pt", pickle.dumps(snap, protocol=2))
-    raw, container = read_raw(path)
+    raw, container, _ = read_raw(path)
     assert container == "torch.save zip"
     assert raw == snap
 
@@ -69,7 +72,7 @@ def test_json_with_leading_whitespace(tmp_path: Path) -> None:
     snap = small_snapshot()
     path = tmp_path / "s.json"
     path.write_text("\n  " + json.dumps(snap))
-    raw, container = read_raw(path)
+    raw, container, _ = read_raw(path)
     assert container == "json"
     assert raw["device_traces"][0][0]["size"] == 1000
 
@@ -265,3 +268,204 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         load(tmp_path / "nope.pickle")
     with pytest.raises(BadInputError, match="directory"):
         load(tmp_path)
+
+
+# -- bounded cost on hostile input: each finishes in seconds with one line, nothing crashes ----------------
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The real CLI in its own interpreter, so that a crash (a segfault) shows as its exit status."""
+    return subprocess.run([sys.executable, "-m", "snapanalyze", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _one_line(proc: subprocess.CompletedProcess[str], keyword: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("snapanalyze: error: "), proc.stderr[-2000:]
+    assert keyword.lower() in lines[0].lower(), lines[0]
+    return lines[0]
+
+
+def _planted(tmp_path: Path, opcodes: bytes, name: str = "planted.pickle") -> Path:
+    """A valid snapshot whose first segment's segment_type is replaced by the raw pickle `opcodes`."""
+    snap = small_snapshot()
+    snap["segments"][0]["segment_type"] = "PLACEHOLDER"
+    body = pickle.dumps(snap, protocol=4)
+    marker = b"\x8c\x0bPLACEHOLDER"
+    assert body.count(marker) == 1
+    path = tmp_path / name
+    path.write_bytes(body.replace(marker, opcodes))
+    return path
+
+
+DEEP = 1_000_000
+
+
+def test_a_tuple_nested_a_million_deep_as_a_dict_key_does_not_crash(tmp_path: Path) -> None:
+    path = tmp_path / "deep-key.pickle"
+    path.write_bytes(b"\x80\x04}" + b")" + b"\x85" * DEEP + b"K\x01s.")   # {((((…)))): 1}
+    _one_line(_cli("summary", str(path)), "no 'segments' key")
+
+
+def test_tuples_nested_past_the_limit_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "deeper.pickle"
+    path.write_bytes(b"\x80\x04}" + b")" + b"\x85" * 7_000_000 + b"K\x01s.")
+    _one_line(_cli("summary", str(path)), "nests tuples deeper than this reader allows")
+
+
+def test_a_deep_tuple_as_user_metadata_is_refused_not_hashed(tmp_path: Path) -> None:
+    snap = small_snapshot()
+    for entry in snap["device_traces"][0]:
+        entry["user_metadata"] = "PLACEHOLDER"
+    body = pickle.dumps(snap, protocol=4)
+    path = tmp_path / "deep-meta.pickle"
+    path.write_bytes(body.replace(b"\x8c\x0bPLACEHOLDER", b")" + b"\x85" * DEEP, 1))
+    _one_line(_cli("peaks", str(path)), "device_traces[0][0].user_metadata is a tuple, expected a string")
+
+
+@pytest.mark.parametrize("where", ["segment_type", "allocator_settings", "frame filename", "frame"])
+def test_lists_nested_a_million_deep_anywhere_are_one_line_or_harmless(tmp_path: Path, where: str) -> None:
+    deep = b"]" * DEEP + b"a" * (DEEP - 1)                       # [[[[…]]]]
+    snap = small_snapshot()
+    if where == "segment_type":
+        path = _planted(tmp_path, deep)
+        _one_line(_cli("summary", str(path)), "segments[0].segment_type is a list, expected a string")
+        return
+    if where == "allocator_settings":
+        snap["allocator_settings"] = {"a_future_setting": "PLACEHOLDER"}
+    elif where == "frame filename":
+        snap["segments"][0]["blocks"][0]["frames"] = [{"filename": "PLACEHOLDER", "line": 1, "name": "f"}]
+    else:
+        snap["segments"][0]["blocks"][0]["frames"] = ["PLACEHOLDER"]
+    path = tmp_path / "deep.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4).replace(b"\x8c\x0bPLACEHOLDER", deep, 1))
+    for command in ("summary", "attribute"):
+        proc = _cli(command, str(path), "--format", "json")
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+        doc = json.loads(proc.stdout)
+        if command == "summary" and where == "allocator_settings":
+            assert "nested too deep" in json.dumps(doc["allocator_settings"])
+
+
+def test_a_lone_surrogate_in_a_frame_prints_escaped(tmp_path: Path) -> None:
+    snap = small_snapshot()
+    snap["segments"][0]["blocks"][0]["frames"] = [{"filename": "/m/model\ud800.py", "line": 3, "name": "fwd\udfff"}]
+    snap["device_traces"][0][0]["frames"] = snap["segments"][0]["blocks"][0]["frames"]
+    path = write_pickle(tmp_path / "surrogate.pickle", snap)
+    proc = _cli("attribute", str(path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "model\\ud800.py:3:fwd\\udfff" in proc.stdout
+    report = tmp_path / "r.html"
+    proc = _cli("report", str(path), "-o", str(report))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "model\\ud800.py" in report.read_text(encoding="utf-8")
+
+
+def _stream_gzip(path: Path, head: bytes, chunk: bytes, repeat: int, tail: bytes = b"") -> Path:
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        out.write(head)
+        for _ in range(repeat):
+            out.write(chunk)
+        out.write(tail)
+    return path
+
+
+def test_a_gzip_bomb_of_pickle_is_refused_early(tmp_path: Path) -> None:
+    path = _stream_gzip(tmp_path / "bomb.pickle.gz", b"\x80\x04](", b"K\x00" * (1 << 19), 256, b"e.")  # 256 MiB
+    assert path.stat().st_size < 2 * MiB
+    _one_line(_cli("summary", str(path), timeout=30), "a compression bomb")
+
+
+def test_a_gzip_bomb_of_json_is_refused_early(tmp_path: Path) -> None:
+    path = _stream_gzip(tmp_path / "bomb.json.gz", b"[", b"0," * (1 << 19), 256, b"0]")
+    _one_line(_cli("summary", str(path), timeout=30), "compression bomb")
+
+
+def test_a_zip_bomb_is_refused_early(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("archive/data.pkl", "w", force_zip64=True) as member:
+            member.write(b"\x80\x02](")
+            for _ in range(256):
+                member.write(b"K\x00" * (1 << 19))
+            member.write(b"e.")
+    _one_line(_cli("summary", str(path), timeout=30), "compression bomb")
+
+
+def test_a_pickle_that_explodes_into_objects_is_refused_early(tmp_path: Path) -> None:
+    path = tmp_path / "lists.pickle"
+    path.write_bytes(b"\x80\x04](" + b"]" * 30_000_000 + b"e.")     # 30 MB → 30 M lists, about 2 GB
+    _one_line(_cli("summary", str(path), timeout=30), "took more than 0.25 GiB of memory")
+    _one_line(_cli("--max-memory", "64MiB", "summary", str(path), timeout=30), "took more than 0.06 GiB")
+
+
+def test_shared_references_repeated_are_refused(tmp_path: Path) -> None:
+    b = SnapshotBuilder(frames=False)
+    b.segment(BASE, [(512, 512, "active_allocated")] * 2000)
+    snap = b.build()
+    snap["segments"] = snap["segments"] * 200_000                  # one dict, 200,000 references to it
+    path = write_pickle(tmp_path / "shared.pickle", snap)
+    assert path.stat().st_size < 2 * MiB
+    _one_line(_cli("summary", str(path), timeout=30), "shared references repeated")
+
+
+def _patched_zip(tmp_path: Path, method: int | None = None, flags: int | None = None) -> Path:
+    path = write_torch_zip(tmp_path / "z.pt", pickle.dumps(small_snapshot(), protocol=2))
+    data = bytearray(path.read_bytes())
+    for signature, flag_at, method_at in ((b"PK\x03\x04", 6, 8), (b"PK\x01\x02", 8, 10)):
+        start = 0
+        while (at := data.find(signature, start)) >= 0:
+            if method is not None:
+                data[at + method_at:at + method_at + 2] = method.to_bytes(2, "little")
+            if flags is not None:
+                data[at + flag_at:at + flag_at + 2] = flags.to_bytes(2, "little")
+            start = at + 4
+    path.write_bytes(bytes(data))
+    return path
+
+
+CONTAINERS: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "deflate64 zip member": (lambda d: _patched_zip(d, method=9), "compression method 9"),
+    "encrypted zip member": (lambda d: _patched_zip(d, flags=1), "encrypted"),
+    "gzip with a wrong CRC": (lambda d: _wrong_crc(d), "damaged gzip"),
+    "corrupt deflate block": (lambda d: _corrupt_deflate(d), "gzip"),
+    "symlink loop": (lambda d: _symlink_loop(d), "cannot be read"),
+    "300-character name": (lambda d: d / ("x" * 300 + ".pickle"), "cannot be read"),
+    "/proc/self/mem": (lambda d: Path("/proc/self/mem"), "empty"),
+    "FIFO": (lambda d: (d / "fifo", os.mkfifo(d / "fifo"))[0], "is a FIFO, not a regular file"),
+    "/dev/urandom": (lambda d: Path("/dev/urandom"), "is a character device"),
+}
+
+
+def _wrong_crc(d: Path) -> Path:
+    data = bytearray(gzip.compress(pickle.dumps(small_snapshot())))
+    data[-8] ^= 0xFF
+    return write_gzip_bytes(d / "crc.pickle.gz", bytes(data))
+
+
+def _corrupt_deflate(d: Path) -> Path:
+    data = bytearray(gzip.compress(REAL_FILES[0].read_bytes()))
+    for i in range(len(data) // 3, len(data) // 3 + 64):
+        data[i] ^= 0x5A
+    return write_gzip_bytes(d / "corrupt.pickle.gz", bytes(data))
+
+
+def write_gzip_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _symlink_loop(d: Path) -> Path:
+    (d / "a.pickle").symlink_to(d / "b.pickle")
+    (d / "b.pickle").symlink_to(d / "a.pickle")
+    return d / "a.pickle"
+
+
+@pytest.mark.parametrize("case", sorted(CONTAINERS))
+def test_damaged_containers_and_odd_paths_are_one_line(tmp_path: Path, case: str) -> None:
+    make, keyword = CONTAINERS[case]
+    path = make(tmp_path)
+    with pytest.raises(BadInputError) as info:
+        load(path)
+    assert keyword.lower() in info.value.problem.lower(), info.value.problem
+    _one_line(_cli("summary", str(path), timeout=20), keyword)

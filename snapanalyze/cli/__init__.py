@@ -3,19 +3,24 @@
 Contract: `main` is the click group; each module of this package registers the thin commands of one
 area (load, analyse, render), and is imported only when one of its commands runs (COMMANDS names the module
 of each), so that `snapanalyze peaks` does not pay for importing what `report` needs. One place
-(`_Group.invoke`) maps SnapanalyzeError to a one-line message on stderr and its exit code (2; `check` uses 1
-for a budget exceeded); `--debug` shows the traceback instead.
+(`_Group.invoke`) maps SnapanalyzeError — and a MemoryError or RecursionError, which only hostile or
+enormous input causes — to a one-line message on stderr and its exit code (2; `check` uses 1 for a budget
+exceeded); `--debug` shows the traceback instead. It also prints each InputWarning once, as one
+`snapanalyze: warning:` line on stderr, and keeps them for `common.emit_json` to list under `warnings`.
+`--max-memory` bounds what reading any input may cost (`load.safe_pickle.Limits`).
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 import click
 
 from .. import __version__
-from ..errors import SnapanalyzeError
+from ..errors import InputWarning, SnapanalyzeError
+from .common import SIZE, WARNINGS_KEY
 
 # command → the module of this package that defines it
 COMMANDS = {"summary": "analyze", "peaks": "analyze", "attribute": "analyze", "convert": "convert",
@@ -33,20 +38,48 @@ class _Group(click.Group):
         return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except SnapanalyzeError as exc:
-            if (ctx.obj or {}).get("debug"):
-                raise
-            click.echo(f"snapanalyze: error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
+        seen: list[str] = ctx.meta.setdefault(WARNINGS_KEY, [])
+        shown = warnings.showwarning
+
+        def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+            if not issubclass(category, InputWarning):
+                shown(message, category, *args, **kwargs)
+            elif str(message) not in seen:
+                seen.append(str(message))
+                click.echo(f"snapanalyze: warning: {message}", err=True)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", InputWarning)
+            warnings.showwarning = show
+            try:
+                return super().invoke(ctx)
+            except (SnapanalyzeError, MemoryError, RecursionError) as exc:
+                if (ctx.obj or {}).get("debug"):
+                    raise
+                click.echo(f"snapanalyze: error: {_message(exc)}", err=True)
+                ctx.exit(getattr(exc, "exit_code", 2))
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "ran out of memory (an input larger than this machine can analyse, or one built to exhaust it; " \
+               "--max-memory refuses such inputs early)"
+    if isinstance(exc, RecursionError):
+        return "an input nests deeper than any snapshot does (refused)"
+    return str(exc)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show a traceback on errors.")
+@click.option("--max-memory", type=SIZE, default=None, envvar="SNAPANALYZE_MAX_MEMORY",
+              help="Refuse an input whose reading would take more memory than this (e.g. 8GiB); default: a "
+                   "few times the file's size.")
 @click.version_option(__version__, prog_name="snapanalyze")
 @click.pass_context
-def main(ctx: click.Context, debug: bool) -> None:
+def main(ctx: click.Context, debug: bool, max_memory: int | None) -> None:
     """Explain GPU memory peaks from PyTorch allocator snapshots."""
+    from ..load.safe_pickle import Limits, limits_in_effect
     ctx.obj = {"debug": debug}
+    if max_memory is not None:
+        ctx.with_resource(limits_in_effect(Limits(max_memory_bytes=max_memory)))
 

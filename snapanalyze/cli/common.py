@@ -11,6 +11,7 @@ from ..errors import UsageError
 from ..units import parse_bytes
 
 FORMATS = click.Choice(["table", "json"])
+WARNINGS_KEY = "snapanalyze.warnings"     # ctx.meta: the InputWarnings of this command, in order
 
 
 class _Size(click.ParamType):
@@ -50,4 +51,8 @@ def rules_for(rules_file: str | None, source: tuple[str, ...] = ()) -> Any:
 
 
 def emit_json(doc: Any) -> None:
+    """Print `doc` as JSON; a dict gets `warnings`: what the inputs' validation found (empty when none)."""
+    if isinstance(doc, dict):
+        ctx = click.get_current_context(silent=True)
+        doc = {**doc, "warnings": list(ctx.meta.get(WARNINGS_KEY, [])) if ctx is not None else []}
     click.echo(json.dumps(doc, indent=2, default=str))

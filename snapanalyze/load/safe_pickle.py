@@ -1,29 +1,109 @@
-"""Read the bytes of a snapshot file into plain Python objects, safely, whatever container it came in.
+"""Read the bytes of a snapshot file into plain Python objects, safely and at a bounded cost.
 
-Contract: `read_raw(path)` returns the builtins-only object a snapshot file holds (dict or list) or raises
-BadInputError naming the file and the problem. Pickles are untrusted input: the unpickler refuses every
+Contract: `read_raw(path, limits)` returns a `Raw`: the builtins-only object a snapshot file holds (dict or
+list), the container it came in and the bytes of its pickle stream; or raises BadInputError naming the file
+and the problem. Pickles are untrusted input: the unpickler refuses every
 global and every persistent id, so no code from the file ever runs (a real snapshot needs neither).
-Containers: plain pickle (any protocol), gzip-compressed pickle or JSON, a `torch.save` zip holding
-`data.pkl`, and JSON as accepted by PyTorch's web viewer. The cyclic GC is paused while unpickling: the
-object graph is acyclic and millions of containers would otherwise trigger needless collections.
+Containers: plain pickle (any protocol), gzip-compressed pickle or JSON (its CRC checked), a `torch.save` zip
+holding `data.pkl` (stored or deflated, not encrypted), and JSON as accepted by PyTorch's web viewer.
+
+Bounds (`Limits`): only regular files are read — a FIFO, a device or a socket is refused before it is
+opened, so nothing blocks; a compressed payload that expands past `expanded_cap` (the larger of 64 × the
+file and 64 MiB; real snapshots compress 4–33×) is refused as soon as it does; while unpickling, the
+process may grow by at most `growth_cap` (the larger of 12 × the stream read so far and 256 MiB; a real
+snapshot takes about 3 × its pickle), measured from the resident set as the stream is read, so a pickle
+built to explode into objects is refused before it exhausts the machine; `max_memory_bytes` (`--max-memory`)
+caps both. Tuples and
+frozensets can nest no deeper than the pickle has opcodes that build them (counted as the bytes stream in,
+refused past MAX_NESTING), and the unpickler runs on a thread with a 1 GiB stack, so hashing the deepest
+allowed key cannot overflow the C stack (a segfault, not an exception). An OSError, a zlib or zip error,
+MemoryError and RecursionError all become the one BadInputError. The cyclic GC is paused while unpickling:
+the object graph is acyclic and millions of containers would otherwise trigger needless collections.
 """
 
 from __future__ import annotations
 
 import gc
 import gzip
+import io
 import json
+import os
 import pickle
+import stat
+import sys
+import threading
 import zipfile
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from ..errors import BadInputError, UnsafePickleError
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
+MiB, GiB = 1 << 20, 1 << 30
+MAX_NESTING = 6_000_000          # tuple/frozenset-building opcode bytes a pickle may hold (a 1M-event
+                                 # snapshot has about 0.4M; hashing 8M nested tuples fits the 1 GiB stack)
+_NESTING_OPCODES = b"\x85\x86\x87t\x91"    # TUPLE1, TUPLE2, TUPLE3, TUPLE, FROZENSET
+UNPICKLE_STACK = 1 << 30
+_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
+                zipfile.ZIP_LZMA: "lzma"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What reading a file may cost (see the module docstring); `max_memory_bytes` caps both bounds."""
+
+    max_memory_bytes: int | None = None
+
+    def _capped(self, default: int) -> int:
+        return default if self.max_memory_bytes is None else min(default, self.max_memory_bytes)
+
+    def expanded_cap(self, file_bytes: int) -> int:
+        """Bytes a compressed payload may expand to."""
+        return self._capped(max(64 * file_bytes, 64 * MiB))
+
+    def growth_cap(self, stream_bytes: int) -> int:
+        """Bytes the process may grow by while unpickling `stream_bytes` of pickle."""
+        return self._capped(max(12 * stream_bytes, 256 * MiB))
+
+
+_LIMITS: ContextVar[Limits | None] = ContextVar("snapanalyze_limits", default=None)   # None: Limits()
+
+
+@contextmanager
+def limits_in_effect(limits: Limits) -> Iterator[None]:
+    """Make `limits` what `read_raw` applies when it is not given any (the CLI's --max-memory)."""
+    token = _LIMITS.set(limits)
+    try:
+        yield
+    finally:
+        _LIMITS.reset(token)
+
+
+class Raw(NamedTuple):
+    data: Any              # the dict or list the file held
+    container: str         # pickle, gzip pickle, gzip json, torch.save zip, json
+    stream_bytes: int      # bytes of the (decompressed) pickle or JSON stream
+
+
+def _resident_bytes() -> int | None:
+    """The process's resident set now (Linux), its peak elsewhere on Unix; None where neither is known."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+    except (ImportError, OSError, ValueError):
+        return None
 
 
 class _RefusingUnpickler(pickle.Unpickler):
@@ -47,6 +127,46 @@ class _RefusingUnpickler(pickle.Unpickler):
         )
 
 
+class _Refused(Exception):
+    """Raised by a `_Guard` from inside the unpickler's read: turned into BadInputError by the caller."""
+
+
+class _Guard(io.RawIOBase):
+    """A read-only stream that counts what passes: the bytes (refused past `cap`), the opcode bytes that
+    can nest hashable containers (refused past MAX_NESTING; a data byte may count too, which only makes the
+    bound safer), and how much the process has grown since it began (refused past `limits.growth_cap`)."""
+
+    def __init__(self, inner: IO[bytes], cap: int | None, what: str, limits: Limits) -> None:
+        self.inner, self.cap, self.what, self.limits = inner, cap, what, limits
+        self.total = 0
+        self.nesting = 0
+        self.start_rss = _resident_bytes()
+
+    def readable(self) -> bool:
+        return True
+
+    def _seen(self, data: bytes) -> None:
+        self.total += len(data)
+        if self.cap is not None and self.total > self.cap:
+            raise _Refused(f"the {self.what} expands past {self.cap / GiB:.2f} GiB: a compression bomb, or a "
+                           "snapshot larger than --max-memory allows")
+        self.nesting += len(data) - len(data.translate(None, _NESTING_OPCODES))
+        if self.nesting > MAX_NESTING:
+            raise _Refused(f"the pickle nests tuples deeper than this reader allows ({MAX_NESTING:,} tuple opcodes): "
+                           "not a snapshot, or one built to exhaust the reader")
+        now = _resident_bytes() if self.start_rss is not None else None
+        if now is not None and now - self.start_rss > (allowed := self.limits.growth_cap(self.total)):  # type: ignore[operator]
+            raise _Refused(f"unpickling {self.total / MiB:,.1f} MiB of pickle took more than {allowed / GiB:.2f} GiB "
+                           "of memory: a pickle built to explode into objects, or a snapshot larger than "
+                           "--max-memory allows")
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.inner.readinto(buffer)  # type: ignore[attr-defined]
+        if n:
+            self._seen(memoryview(buffer)[:n].tobytes())
+        return n or 0
+
+
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while building large acyclic structures."""
@@ -59,41 +179,97 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _unpickle(stream: IO[bytes], path: str) -> Any:
+def _on_big_stack(work: Callable[[], Any]) -> Any:
+    """Run `work` on a thread with an UNPICKLE_STACK stack and return (or raise) what it did; run it here
+    when no such thread can be made."""
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:  # noqa: B902 - handed to the caller's thread
+            error.append(exc)
+
+    try:
+        previous = threading.stack_size(UNPICKLE_STACK)
+    except (ValueError, RuntimeError):
+        return work()
+    try:
+        thread = threading.Thread(target=run, name="snapanalyze-unpickle")
+        thread.start()
+    except RuntimeError:
+        return work()
+    finally:
+        threading.stack_size(previous)
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = None,
+              what: str = "pickle") -> tuple[Any, int]:
+    """The unpickled object and the bytes of pickle it took."""
+    guard = _Guard(stream, cap, what, limits)
+    guarded = io.BufferedReader(guard, 1 << 20)     # peek lets the unpickler read ahead
     try:
         with gc_paused():
-            return _RefusingUnpickler(stream, path).load()
+            return _on_big_stack(lambda: _RefusingUnpickler(guarded, path).load()), guard.total
     except UnsafePickleError:
         raise
+    except _Refused as exc:
+        raise BadInputError(path, f"refused to load: {exc}") from None
     except EOFError:
         raise BadInputError(path, "truncated pickle: the file ends before the snapshot does "
                             "(was the dump interrupted or the copy cut short?)") from None
+    except MemoryError:
+        raise BadInputError(path, "ran out of memory while reading the pickle: a snapshot larger than this "
+                            "machine can hold, or a pickle built to exhaust it") from None
     except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-            MemoryError, OverflowError, UnicodeDecodeError, RecursionError) as exc:
+            OverflowError, UnicodeDecodeError, RecursionError, zlib.error) as exc:
         text = str(exc)
         if "truncated" in text or "ran out of input" in text.lower():
             raise BadInputError(path, "truncated pickle: the file ends before the snapshot does") from None
         raise BadInputError(path, "not a snapshot file: not a pickle, gzip, torch.save zip or JSON "
-                            f"({type(exc).__name__}: {text})") from None
+                            f"({type(exc).__name__}: {text[:200]})") from None
 
 
 def _from_json(data: bytes, path: str) -> Any:
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:
-        raise BadInputError(path, f"looks like JSON but does not parse ({exc})") from None
+        raise BadInputError(path, f"looks like JSON but does not parse ({str(exc)[:200]})") from None
+    except MemoryError:
+        raise BadInputError(path, "ran out of memory while parsing the JSON") from None
 
 
-def _from_zip(file: Path, path: str) -> Any:
+def _read_capped(stream: IO[bytes], cap: int, path: str, what: str) -> bytes:
+    data = stream.read(cap + 1)
+    if len(data) > cap:
+        raise BadInputError(path, f"refused to load: the {what} expands past {cap / GiB:.2f} GiB: a compression "
+                            "bomb, or a snapshot larger than --max-memory allows")
+    return data
+
+
+def _from_zip(file: Path, path: str, limits: Limits, cap: int) -> tuple[Any, int]:
     try:
         with zipfile.ZipFile(file) as archive:
-            names = [n for n in archive.namelist() if n.endswith("data.pkl")]
-            if not names:
+            infos = [i for i in archive.infolist() if i.filename.endswith("data.pkl")]
+            if not infos:
                 raise BadInputError(path, "a zip file without data.pkl: not a torch.save'd snapshot")
-            with archive.open(names[0]) as member:
-                return _unpickle(member, path)
+            info = infos[0]
+            if info.flag_bits & 0x1:
+                raise BadInputError(path, "the zip's data.pkl is encrypted: torch.save never encrypts")
+            if info.compress_type not in _ZIP_METHODS:
+                raise BadInputError(path, f"the zip's data.pkl uses compression method {info.compress_type}, "
+                                    f"which this reader does not open ({', '.join(_ZIP_METHODS.values())} only)")
+            with archive.open(info) as member:
+                return _unpickle(member, path, limits, cap, "zip member")  # type: ignore[arg-type]
     except zipfile.BadZipFile as exc:
         raise BadInputError(path, f"damaged zip file ({exc})") from None
+    except (NotImplementedError, RuntimeError, zlib.error, EOFError, OSError) as exc:
+        raise BadInputError(path, f"damaged or unsupported zip file ({type(exc).__name__}: {exc})") from None
 
 
 def _sniff(head: bytes) -> str:
@@ -103,39 +279,75 @@ def _sniff(head: bytes) -> str:
     return "pickle"
 
 
-def read_raw(path: str | Path) -> tuple[Any, str]:
-    """Return (object, container) where container names the format that was read."""
+def regular_file(path: str | Path, name: str | None = None) -> os.stat_result:
+    """The stat of `path` if it is a regular file (symlinks followed); BadInputError otherwise — a FIFO or a
+    device would block or never end, so they are refused before anything opens them."""
+    name = str(path) if name is None else name
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise BadInputError(name, "no such file") from None
+    except PermissionError:
+        raise BadInputError(name, "permission denied") from None
+    except (OSError, ValueError) as exc:
+        raise BadInputError(name, f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise BadInputError(name, "is a directory, expected a snapshot file")
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a character device" if stat.S_ISCHR(info.st_mode)
+                else "a block device" if stat.S_ISBLK(info.st_mode) else "a socket" if stat.S_ISSOCK(info.st_mode)
+                else "not a regular file")
+        raise BadInputError(name, f"is {kind}, not a regular file: only files are read")
+    return info
+
+
+def read_raw(path: str | Path, limits: Limits | None = None) -> Raw:
+    """What the file holds, read within `limits` (see the module docstring)."""
+    limits = limits or _LIMITS.get() or Limits()
     file = Path(path)
     name = str(path)
-    if file.is_dir():
-        raise BadInputError(name, "is a directory, expected a snapshot file")
+    info = regular_file(file, name)
+    if info.st_size == 0:      # also what /proc and /sys files report: never read one (some block forever)
+        raise BadInputError(name, "the file is empty (was the snapshot ever written?)")
+    cap = limits.expanded_cap(info.st_size)
     try:
         with open(file, "rb") as stream:
             head = stream.read(8)
             if not head:
                 raise BadInputError(name, "the file is empty (was the snapshot ever written?)")
             if head.startswith(ZIP_MAGIC):
-                return _from_zip(file, name), "torch.save zip"
+                return Raw(*_with("torch.save zip", _from_zip(file, name, limits, cap)))
             if head.startswith(GZIP_MAGIC):
-                return _read_gzip(file, name)
+                return _read_gzip(file, name, limits, cap)
             stream.seek(0)
             if _sniff(head) == "json":
-                return _from_json(stream.read(), name), "json"
-            return _unpickle(stream, name), "pickle"
-    except FileNotFoundError:
-        raise BadInputError(name, "no such file") from None
-    except PermissionError:
-        raise BadInputError(name, "permission denied") from None
-    except IsADirectoryError:
-        raise BadInputError(name, "is a directory, expected a snapshot file") from None
+                text = _read_capped(stream, limits._capped(info.st_size), name, "file")
+                return Raw(_from_json(text, name), "json", len(text))
+            return Raw(*_with("pickle", _unpickle(stream, name, limits)))
+    except BadInputError:
+        raise
+    except OSError as exc:
+        raise BadInputError(name, f"cannot be read ({exc.strerror or exc})") from None
+    except MemoryError:
+        raise BadInputError(name, "ran out of memory while reading the file") from None
 
 
-def _read_gzip(file: Path, name: str) -> tuple[Any, str]:
+def _with(container: str, found: tuple[Any, int]) -> tuple[Any, str, int]:
+    return found[0], container, found[1]
+
+
+def _read_gzip(file: Path, name: str, limits: Limits, cap: int) -> Raw:
     try:
         with gzip.open(file, "rb") as inner:
             head = inner.peek(8)[:8] if hasattr(inner, "peek") else b""
             if _sniff(head) == "json":
-                return _from_json(inner.read(), name), "gzip json"
-            return _unpickle(inner, name), "gzip pickle"  # type: ignore[arg-type]
-    except (OSError, EOFError) as exc:
+                text = _read_capped(inner, cap, name, "gzip stream")  # type: ignore[arg-type]
+                return Raw(_from_json(text, name), "gzip json", len(text))
+            found = _unpickle(inner, name, limits, cap, "gzip stream")  # type: ignore[arg-type]
+            if inner.read(1 << 16):                 # also makes gzip check the CRC at the end of the stream
+                raise BadInputError(name, "the gzip stream holds more after the pickle ends (damaged?)")
+            return Raw(*_with("gzip pickle", found))
+    except BadInputError:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:
         raise BadInputError(name, f"damaged gzip stream ({exc})") from None
