@@ -33,6 +33,7 @@ EVENTS = pa.schema([
     ("addr", pa.uint64()), ("size", pa.int64()), ("stream", pa.int64()), ("time_us", pa.int64()),
     ("stack_id", pa.int64()), ("user_metadata", pa.dictionary(pa.int32(), pa.string())),
     ("compile_context", pa.dictionary(pa.int32(), pa.string())), ("device_free", pa.int64()),
+    ("pool_id", pa.dictionary(pa.int32(), pa.string())),
 ])
 FRAMES = pa.schema([("frame_id", pa.int64()), ("filename", pa.string()), ("line", pa.int64()),
                     ("name", pa.string())])

@@ -11,12 +11,15 @@ block-level evidence, strongest first:
 - no stack and from before the window: persistent state (`state`: cuBLAS workspace, weights, and in a
   training program gradients / optimizer moments as copies of the parameters), or state an optimizer step
   freed (it replaced it), or unknown, said plainly with how to record it;
-- a private pool → `graph_capture` (unless frames prove a MemPool user: weights or KV cache in a pool);
+- a private pool (named by the alloc entry's `pool_id` from torch 2.12, else by the end state) →
+  `graph_capture` (unless frames prove a MemPool user: weights or KV cache in a pool);
 - made by the autograd engine and still live after that backward ended → `gradients`;
 - the request of the alloc entry (`user_metadata`, else a run's request marker span covering it: see
   `requests`) naming another request than the instant's → `concurrent_request`. The instant's request is
   the one whose allocation reached it (at an OOM, whose allocation failed), else the marker span running
   then, else, as a stated last resort, the one holding the most live bytes;
+- an annotation the program made on the block (`annotations`: torch ≥ 2.14's `_annotate_tensor`) naming a
+  category decides it outright (the program said so); any other annotation text is kept in `annotation`;
 - size relations, only where the stack is consistent with them (never in a module the source says owns the
   block, in a backward pass or an optimizer step): an autocast copy of a live weight, tokens × vocab logits,
   a gate/up output twice a live MLP output, PyTorch's default cuBLAS workspace size, B·H·L² attention
@@ -28,7 +31,8 @@ The bytes of the per-block table sum exactly to the instant's active bytes.
 `Attribution.blocks` columns: device, address, size (requested bytes), allocated_est, category, tags
 (comma-separated), rule, reason, frame (deciding or innermost meaningful frame, "file:line:function", the
 function as Class.method where the source was found),
-inferred, stack_id, user_metadata, pool, stream, origin, alloc_index.
+inferred, stack_id, user_metadata, pool, stream, origin, alloc_index, annotation (the program's own text for
+the block, "" for none).
 `Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str, largest
 first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those flagged inferred).
 """
@@ -52,6 +56,7 @@ from ..load.source import SourceIndex
 from ..model import ALLOC, OOM, Snapshot
 from ..replay import ORIGINS, Timeline, replay
 from ..stacks import StackInterner, frame_site, is_python_frame
+from .annotations import annotated_category, annotations_at
 from .modules import ModuleIndex
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
@@ -59,7 +64,7 @@ from .rules import RuleSet, load_rules
 from .state import ADVICE, CUBLAS_DEFAULT_WORKSPACE, StateGuess, persistent_state
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
-                 "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index"]
+                 "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index", "annotation"]
 SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
                    "inferred_bytes"]
 # Vocabulary sizes of common LLM families, for the tokens × vocab logits heuristic.
@@ -286,8 +291,10 @@ def _instant(timeline: Timeline, device: int, at: str) -> tuple[int, str]:
     raise UsageError(f"--at {at}: expected peak, peak:N, event:I or time:T (T in µs since the epoch)")
 
 
-def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndarray) -> np.ndarray:
-    """Pool id text of each block: from its end-state block, else from the segment that holds it."""
+def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndarray,
+           alloc_index: np.ndarray) -> np.ndarray:
+    """Pool id text of each block: the pool its alloc entry names (torch ≥ 2.12), else its end-state block's,
+    else the segment's that holds it at the end."""
     blocks, segs = snapshot.block_columns, snapshot.segment_columns
     out = np.full(len(addr), "0,0", dtype=object)
     known = block_row >= 0
@@ -305,6 +312,10 @@ def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndar
         sub = np.full(len(pos), "0,0", dtype=object)
         sub[ok] = pools[pos[ok]]
         out[~known] = sub
+    from_trace = alloc_index >= 0
+    named = snapshot.trace(device).pools_of(alloc_index[from_trace]) if from_trace.any() else None
+    if named is not None:
+        out[from_trace] = named
     return out
 
 
@@ -515,7 +526,7 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     from_blocks = ~from_trace & (block_row >= 0)
     stack[from_blocks] = snapshot.block_stack_ids(block_row[from_blocks])
     addr = live["addr"].to_numpy()
-    pools = _pools(snapshot, device, addr, block_row)
+    pools = _pools(snapshot, device, addr, block_row, alloc_index)
     metadata = np.full(len(live), "", dtype=object)
     by_time = np.zeros(len(live), dtype=bool)
     trace = snapshot.trace(device)
@@ -576,6 +587,14 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
                       free_index[i] < 0, ctx) for i, d in enumerate(decisions)]
     scores = frozenset(int(sz) for sz, d in zip(sizes, final) if d.category == "fallback_kernel" and sz >= 8 << 20)
     final = [_scores_backward(d, int(sz), scores) for d, sz in zip(final, sizes)] if scores else final
+    notes = annotations_at(trace, addr, alloc_index, event if event >= 0 else None)
+    for i in np.flatnonzero(notes != "").tolist():
+        named = annotated_category(notes[i], decider.rules.categories)
+        if named is not None:
+            d = final[i]
+            final[i] = Decision(named, "signal.annotation", f"the program annotated this block {notes[i]!r} "
+                                "(torch.cuda.memory._annotate_tensor)", d.frame,
+                                tuple(t for t in (d.category, *d.tags) if t not in ("other", named)))
     frames = snapshot.interner.frames
     rows: list[tuple[Any, ...]] = []
     for i, frame_decision in enumerate(decisions):
@@ -584,7 +603,8 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         frame = frames[frame_id] if frame_id >= 0 else None
         rows.append((device, int(addr[i]), int(sizes[i]), int(allocated_est[i]), d.category, ",".join(d.tags),
                      d.rule, d.reason, frame_site(frame, decider.qualname(frame)), d.inferred,
-                     int(stack[i]), metadata[i], pools[i], int(streams[i]), origin[i], int(alloc_index[i])))
+                     int(stack[i]), metadata[i], pools[i], int(streams[i]), origin[i], int(alloc_index[i]),
+                     notes[i]))
     df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
     df["address"] = df["address"].astype(np.uint64)
     return df, ctx.request, requests.ambiguous

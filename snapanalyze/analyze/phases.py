@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UsageError
-from ..model import Snapshot
+from ..model import ANNOTATE, Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, SourceRoots, attribute, bind_source
 from .rules import RuleSet, load_rules
@@ -80,7 +80,7 @@ def _metadata_spans(snapshot: Snapshot) -> list[dict[str, Any]]:
         for code, value in enumerate(t.user_metadata_names):
             if not value:
                 continue
-            idx = np.flatnonzero(t.user_metadata == code)
+            idx = np.flatnonzero((t.user_metadata == code) & (t.action != ANNOTATE))  # annotate: a block's label
             if not len(idx):
                 continue
             times = t.time_us

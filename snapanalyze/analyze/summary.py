@@ -1,8 +1,10 @@
 """What a snapshot file holds: format, inferred torch version range, devices, actions, optional parts.
 
 Contract: `summarize(snapshot)` returns a plain dict (JSON-ready) of facts read off the file; nothing is
-replayed. The torch version range is inferred from which keys are present or absent (a fingerprint built
-from the "since" column of the format notes) and is always labelled as inferred, with its evidence.
+replayed. The device type (cuda, xpu) is inferred from the allocator settings' key; pinned host memory (torch ≥
+2.14) is described under `host`, apart from the devices. The torch version range is inferred from which keys are
+present or absent (a fingerprint built from the "since" column of the format notes) and is always labelled as
+inferred, with its evidence.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def _version_range(s: Snapshot) -> tuple[str, list[str]]:
         until((2, 11), "trace entries have no pool_id")
     if "host_segments" in f.top_level_keys or any((t.action == ANNOTATE).any() for t in s.traces.values()):
         since((2, 14), "pinned host segments or annotate entries")
+    elif "pool_id" in entry:
+        until((2, 13), "no host_segments")
     if lo > hi:
         return "unknown (contradictory fingerprint)", evidence
     low = f"{lo[0]}.{lo[1]}"
@@ -75,6 +79,18 @@ def _version_range(s: Snapshot) -> tuple[str, list[str]]:
         return f"≥ {low}", evidence
     high = f"{hi[0]}.{hi[1]}"
     return (low if low == high else f"{low}–{high}"), evidence
+
+
+def _device_type(s: Snapshot) -> dict[str, Any]:
+    """The accelerator a snapshot came from: no field names it, so it is inferred from the allocator
+    settings' key (CUDA writes PYTORCH_CUDA_ALLOC_CONF, XPU and the generic accelerator PYTORCH_ALLOC_CONF)."""
+    settings = s.allocator_settings or {}
+    if "PYTORCH_CUDA_ALLOC_CONF" in settings:
+        return {"value": "cuda", "inferred": True, "evidence": "allocator_settings has PYTORCH_CUDA_ALLOC_CONF"}
+    if "PYTORCH_ALLOC_CONF" in settings:
+        return {"value": "xpu", "inferred": True,
+                "evidence": "allocator_settings has PYTORCH_ALLOC_CONF, not PYTORCH_CUDA_ALLOC_CONF (torch.xpu)"}
+    return {"value": "unknown", "inferred": True, "evidence": "no allocator settings name their accelerator"}
 
 
 def _has_cpp_frames(s: Snapshot, sample: int = 200) -> bool:
@@ -133,6 +149,7 @@ def summarize(s: Snapshot) -> dict[str, Any]:
         "container": s.format.container,
         "layout": s.format.layout,
         "torch_version": {"range": version, "inferred": True, "evidence": evidence},
+        "device_type": _device_type(s),
         "devices": devices,
         "has": {
             "trace": any(len(t) for t in s.traces.values()),
@@ -146,6 +163,7 @@ def summarize(s: Snapshot) -> dict[str, Any]:
             "legacy_block_history": s.format.legacy_block_history,
         },
         "allocator_settings": s.allocator_settings,
+        "host": summarize(s.host)["devices"] if s.host is not None else None,   # pinned host memory, apart
         "ooms": ooms.astype(object).where(ooms.notna(), None).to_dict("records"),
         "unknown_actions": sorted({n for t in s.traces.values() for n in t.action_names[10:]}),
     }

@@ -21,10 +21,13 @@ from .common import FORMATS, emit_json, input_argument, rules_for, source_option
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | None, fmt: str) -> None:
     """Baseline, top peaks and trace window of each device."""
-    timeline = replay(load(file, rank, tag))
+    snapshot = load(file, rank, tag)
+    timeline = replay(snapshot)
     if device is not None and device not in timeline.devices:
         raise UsageError(f"{file}: no device {device} (devices: {sorted(timeline.devices)})")
-    doc = peaks_document(timeline, peak_records(timeline, top=top, device=device))  # no DataFrame: fast start
+    host = replay(snapshot.host) if snapshot.host is not None and device is None else None
+    doc = peaks_document(timeline, peak_records(timeline, top=top, device=device),  # no DataFrame: fast start
+                         (host, peak_records(host, top=top)) if host is not None else None)
     if fmt == "json":
         emit_json(doc)
         return

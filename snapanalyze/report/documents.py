@@ -52,17 +52,24 @@ def device_header(timeline: Timeline, device: int) -> dict[str, Any]:
     }
 
 
-def peaks_document(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """{"source", "devices": [{"device", "baseline_active_bytes", "peak", "peaks": [...]} ...]} from
-    `find_peaks` rows (a DataFrame, or `peak_records`)."""
+def peaks_document(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str, Any]],
+                   host: tuple[Timeline, pd.DataFrame | Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
+    """{"source", "devices": [{"device", "baseline_active_bytes", "peak", "peaks": [...]} ...], "host"} from
+    `find_peaks` rows (a DataFrame, or `peak_records`); `host`: the same for pinned host memory (torch ≥ 2.14,
+    `Snapshot.host`), kept apart from the devices (null when the file has none)."""
+    return {"source": timeline.snapshot.source, "devices": _peak_devices(timeline, peaks),
+            "host": _peak_devices(*host) if host is not None else None,
+            "notes": {"allocated_est_bytes": "estimate: rounded block sizes, exact only for blocks in segments"}}
+
+
+def _peak_devices(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = peaks.to_dict("records") if hasattr(peaks, "to_dict") else list(peaks)
     devices = []
     for device in sorted({int(r["device"]) for r in rows}):
         mine = sorted((r for r in rows if int(r["device"]) == device), key=lambda r: int(r["rank"]))
         records = [peak_record(r) for r in mine]
         devices.append({**device_header(timeline, device), "peak": records[0], "peaks": records})
-    return {"source": timeline.snapshot.source, "devices": devices,
-            "notes": {"allocated_est_bytes": "estimate: rounded block sizes, exact only for blocks in segments"}}
+    return devices
 
 
 def attribution_document(attribution: Any, explain: bool = False) -> dict[str, Any]:

@@ -17,24 +17,31 @@ def render_peaks(doc: dict[str, Any], problems: list[str]) -> str:
     if not doc["devices"]:
         out.append("  no devices: the snapshot holds no segments and no trace")
     for d in doc["devices"]:
-        window = units.fmt_duration_us(d["window_us"])
-        out.append(f"\ndevice {d['device']}: {d['events']:,} events"
-                   + (f" over {window}" if d["window_us"] is not None else " (no timestamps)")
-                   + (f", from {units.fmt_time_us(d['first_time_us'])}" if d["first_time_us"] else ""))
-        out.append(f"  baseline (live when the window began): {units.fmt_bytes(d['baseline_active_bytes'])}"
-                   f" active, {units.fmt_bytes(d['baseline_reserved_bytes'])} reserved")
-        rows = []
-        for rank, p in enumerate(d["peaks"], start=1):
-            event = "baseline" if p["event_index"] < 0 else f"{p['event_index']:,}"
-            rows.append([str(rank), event, units.fmt_time_us(p["time_us"]), units.fmt_bytes(p["active_bytes"]),
-                         units.fmt_bytes(p["reserved_bytes"]), units.fmt_bytes(p["allocated_est_bytes"]),
-                         units.fmt_bytes(p["transient_bytes"]), units.fmt_duration_us(p["duration_us"])])
-        out.append(text.table(["peak", "event", "time", "active", "reserved", "allocated (est.)",
-                               "transient", "held"], rows, right=[True, True, False] + [True] * 5))
+        out += _peaks_of(d, f"device {d['device']}")
+    for d in doc.get("host") or []:
+        out += _peaks_of(d, "pinned host memory (not device memory)")
     out.append("\nactive = Σ requested bytes live (exact); allocated (est.) = rounded block sizes, an estimate.")
     if problems:
         out.append("warning: the replay does not match the end state:\n  " + "\n  ".join(problems))
     return "\n".join(out)
+
+
+def _peaks_of(d: dict[str, Any], label: str) -> list[str]:
+    window = units.fmt_duration_us(d["window_us"])
+    out = [f"\n{label}: {d['events']:,} events"
+           + (f" over {window}" if d["window_us"] is not None else " (no timestamps)")
+           + (f", from {units.fmt_time_us(d['first_time_us'])}" if d["first_time_us"] else ""),
+           f"  baseline (live when the window began): {units.fmt_bytes(d['baseline_active_bytes'])}"
+           f" active, {units.fmt_bytes(d['baseline_reserved_bytes'])} reserved"]
+    rows = []
+    for rank, p in enumerate(d["peaks"], start=1):
+        event = "baseline" if p["event_index"] < 0 else f"{p['event_index']:,}"
+        rows.append([str(rank), event, units.fmt_time_us(p["time_us"]), units.fmt_bytes(p["active_bytes"]),
+                     units.fmt_bytes(p["reserved_bytes"]), units.fmt_bytes(p["allocated_est_bytes"]),
+                     units.fmt_bytes(p["transient_bytes"]), units.fmt_duration_us(p["duration_us"])])
+    out.append(text.table(["peak", "event", "time", "active", "reserved", "allocated (est.)",
+                           "transient", "held"], rows, right=[True, True, False] + [True] * 5))
+    return out
 
 
 def render_summary(f: dict[str, Any]) -> str:
@@ -43,10 +50,14 @@ def render_summary(f: dict[str, Any]) -> str:
     out = [f"{f['source']}",
            f"  format: {f['container']}, {f['layout']}",
            f"  torch: {v['range']} (inferred from: {'; '.join(v['evidence']) or 'nothing'})"]
-    for d in f["devices"]:
+    kind = f.get("device_type")
+    if kind and kind["value"] != "cuda":
+        out.append(f"  device type: {kind['value']} (inferred: {kind['evidence']})")
+    for d in [*f["devices"], *(f.get("host") or [])]:
         actions = ", ".join(f"{k} {n:,}" for k, n in d["actions"].items()) or "none"
         span = units.fmt_duration_us(d["duration_us"]) if d["duration_us"] is not None else "no timestamps"
-        out += [f"  device {d['device']}: {d['events']:,} events ({actions})",
+        label = f"device {d['device']}" if d in f["devices"] else "pinned host memory (not device memory)"
+        out += [f"  {label}: {d['events']:,} events ({actions})",
                 f"    window: {span}; ring buffer: {d['ring_buffer']}",
                 f"    end state: {d['segments']:,} segments, {units.fmt_bytes(d['reserved_bytes'])} reserved, "
                 f"{d['active_blocks']:,} active blocks; {d['events_with_frames']:,} events with frames"]
