@@ -27,7 +27,7 @@ from conftest import (
 from snapanalyze.errors import BadInputError
 from snapanalyze.load import load
 from snapanalyze.load.columns import to_snapshot
-from snapanalyze.model import ALLOC, FREE_COMPLETED, OOM, Snapshot
+from snapanalyze.model import ALLOC, ANNOTATE, FREE_COMPLETED, HOST_DEVICE, OOM, Snapshot
 
 MiB = 1024 * 1024
 
@@ -375,3 +375,37 @@ def test_segment_frame_of_dataframe_types() -> None:
     assert isinstance(s.blocks["state"].dtype, pd.CategoricalDtype)
     assert s.trace(0).addr.dtype == np.uint64
     assert s.trace(0).size.dtype == np.int64
+
+
+# -- the newest layouts (fixtures/generate.py builds one of each) -------------------------------------------
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+
+
+def test_torch_2_14_fields_load_into_their_own_columns() -> None:
+    s = load(SCENARIO_DIR / "torch214_graph_pools_host.pickle")
+    t = s.trace(0)
+    assert set(t.details.pool_id_names) == {"0,0", "1,0", "2,0"}            # pool_id on every entry (2.12+)
+    assert (t.action == ANNOTATE).sum() == 1
+    annotate = int(np.flatnonzero(t.action == ANNOTATE)[0])
+    assert t.user_metadata_names[t.user_metadata[annotate]] == "kv_cache"
+    assert "active_pending_free" in set(s.blocks["state"])
+    # pinned host memory: its own Snapshot on device -1, never in the device's numbers
+    assert s.host is not None and s.host.devices == [HOST_DEVICE] and s.devices == [0]
+    assert int(s.host.segments["total_size"].sum()) == 4 * 64 * MiB
+    assert len(s.host.trace(HOST_DEVICE)) == 12
+    assert not (s.segments["device"] < 0).any()
+
+
+def test_event_pool_ids_are_checked_before_they_are_hashed(tmp_path: Path) -> None:
+    raw = pickle.loads((SCENARIO_DIR / "torch214_graph_pools_host.pickle").read_bytes())
+    raw["device_traces"][0][5]["pool_id"] = ((((1,),),),)
+    with pytest.raises(BadInputError, match=r"device_traces\[0\]\[5\]\.pool_id is .*expected a pair of integers"):
+        load(write_pickle(tmp_path / "p.pickle", raw))
+
+
+def test_the_xpu_layout_loads_like_cuda() -> None:
+    s = load(SCENARIO_DIR / "xpu_kv_weights.pickle")
+    assert s.format.entry_keys == ("action", "addr", "size", "stream", "time_us", "frames")
+    assert s.allocator_settings == {"PYTORCH_ALLOC_CONF": "", "expandable_segments": False}
+    assert s.trace(0).user_metadata is None and s.trace(0).details.pool_id is None and s.host is None

@@ -80,8 +80,9 @@ def _pool_text(pool: Any, where: str) -> str:
     """A pool id as text: "a,b" from the (int, int) torch writes (a list in JSON), a short string as is."""
     if pool is None:
         return "0,0"
-    if isinstance(pool, (list, tuple)) and 1 <= len(pool) <= 4:
-        return ",".join(str(_integer(p, where)) for p in pool)
+    if isinstance(pool, (list, tuple)) and 1 <= len(pool) <= 4 and all(
+            isinstance(p, int) or (isinstance(p, float) and p.is_integer()) for p in pool):
+        return ",".join(str(int(p)) for p in pool)
     if isinstance(pool, str) and len(pool) <= 64:
         return clean_text(pool)
     items = f" of {len(pool)} items" if isinstance(pool, (list, tuple)) else ""
