@@ -278,3 +278,38 @@ def test_names_are_scoped_by_the_owning_module(tmp_path):
     assert "inside ResBlock.forward, which owns it" in got["reason"].tolist()[0]
     blind = attribute(snap, at="event:2").blocks
     assert set(blind["category"]) == {"other"}
+
+
+def test_the_pool_id_of_alloc_entries_proves_a_released_graph_pool(tmp_path):
+    """torch ≥ 2.12 writes the pool on every entry: blocks of a private pool released before the snapshot
+    are still graph_capture; without the field the end state cannot say so, and the frames decide."""
+    import pickle
+
+    path = SCENARIOS / "torch214_graph_pools_host.pickle"
+    expected = json.loads(path.with_name("torch214_graph_pools_host.expected.json").read_text())
+    with_pools = attribute(load(path)).summary.set_index("category")["bytes"].to_dict()
+    assert with_pools["graph_capture"] == expected["categories"]["graph_capture"]
+    raw = pickle.loads(path.read_bytes())
+    for entry in raw["device_traces"][0]:
+        entry.pop("pool_id")
+    stripped = tmp_path / "no-pool-id.pickle"
+    stripped.write_bytes(pickle.dumps(raw))
+    without = attribute(load(stripped)).summary.set_index("category")["bytes"].to_dict()
+    assert "graph_capture" not in without
+
+
+def test_an_annotation_naming_a_category_decides_it():
+    result = attribute(load(SCENARIOS / "torch214_graph_pools_host.pickle"))
+    annotated = result.blocks[result.blocks["annotation"] != ""]
+    assert annotated["annotation"].tolist() == ["kv_cache"]
+    assert annotated["category"].tolist() == ["kv_cache"] and annotated["rule"].tolist() == ["signal.annotation"]
+    assert not annotated["inferred"].any()
+
+
+def test_an_annotation_that_names_no_category_is_kept_not_obeyed():
+    from snapanalyze.analyze.annotations import annotated_category
+
+    assert annotated_category("category=logits", {"logits"}) == "logits"
+    assert annotated_category("KV_Cache", {"kv_cache"}) == "kv_cache"
+    assert annotated_category("prefix cache for tenant 7", {"kv_cache"}) is None
+    assert annotated_category("not_a_category", {"kv_cache"}) is None

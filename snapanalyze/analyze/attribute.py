@@ -65,6 +65,7 @@ from .state import ADVICE, CUBLAS_DEFAULT_WORKSPACE, StateGuess, persistent_stat
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
                  "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index", "annotation"]
+GATE_UP_GAP = 16   # trace entries between a gate/up output and the activation made from it (read right after)
 SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
                    "inferred_bytes"]
 # Vocabulary sizes of common LLM families, for the tokens × vocab logits heuristic.
@@ -378,7 +379,7 @@ class _Context:
     request_why: str               # how it was chosen, for the reason text
     vocab: frozenset[int]          # the vocabulary of the live embedding weight, if readable
     scores_floor: int              # half the largest block under a user-code attention function
-    mlp_outputs: frozenset[int]    # sizes of live MLP activation outputs (≥ 1 MiB)
+    mlp_outputs: dict[int, tuple[int, ...]]   # size → alloc indices of live MLP activation outputs (≥ 1 MiB)
     weight_sizes: dict[int, int]   # size → live weights of that size (for autocast copies of them)
     copy_sizes: dict[int, int]     # size → live blocks made by an autocast cast, of that size
     in_backward: bool              # the allocation that reached the instant ran in a backward pass
@@ -406,7 +407,7 @@ def _before_window(guess: StateGuess | None, freed_by: Decision | None, free_sit
 
 
 def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: bool, origin: str,
-             has_stack: bool, persistent: bool, ctx: _Context) -> Decision:
+             has_stack: bool, persistent: bool, alloc: int, ctx: _Context) -> Decision:
     """Block-level signals over the frames' decision, strongest first (see the module docstring)."""
     if pool != "0,0" and d.category in ("weights", "kv_cache") and not d.inferred:
         # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames prove
@@ -445,10 +446,11 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
             return Decision("logits", "shape.tokens_x_vocab",
                             f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
                             "vocabulary whose weight is live (inferred from the size)", d.frame, inferred=True)
-        if size % 2 == 0 and size // 2 in ctx.mlp_outputs:
+        if size % 2 == 0 and any(0 < j - alloc <= GATE_UP_GAP for j in ctx.mlp_outputs.get(size // 2, ())):
             return Decision("mlp", "shape.gate_up_of_mlp",
-                            f"size = 2 × a live MLP activation output ({size // 2:,} bytes): the fused gate/up "
-                            "projection that feeds it (inferred from the size)", d.frame, inferred=True)
+                            f"size = 2 × a live MLP activation output ({size // 2:,} bytes) allocated right after "
+                            "it: the fused gate/up projection that feeds it (inferred from the size and order)",
+                            d.frame, inferred=True)
     if size == CUBLAS_DEFAULT_WORKSPACE and persistent and d.category in ("other", "attention", "mlp", "logits"):
         return Decision("workspace", "shape.cublas_workspace",
                         f"never freed, and its size is PyTorch's default cuBLAS workspace ({size:,} B), which the "
@@ -579,12 +581,12 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         request=request, request_why=request_why,
         vocab=vocab_hints(sizes[weights]),
         scores_floor=max((int(sz) for sz, d in zip(sizes, decisions) if _user_attention(d)), default=0) // 2,
-        mlp_outputs=frozenset(int(sz) for sz, c in zip(sizes, categories) if c == "mlp" and sz >= (1 << 20)),
+        mlp_outputs=_indices_by_size(sizes, alloc_index, (categories == "mlp") & (sizes >= (1 << 20))),
         weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
         in_backward="autograd" in decider.decide(instant_stack).context,
     )
     final = [_signals(d, int(sizes[i]), pools[i], metadata[i], bool(by_time[i]), origin[i], stack[i] >= 0,
-                      free_index[i] < 0, ctx) for i, d in enumerate(decisions)]
+                      free_index[i] < 0, int(alloc_index[i]), ctx) for i, d in enumerate(decisions)]
     scores = frozenset(int(sz) for sz, d in zip(sizes, final) if d.category == "fallback_kernel" and sz >= 8 << 20)
     final = [_scores_backward(d, int(sz), scores) for d, sz in zip(final, sizes)] if scores else final
     notes = annotations_at(trace, addr, alloc_index, event if event >= 0 else None)
@@ -616,6 +618,13 @@ def _module_may_decide(d: Decision, rules: RuleSet) -> bool:
     if d.category == "other":
         return True
     return d.rule.startswith("generic.") and rules.categories[d.category].owner == "innermost"
+
+
+def _indices_by_size(sizes: np.ndarray, alloc_index: np.ndarray, mask: np.ndarray) -> dict[int, tuple[int, ...]]:
+    out: dict[int, list[int]] = {}
+    for size, index in zip(sizes[mask].tolist(), alloc_index[mask].tolist()):
+        out.setdefault(size, []).append(index)
+    return {size: tuple(found) for size, found in out.items()}
 
 
 def _counts(sizes: np.ndarray) -> dict[int, int]:
