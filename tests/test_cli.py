@@ -41,6 +41,20 @@ def run(*args: str) -> Result:
 
 # -- peaks --------------------------------------------------------------------------------------------------
 
+def test_peaks_report_pinned_host_memory_apart_from_the_device() -> None:
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios" / "torch214_graph_pools_host.pickle"
+    expected = json.loads(path.with_name("torch214_graph_pools_host.expected.json").read_text())
+    doc = json.loads(run("peaks", path, "--format", "json").stdout)
+    assert doc["devices"][0]["peak"]["active_bytes"] == expected["peak"]["active_bytes"]   # no host bytes in it
+    (host,) = doc["host"]
+    assert host["device"] == "host"
+    assert host["peak"]["active_bytes"] == expected["host"]["peak"]["active_bytes"]
+    assert host["peak"]["event_index"] == expected["host"]["peak"]["event_index"]
+    table = run("peaks", path).stdout
+    assert "pinned host memory (not device memory): 12 events" in table
+    assert json.loads(run("peaks", EXACT_FILE, "--format", "json").stdout)["host"] is None
+
+
 def test_peaks_table_names_baseline_and_peaks(real_raw: dict[str, Any]) -> None:
     ref = naive_replay(real_raw[EXACT_FILE.name], 0)
     result = run("peaks", EXACT_FILE)

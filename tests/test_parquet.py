@@ -269,3 +269,24 @@ def test_force_replaces_only_converted_tables(tmp_path):
             write_tables(snap, target, force=True)
     assert (mine / "todo.txt").read_text() == "keep me" and fifo.is_fifo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "notes"]
+
+
+def test_warnings_and_what_tables_leave_out_survive_conversion(tmp_path: Path) -> None:
+    import pickle
+    import warnings
+
+    from snapanalyze.errors import InputWarning
+
+    scenario = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios" / "torch214_graph_pools_host.pickle"
+    raw = pickle.loads(scenario.read_bytes())
+    trace = raw["device_traces"][0]
+    trace[3]["time_us"], trace[4]["time_us"] = trace[4]["time_us"], trace[3]["time_us"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InputWarning)
+        snapshot = load(write_pickle(tmp_path / "s.pickle", raw))
+        write_tables(snapshot, tmp_path / "tables")
+        again = load(tmp_path / "tables")
+    assert again.trace(0).time_us is None                       # withheld times stay withheld
+    assert again.warnings[0] == snapshot.warnings[0] and "runs backwards" in again.warnings[0]
+    assert any("pinned host memory (4 host segments) is not kept" in w for w in again.warnings)
+    assert any("runs backwards" in str(w.message) for w in caught)

@@ -177,3 +177,21 @@ def test_ring_buffer_notes() -> None:
     assert facts["devices"][0]["ring_buffer"].startswith("probably full")
     facts = summarize(to_snapshot(built().build(), "x", "pickle"))
     assert facts["devices"][0]["ring_buffer"].startswith("state only")
+
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+
+
+def test_the_device_type_is_inferred_and_said_to_be() -> None:
+    xpu = summarize(load(SCENARIO_DIR / "xpu_kv_weights.pickle"))["device_type"]
+    assert xpu["value"] == "xpu" and xpu["inferred"] and "PYTORCH_ALLOC_CONF" in xpu["evidence"]
+    assert summarize(load(SCENARIO_DIR / "kv_weights_baseline.pickle"))["device_type"]["value"] == "cuda"
+
+
+def test_pinned_host_memory_is_described_apart_from_the_devices() -> None:
+    facts = summarize(load(SCENARIO_DIR / "torch214_graph_pools_host.pickle"))
+    assert [d["device"] for d in facts["devices"]] == [0]
+    (host,) = facts["host"]
+    assert host["device"] == "host" and host["segments"] == 4 and host["reserved_bytes"] == 256 * 1024 * 1024
+    assert facts["torch_version"]["range"] == "≥ 2.14"
+    assert summarize(load(SCENARIO_DIR / "kv_weights_baseline.pickle"))["host"] is None

@@ -191,7 +191,8 @@ def _bases() -> list[Any]:
     two_devices.alloc(BASE + 8 * MiB, MiB)
     return [snapshot(), two_devices.build(n_devices=2),
             pickle.loads((ROOT / "fixtures/scenarios/oom_fragmentation.pickle").read_bytes()),
-            pickle.loads((ROOT / "fixtures/real/flexgen-oom-t2.0.pickle").read_bytes())]
+            pickle.loads((ROOT / "fixtures/real/flexgen-oom-t2.0.pickle").read_bytes()),
+            pickle.loads((ROOT / "fixtures/scenarios/torch214_graph_pools_host.pickle").read_bytes())]
 
 
 BASES = _bases()

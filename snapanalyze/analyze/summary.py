@@ -163,7 +163,8 @@ def summarize(s: Snapshot) -> dict[str, Any]:
             "legacy_block_history": s.format.legacy_block_history,
         },
         "allocator_settings": s.allocator_settings,
-        "host": summarize(s.host)["devices"] if s.host is not None else None,   # pinned host memory, apart
+        "host": ([{**d, "device": "host"} for d in summarize(s.host)["devices"]]    # pinned host memory, apart
+                 if s.host is not None else None),
         "ooms": ooms.astype(object).where(ooms.notna(), None).to_dict("records"),
         "unknown_actions": sorted({n for t in s.traces.values() for n in t.action_names[10:]}),
     }

@@ -93,8 +93,17 @@ def _fill(snapshot: Snapshot, staging: Path) -> None:
     meta = {"schema_version": layout.SCHEMA_VERSION, "source": snapshot.source,
             "format": dataclasses.asdict(snapshot.format), "allocator_settings": snapshot.allocator_settings,
             "trace_devices": sorted(snapshot.traces),
-            "action_names": {str(d): list(t.action_names) for d, t in snapshot.traces.items()}}
+            "action_names": {str(d): list(t.action_names) for d, t in snapshot.traces.items()},
+            "warnings": [*snapshot.warnings, *_not_kept(snapshot)]}
     (staging / layout.TABLES_META).write_text(json.dumps(meta, indent=1, default=str))
+
+
+def _not_kept(snapshot: Snapshot) -> list[str]:
+    """What the tables leave out of the snapshot, said once in snapshot.json and on every read."""
+    if snapshot.host is None:
+        return []
+    return [f"pinned host memory ({len(snapshot.host.segment_columns['address']):,} host segments) is not kept "
+            "in converted tables: analyse the pickle to see it"]
 
 
 # The columns a reader uses, per table: name → (kind, nullable). Kinds: "int" (an integer type), "bool", "str"
@@ -407,6 +416,9 @@ def check_tables_meta(meta: Any, path: Path) -> dict[str, Any]:
            path, "action_names", "an object of lists of action names", names)
     settings = meta.get("allocator_settings")
     expect(settings is None or isinstance(settings, dict), path, "allocator_settings", "an object", settings)
+    warnings = meta.get("warnings", [])
+    expect(isinstance(warnings, list) and all(isinstance(w, str) for w in warnings), path, "warnings",
+           "a list of strings", warnings)
     return meta
 
 
@@ -456,6 +468,7 @@ def _read_tables(directory: Path, meta: dict[str, Any]) -> Snapshot:
         segment_columns=segments, block_columns=blocks,
         annotations_source=functools.partial(_annotations, directory),
         allocator_settings=meta.get("allocator_settings"),
+        warnings=tuple(meta.get("warnings", [])),
         format=Format(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fmt.items()}),  # type: ignore[arg-type]
         interner_source=functools.partial(_interner, directory),
     )

@@ -219,4 +219,4 @@ def validate(snapshot: Snapshot) -> Snapshot:
     if not warnings and host is snapshot.host:
         return snapshot
     return dataclasses.replace(snapshot, traces=traces, allocator_settings=settings, host=host,
-                               warnings=(*snapshot.warnings, *warnings))
+                               warnings=tuple(dict.fromkeys((*snapshot.warnings, *warnings))))

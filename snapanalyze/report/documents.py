@@ -58,8 +58,13 @@ def peaks_document(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[st
     `find_peaks` rows (a DataFrame, or `peak_records`); `host`: the same for pinned host memory (torch ≥ 2.14,
     `Snapshot.host`), kept apart from the devices (null when the file has none)."""
     return {"source": timeline.snapshot.source, "devices": _peak_devices(timeline, peaks),
-            "host": _peak_devices(*host) if host is not None else None,
+            "host": host_entries(_peak_devices(*host)) if host is not None else None,
             "notes": {"allocated_est_bytes": "estimate: rounded block sizes, exact only for blocks in segments"}}
+
+
+def host_entries(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pinned host memory's entries name their device "host", not the −1 the columns keep it on."""
+    return [{**d, "device": "host"} for d in devices]
 
 
 def _peak_devices(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -247,9 +247,14 @@ def verdict_section(report: Report) -> Section | None:
         for device in view.devices:
             if view.details.get(device):
                 lines += peak_sentences(view, view.main(device))
+        whose = "" if view.rank is None else f" of rank {view.rank.rank}"
+        if view.snapshot.warnings:
+            lines.append(f"Warning: the snapshot{whose} has inconsistencies the analysis worked around "
+                         f"({view.snapshot.warnings[0]}"
+                         + (f", and {len(view.snapshot.warnings) - 1} more" if len(view.snapshot.warnings) > 1 else "")
+                         + "); see Snapshot facts.")
         problems = view.timeline.check_invariants()
         if problems:
-            whose = "" if view.rank is None else f" of rank {view.rank.rank}"
             lines.append(f"Warning: the replay{whose} does not match the end state ({problems[0]}"
                          + (f", and {len(problems) - 1} more" if len(problems) > 1 else "")
                          + "); see Snapshot facts.")
@@ -466,7 +471,7 @@ def facts_section(report: Report) -> Section | None:
         shown = [(k, repr(v)) for k, v in sorted(settings.items())] if isinstance(settings, dict) else []
         source = view.redactor.path(view.snapshot.source)
         part = render("sections/facts.html.j2", facts=facts, source=source, settings=shown, notes=notes,
-                      problems=view.timeline.check_invariants())
+                      problems=view.timeline.check_invariants(), warnings=list(view.snapshot.warnings))
         if view.rank is not None:
             part = render("sections/rank_heading.html.j2", rank=view.rank.rank, tag=view.rank.tag) + part
         parts.append(part)
