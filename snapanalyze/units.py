@@ -1,7 +1,10 @@
 """Units for people: bytes in binary units, µs timestamps and durations, shares — and sizes parsed back.
 
 Contract: pure functions used by analyses (in the sentences they write) and renderers alike, so neither
-layer imports the other for them. `fmt_bytes` uses binary units with two decimals; None becomes `none`.
+layer imports the other for them. `fmt_bytes` uses binary units with two decimals, in the largest unit
+that keeps the number below 1000 (1018.85 MiB reads 0.99 GiB, so a column never holds four-digit sizes);
+None becomes `none`. `fmt_signed_bytes` prefixes a "+" on growth and writes zero as "0 B", never a bare 0.
+`fmt_count(n, noun)` is a count with its noun in the right number ("1 event", "2,048 events").
 `parse_bytes` reads sizes as people write them ("70GiB", "1.5GB", "512 MiB", plain bytes).
 """
 
@@ -23,10 +26,21 @@ def fmt_bytes(n: int | float | None, none: str = "–") -> str:
     sign = "-" if value < 0 else ""
     value = abs(value)
     for unit in _UNITS:
-        if value < 1024 or unit == _UNITS[-1]:
-            return f"{sign}{int(value)} {unit}" if unit == "B" else f"{sign}{value:.2f} {unit}"
+        shown = int(value) if unit == "B" else round(value, 2)
+        if shown < 1000 or unit == _UNITS[-1]:
+            return f"{sign}{shown} {unit}" if unit == "B" else f"{sign}{shown:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def fmt_signed_bytes(n: int | float) -> str:
+    """A change in bytes: "+1.50 GiB", "-12.00 MiB", and "0 B" for no change."""
+    return ("+" if n > 0 else "") + fmt_bytes(n) if n else "0 B"
+
+
+def fmt_count(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 event", "0 events", "2,048 events"; `plural` for a noun that does not just take an "s"."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def fmt_time_us(t: int | None) -> str:

@@ -5,17 +5,24 @@ from __future__ import annotations
 import pytest
 
 from snapanalyze.report.text import table
-from snapanalyze.units import fmt_bytes, fmt_duration_us, fmt_share, fmt_time_us
+from snapanalyze.units import fmt_bytes, fmt_count, fmt_duration_us, fmt_share, fmt_signed_bytes, fmt_time_us
+
+MiB = 1 << 20
 
 
 @pytest.mark.parametrize(("n", "text"), [
     (0, "0 B"),
     (1, "1 B"),
-    (1023, "1023 B"),
+    (999, "999 B"),
+    (1000, "0.98 KiB"),                     # never four digits before the point: the next unit up
+    (1023, "1.00 KiB"),
     (1024, "1.00 KiB"),
     (1536, "1.50 KiB"),
     (1024**2, "1.00 MiB"),
     (13_923_997_700, "12.97 GiB"),
+    (int(1018.85 * MiB), "0.99 GiB"),
+    (int(999.996 * 1024), "0.98 MiB"),     # rounds to 1000.00 KiB, so it reads in MiB
+    (999 * MiB, "999.00 MiB"),
     (3 * 1024**4, "3.00 TiB"),
     (5 * 1024**5, "5.00 PiB"),
     (2048 * 1024**5, "2048.00 PiB"),  # no unit past PiB
@@ -30,6 +37,20 @@ def test_fmt_bytes(n: int, text: str) -> None:
 
 def test_fmt_bytes_none() -> None:
     assert fmt_bytes(None) == "–"
+
+
+def test_fmt_signed_bytes_always_has_a_unit() -> None:
+    assert fmt_signed_bytes(0) == "0 B"
+    assert fmt_signed_bytes(1536) == "+1.50 KiB"
+    assert fmt_signed_bytes(-12 * MiB) == "-12.00 MiB"
+
+
+def test_fmt_count_says_one_in_the_singular() -> None:
+    assert fmt_count(1, "event") == "1 event"
+    assert fmt_count(0, "event") == "0 events"
+    assert fmt_count(2048, "event") == "2,048 events"
+    assert fmt_count(1, "category", "categories") == "1 category"
+    assert fmt_count(3, "category", "categories") == "3 categories"
 
 
 def test_fmt_time_us_is_utc_with_microseconds() -> None:
@@ -78,3 +99,16 @@ def test_table_numeric_detection() -> None:
 
 def test_table_without_rows() -> None:
     assert table(["peak", "event"], []).splitlines() == ["peak  event", "----  -----"]
+
+
+def test_table_fits_a_width_wrapping_text_and_keeping_numbers_whole() -> None:
+    rows = [["weights", "1.00 GiB", "model.py:12:forward (1.00 GiB); /srv/app/very/long/module/path.py:1234:load"],
+            ["activations", "512.00 MiB", "–"]]
+    plain = table(["name", "bytes", "sites"], rows)
+    assert table(["name", "bytes", "sites"], rows, width=200) == plain          # it fits: the same text
+    fitted = table(["name", "bytes", "sites"], rows, width=50).splitlines()
+    assert max(map(len, fitted)) <= 50
+    assert fitted[:2] == ["name              bytes  sites", "-----------  ----------  " + "-" * 25]
+    assert fitted[2].startswith("weights        1.00 GiB  model.py:12:forward")
+    assert "512.00 MiB" in fitted[-1]
+    assert "".join(line[25:] for line in fitted[2:-1]).replace(" ", "") == rows[0][2].replace(" ", "")

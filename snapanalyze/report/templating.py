@@ -3,7 +3,8 @@
 Contract: `environment()` returns one shared Environment over `report/templates/` with autoescaping on for
 every template (so any text from a snapshot — frame names, file paths, metadata — is escaped), undefined
 names raising, and the display filters: `bytes` (binary units), `int` (thousands separators), `share` (a
-percentage) and `duration` (µs in the unit that reads best), formatted as the terminal shows them.
+percentage), `duration` (µs in the unit that reads best) and `count` (`n|count("event")`: "1 event",
+"2 events"), formatted as the terminal shows them.
 `render(name, **values)` renders one template to Markup.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from ..units import fmt_bytes, fmt_duration_us, fmt_share
+from ..units import fmt_bytes, fmt_count, fmt_duration_us, fmt_share
 
 
 def _int(value: Any) -> str:
@@ -27,7 +28,8 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("snapanalyze.report", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    env.filters.update({"bytes": fmt_bytes, "int": _int, "share": fmt_share, "duration": fmt_duration_us})
+    env.filters.update({"bytes": fmt_bytes, "int": _int, "share": fmt_share, "duration": fmt_duration_us,
+                        "count": fmt_count})
     return env
 
 
