@@ -221,3 +221,50 @@ def test_a_pickle_inside_a_run_reads_its_rank_samples() -> None:
     items, problems = explain_path(RUNS / "oom_other_process" / "rank=0" / "snapshot-oom-1.pickle")
     assert items[0].rank == 0 and problems == []
     assert items[0].explanation.ooms.iloc[0]["verdict"] == "outside_pressure"
+
+
+# -- advice in the words of the program (report/advice.toml per engine) -----------------------------------
+
+VLLM_KNOBS = ("--gpu-memory-utilization", "--max-num-batched-tokens", "--max-num-seqs", "--enforce-eager")
+SGLANG_KNOBS = ("--mem-fraction-static", "--chunked-prefill-size", "--max-running-requests", "--cuda-graph-max-bs")
+
+
+def test_advice_names_the_knobs_of_the_engine_that_ran() -> None:
+    verdict = explain_oom(scenario("oom_live_exhaustion")[0]).verdicts[0]
+    sglang = oom_text.advice(verdict, "sglang")
+    assert sglang[0].startswith("a smaller KV cache pool: a lower --mem-fraction-static")
+    assert "kv_cache holds 8.47 GiB" in sglang[0]
+    plain = oom_text.advice(verdict)                        # no engine known: plain PyTorch, no engine's knob
+    assert not any(k in " ".join(plain) for k in VLLM_KNOBS + SGLANG_KNOBS)
+    items, _ = explain_path(RUNS / "oom_other_process")
+    other = items[0].explanation.verdicts[0]
+    assert "--gpu-memory-utilization" in oom_text.advice(other, "vllm")[0]
+    assert "--mem-fraction-static" in oom_text.advice(other, "sglang")[0]
+    assert oom_text.advice(other)[0].startswith("give this process the device to itself")
+    assert "gpu" not in oom_text.advice(other)[0]
+
+
+def test_each_engine_table_speaks_only_its_own_knobs() -> None:
+    table = oom_text._advice_table()
+    texts = {name: " ".join([str(v) for v in t.values() if isinstance(v, str)] + list(t.get("categories", {}).values()))
+             for name, t in table.items() if isinstance(t, dict)}
+    assert set(texts) == {"pytorch", "vllm", "sglang", "transformers", "training"}
+    assert not any(k in texts[name] for name in ("pytorch", "sglang", "transformers", "training") for k in VLLM_KNOBS)
+    assert not any(k in texts[name] for name in ("pytorch", "vllm", "transformers", "training") for k in SGLANG_KNOBS)
+
+
+def test_category_advice_falls_back_from_the_engine_to_plain_pytorch() -> None:
+    table = oom_text._advice_table()
+    assert oom_text.category_advice("communication", "vllm") == table["pytorch"]["categories"]["communication"]
+    assert oom_text.category_advice("attention", "training").startswith("activation checkpointing")
+    assert oom_text.category_advice("mlp", "vllm") == table["vllm"]["chunk"]
+    assert oom_text.category_advice("attention") == table["pytorch"]["chunk"]
+    assert oom_text.category_advice("no_such_category", "sglang") == table["sglang"]["chunk"]
+
+
+def test_peak_advice_adds_the_training_state_levers_when_it_is_live() -> None:
+    advice = oom_text.peak_advice("attention", "training", live=["weights", "optimizer_state", "attention"])
+    assert len(advice) == 2 and advice[0].startswith("for attention, activation checkpointing")
+    assert advice[1].startswith("for optimizer_state, less optimizer state per device: shard it")
+    assert oom_text.peak_advice("attention", "training", live=["attention"]) == advice[:1]
+    assert oom_text.peak_advice(None, "vllm", live=["optimizer_state"]) == []

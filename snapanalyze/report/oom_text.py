@@ -1,20 +1,27 @@
 """The words of an OOM verdict: why an allocation failed, what would have helped, why nothing failed.
 
-Contract: `why(v)` and `advice(v)` turn an `analyze.oom.OomVerdict` into the sentence that states its
-arithmetic and the list of things that would have helped; `no_oom_message(n)` words an `analyze.oom.NoOom`.
-The per-category advice is data (`advice.toml`). Bytes are in binary units; an unknown number is "unknown".
-Nothing here computes a number the verdict does not carry.
+Contract: `why(v)` and `advice(v, engine)` turn an `analyze.oom.OomVerdict` into the sentence that states
+its arithmetic and the list of things that would have helped; `no_oom_message(n)` words an
+`analyze.oom.NoOom`. `category_advice(category, engine)` is what would shrink one category, and
+`peak_advice(category, engine, live)` what would lower a peak that `category` made (plus the advice an
+engine gives for its state whenever it is live, e.g. optimizer state in training). The advice is data
+(`advice.toml`), in the words of the engine (`analyze.engine`: "vllm", "sglang", "transformers",
+"training"; "pytorch", the default, for plain PyTorch, which also answers what an engine leaves out), so
+a vLLM knob is only ever named for a vLLM program. Bytes are in binary units; an unknown number is
+"unknown". Nothing here computes a number the verdict does not carry.
 """
 
 from __future__ import annotations
 
 import functools
 import tomllib
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 from ..analyze.oom import Advice, NoOom, OomVerdict
 from ..units import fmt_bytes as _fmt
+from ..units import fmt_count
 
 MiB = 1 << 20
 
@@ -63,23 +70,49 @@ def why(v: OomVerdict) -> str:
                if v.capacity_bytes is not None and v.outside_bytes is not None else ""))
 
 
-def _one(a: Advice) -> str:
+def _entry(engine: str, key: str) -> Any:
+    """`key` of the engine's advice table, else plain PyTorch's."""
+    table = _advice_table()
+    mine = table.get(engine, {})
+    return mine[key] if key in mine else table["pytorch"][key]
+
+
+def category_advice(category: str, engine: str = "pytorch") -> str:
+    """What would shrink `category` in a program run by `engine`: the engine's advice for it, else (for an
+    activation) its chunk advice, else plain PyTorch's advice for it, else the engine's chunk advice."""
+    table = _advice_table()
+    own = table.get(engine, {}).get("categories", {})
+    if category in own:
+        return str(own[category])
+    if category in table["activations"]:
+        return str(_entry(engine, "chunk"))
+    return str(table["pytorch"]["categories"].get(category, _entry(engine, "chunk")))
+
+
+def peak_advice(category: str | None, engine: str = "pytorch", live: Sequence[str] = ()) -> list[str]:
+    """What would lower a peak that `category` made (None: no category rose), then the advice for the
+    categories the engine always advises on (`also`) among `live`, each once."""
+    names = [category] if category else []
+    names += [c for c in _entry(engine, "also") if c in live and c not in names]
+    return [f"for {name}, {category_advice(name, engine)}" for name in names]
+
+
+def _one(a: Advice, engine: str) -> str:
     x = a.values
     if a.kind == "expandable_segments":
         return (f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — {fmt_bytes(x['reserved_free_bytes'])} is "
                 f"reserved but free in holes of at most {fmt_bytes(x['largest_free_bytes'])}; expandable segments "
                 "grow one mapping instead of leaving holes between live blocks")
     if a.kind == "max_split":
-        return (f"max_split_size_mb:{x['split_mb']} — {x['segments']} large cached segment(s) were split, leaving "
+        return (f"max_split_size_mb:{x['split_mb']} — {fmt_count(x['segments'], 'large cached segment')} "
+                f"{'was' if x['segments'] == 1 else 'were'} split, leaving "
                 f"{fmt_bytes(x['free_bytes'])} free beside live blocks; blocks of at least that size are then never "
                 "split, so they can be released whole")
     if a.kind == "isolate":
-        return ("give this process the device to itself (CUDA_VISIBLE_DEVICES, MPS / MIG limits) or lower "
-                "gpu_memory_utilization so its budget leaves room for what runs beside it")
+        return str(_entry(engine, "isolate"))
     if a.kind == "category":
-        table = _advice_table()
         name = x["category"]
-        text = table["chunk"] if name in table["activations"] else table["categories"].get(name, table["chunk"])
+        text = category_advice(name, engine)
         where = "allocated in the trace window and live at the failure" if x["in_window"] else "live at the failure"
         return f"{text} — {name} holds {fmt_bytes(x['bytes'])} {where}"
     if a.kind == "free_live":
@@ -87,9 +120,9 @@ def _one(a: Advice) -> str:
     raise ValueError(f"unknown advice kind {a.kind!r}")
 
 
-def advice(v: OomVerdict) -> list[str]:
-    """What would have helped, in the verdict's order."""
-    return [_one(a) for a in v.advice]
+def advice(v: OomVerdict, engine: str = "pytorch") -> list[str]:
+    """What would have helped, in the verdict's order, in the words of `engine`."""
+    return [_one(a, engine) for a in v.advice]
 
 
 def no_oom_message(n: NoOom) -> str:
