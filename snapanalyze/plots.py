@@ -6,15 +6,21 @@ figure is the same whatever plotly's default template is). Nothing here prints, 
 Byte axes are in GiB; hover texts give exact byte counts where the value is exact.
 
 - `timeline_figure`: active, reserved and allocated (estimate) bytes of one device over the trace window,
-  with each peak (and each OOM entry) marked at its exact value. Long traces are drawn from a min/max
-  envelope (`envelope_indices`) so spikes stay visible while the figure stays small; peak markers are
-  always exact. Given a run's NVML samples it adds NVML used as a line of its sampled points (the samples
-  inside the window and one on each side), and given a `phase_table` the phases (kinds "phase" and
-  "annotation") as shaded bands, at most `MAX_BANDS` of them (the longest), coloured by phase name.
-- `categories_figure`: the stacked bytes per category at sampled instants (`analyze.over_time`).
-- `icicle_figure`: the live stacks at one instant, category → frames outermost → innermost, with the
-  RuleSet's plumbing frames hidden, runs of single-child frames merged, and small branches folded so the
-  node count stays bounded.
+  drawn as steps (memory changes only at events: between two events a curve is flat, never a ramp), with
+  each peak (and each OOM entry) marked at its exact value. Long traces are drawn from a min/max envelope
+  (`envelope_indices`) so spikes stay visible while the figure stays small; peak markers are always exact.
+  Given a run's NVML samples it adds NVML used as a line of its sampled points (the samples inside the
+  window and one on each side), and given a `phase_table` the phases (kinds "phase" and "annotation") as
+  shaded bands: the few that matter drawn and labelled (around each peak, the largest risers), the rest
+  behind one legend entry, hidden until clicked (at most `MAX_BANDS` in all), coloured by phase name.
+- `categories_figure`: the stacked bytes per category at the attributed instants (`analyze.over_time`),
+  drawn as steps, with the exact active curve over them.
+- `segment_map_figure`: a `SegmentMap` (`analyze.segment_map`): each segment a bar of its active, pending
+  free and free pieces, the largest free block outlined and a failed request drawn to scale.
+- `icicle_figure`: the live stacks at one instant, category → frames outermost → innermost (Python frames
+  only where a stack has any, C++ frames where it has nothing else), with the RuleSet's plumbing frames
+  hidden, runs of single-child frames merged, and small branches folded so the node count stays bounded;
+  labels too small to read at the default size are hidden (the hover keeps them).
 - `compare_figure`: bytes per category at two instants side by side.
 - `ranks_figure`: per rank (and device) of a run, the bytes per category at its peak, stacked, with NVML
   used at the peak marked (`analyze.ranks` tables).
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import heapq
 import html
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +44,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .analyze.attribute import Attribution
+from .analyze.segment_map import SegmentMap
 from .replay import DeviceTimeline, Timeline
 from .stacks import is_python_frame, short_path
 from .units import fmt_bytes, fmt_duration_us
@@ -67,8 +75,11 @@ CURVE_COLORS = {"active": "#1f77b4", "reserved": "#7f7f7f", "allocated_est": "#2
 # Phase bands: a soft colour per phase name, in order of first appearance.
 PHASE_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#8172b2", "#937860", "#da8bc3", "#ccb974", "#64b5cd")
 BAND_KINDS = ("phase", "annotation")     # drawn as bands; requests and user_metadata spans are not
-MAX_BANDS = 40                           # per figure; the longest phases are drawn, a note counts the rest
+MAX_BANDS = 200                          # per figure, drawn and on demand; a note counts the rest
+MAX_SHOWN_BANDS = 8                      # bands drawn and labelled: around the peaks, then the largest risers
 MAX_BAND_LEGEND = 10                     # phase names with a legend entry
+ICICLE_FONT = 12                         # px: icicle labels at this size,
+ICICLE_MIN_FONT = 10                     # and hidden (kept in the hover) where a box cannot show them at this
 SERIES_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 
@@ -91,6 +102,15 @@ def frame_label(frame: tuple[str, int, str]) -> str:
     if is_python_frame(filename):
         return f"{name} ({short_path(filename)}:{line})"
     return cpp_symbol(name)
+
+
+def _box_label(label: str) -> str:
+    """An icicle box's text: a frame label with its file as a bare name ('forward (model.py:520)')."""
+    match = re.fullmatch(r"(.*) \((.+):(\d+)\)", label)
+    if match is None:
+        return label
+    name, path, line = match.groups()
+    return f"{name} ({path.rsplit('/', 1)[-1]}:{line})"
 
 
 def cpp_symbol(name: str) -> str:
@@ -225,7 +245,7 @@ def timeline_figure(timeline: Timeline, device: int, peaks: pd.DataFrame | None 
     if nvml is not None:
         _add_nvml(fig, dt, axis, nvml, buckets)
     if phases is not None:
-        _add_bands(fig, dt, axis, phases, max_bands)
+        _add_bands(fig, dt, axis, phases, max_bands, keep)
     return fig
 
 
@@ -262,17 +282,22 @@ def _add_nvml(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, nvml: pd.DataF
 
 
 def _phase_names(rows: pd.DataFrame) -> list[str]:
-    """'prefill #2' when a phase name occurs more than once on the device, else the bare name."""
-    counts = rows["phase"].value_counts()
-    return [f"{p} #{int(o)}" if counts[p] > 1 else str(p) for p, o in zip(rows["phase"], rows["occurrence"])]
+    """Each phase's name as `snapanalyze phases` prints it and --phase accepts it ('prefill#2' when the name
+    is repeated, else the bare name: `analyze.phases.phase_label`)."""
+    return [str(label) for label in rows["label"]]
 
 
-def _add_bands(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, phases: pd.DataFrame, max_bands: int) -> None:
+def _add_bands(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, phases: pd.DataFrame, max_bands: int,
+               peaks: Sequence[int] = (), shown: int = MAX_SHOWN_BANDS) -> None:
+    """The phases of `dt.device` as bands behind the curves. The few that matter are drawn and labelled: the
+    innermost span holding each of `peaks` (in order), then the largest risers (transient bytes), `shown` in
+    all. The rest — up to `max_bands` bands in all, the longest — are there on demand: one legend entry,
+    "more phases", hidden until clicked; a note counts the phases beyond that."""
     rows = phases[(phases["device"] == dt.device) & phases["kind"].isin(BAND_KINDS)]
     if not len(rows) or len(dt) == 0:
         return
     span = _span(dt, axis)
-    bands = []
+    bands = []                          # (x0, x1, phase, label, start_index, end_index, transient)
     for r, name in zip(rows.itertuples(index=False), _phase_names(rows)):
         lo, hi = int(r.start_index), int(r.end_index)
         if axis.origin_us is None:                       # no timestamps: x is the event index
@@ -282,15 +307,31 @@ def _add_bands(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, phases: pd.Da
             x1 = span if pd.isna(r.end_us) else min(span, (int(r.end_us) - axis.origin_us) / axis.scale)
         if x1 < x0:
             continue
-        bands.append((x0, x1, str(r.phase), name))
-    drawn = sorted(bands, key=lambda b: (-(b[1] - b[0]), b[0], b[3]))[:max_bands]
-    drawn.sort(key=lambda b: (b[0], -(b[1] - b[0]), b[3]))
+        rise = 0 if pd.isna(r.transient_bytes) else int(r.transient_bytes)
+        bands.append((x0, x1, str(r.phase), name, lo, hi, rise))
+    chosen: list[int] = []
+    for peak in peaks:                                   # the innermost span around each peak
+        around = [i for i, b in enumerate(bands) if b[4] <= peak <= b[5] and b[5] >= b[4]]
+        if around:
+            best = min(around, key=lambda i: (bands[i][5] - bands[i][4], -bands[i][4], i))
+            if best not in chosen and len(chosen) < shown:
+                chosen.append(best)
+    for i in sorted(range(len(bands)), key=lambda i: (-bands[i][6], bands[i][0], i)):
+        if len(chosen) >= shown:
+            break
+        if i not in chosen:
+            chosen.append(i)
+    rest = sorted((i for i in range(len(bands)) if i not in chosen),
+                  key=lambda i: (-(bands[i][1] - bands[i][0]), bands[i][0], i))[:max(0, max_bands - len(chosen))]
     colors: dict[str, str] = {}
-    for _, _, phase, _ in sorted(bands, key=lambda b: (b[0], b[3])):
-        colors.setdefault(phase, PHASE_COLORS[len(colors) % len(PHASE_COLORS)])
-    labels = _spread_labels(np.array([b[0] for b in drawn], dtype=np.float64), [b[3] for b in drawn], span, 0.06)
+    for b in sorted(bands, key=lambda b: (b[0], b[3])):
+        colors.setdefault(b[2], PHASE_COLORS[len(colors) % len(PHASE_COLORS)])
+    drawn = sorted(chosen, key=lambda i: (bands[i][0], -(bands[i][1] - bands[i][0]), bands[i][3]))
+    labels = _spread_labels(np.array([bands[i][0] for i in drawn], dtype=np.float64), [bands[i][3] for i in drawn],
+                            span, 0.06)
     legend: set[str] = set()
-    for (x0, x1, phase, _), label in zip(drawn, labels):
+    for i, label in zip(drawn, labels):
+        x0, x1, phase = bands[i][0], bands[i][1], bands[i][2]
         show = phase not in legend and len(legend) < MAX_BAND_LEGEND
         if show:
             legend.add(phase)
@@ -302,15 +343,27 @@ def _add_bands(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, phases: pd.Da
             fig.add_annotation(x=x1 if right else x0, y=0, xref="x", yref="paper", text=escape(label),
                                showarrow=False, xanchor="right" if right else "left", yanchor="bottom",
                                font={"size": 10, "color": colors[phase]}, bgcolor="rgba(255,255,255,0.7)")
-    if len(bands) > len(drawn):
+    for n, i in enumerate(sorted(rest, key=lambda i: (bands[i][0], i))):
+        x0, x1, phase = bands[i][0], bands[i][1], bands[i][2]
+        fig.add_shape(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, layer="below",
+                      fillcolor=colors[phase], opacity=0.13, line={"width": 0}, visible="legendonly",
+                      name=escape(f"{len(rest)} more phases (click to show)"), legendgroup="more phases",
+                      showlegend=n == 0)
+    left = len(bands) - len(drawn) - len(rest)
+    if left > 0:
         fig.add_annotation(x=1, y=0, xref="paper", yref="paper", showarrow=False, xanchor="right",
                            yanchor="bottom", font={"size": 10, "color": "#6b6b70"},
-                           text=f"{len(bands) - len(drawn)} shorter phases not drawn")
+                           text=f"{left} shorter phases not drawn")
 
 
 def categories_figure(series: pd.DataFrame, timeline: Timeline, device: int, order: Sequence[str] = (),
-                      marks: Sequence[tuple[int, str]] = (), height: int = 380) -> go.Figure:
-    """Stacked bytes per category of `device` at the sampled instants of `series` (`categories_over_time`).
+                      marks: Sequence[tuple[int, str]] = (), height: int = 380,
+                      max_points: int = TIMELINE_MAX_POINTS) -> go.Figure:
+    """Stacked bytes per category of `device` at the attributed instants of `series` (`categories_over_time`),
+    drawn as steps: each instant's bytes hold until the next instant (memory changes only at events), so the
+    stack's top at every instant is the exact active bytes there. The exact active curve (`_curve`, steps,
+    at most about `max_points` points) is drawn over it, so where the live set moved between two instants
+    the line shows by how much.
 
     `order` lists categories bottom first (unlisted ones follow by name); `marks` are (event index, label)
     pairs drawn as vertical lines (peaks, OOMs)."""
@@ -329,8 +382,15 @@ def categories_figure(series: pd.DataFrame, timeline: Timeline, device: int, ord
         color = category_color(category, present)
         fig.add_trace(go.Scatter(
             x=axis.x(dt, idx), y=rows["bytes"].to_numpy(dtype=np.float64) / GiB, name=category,
-            mode="lines", stackgroup="categories", line={"width": 0.5, "color": color}, fillcolor=color,
-            customdata=idx, hovertemplate=f"{escape(category)}: %{{y:.3f}} GiB<extra></extra>"))
+            mode="lines", stackgroup="categories", line={"width": 0.5, "color": color, "shape": "hv"},
+            fillcolor=color, customdata=idx, hovertemplate=f"{escape(category)}: %{{y:.3f}} GiB<extra></extra>"))
+    if len(part) and len(dt):
+        x, y, idx = _curve(dt, axis, dt.active, dt.baseline_active, max(1, max_points // 2),
+                           part["event_index"].unique().tolist())
+        fig.add_trace(go.Scatter(
+            x=x, y=y, customdata=idx, name="active (exact)", mode="lines",
+            line={"color": "#222222", "width": 1, "shape": "hv"},
+            hovertemplate="active (exact): %{y:.3f} GiB, event %{customdata}<extra></extra>"))
     xs = axis.x(dt, np.array([index for index, _ in marks], dtype=np.int64))
     for x, (_, label), shown in zip(xs, marks, _spread_labels(xs, [label for _, label in marks], _span(dt, axis))):
         fig.add_vline(x=float(x), line={"color": CURVE_COLORS["peak"], "width": 1, "dash": "dot"})
@@ -447,6 +507,137 @@ def outside_figure(series: dict[str, pd.DataFrame], origin_us: int, max_points: 
     return fig
 
 
+# -- segment map --------------------------------------------------------------------------------------------
+
+PIECE_COLORS = {"active": "#4c72b0", "pending_free": "#dd8452", "inactive": "#e4e4e4"}
+PIECE_NAMES = {"active": "active (live block)", "pending_free": "pending free (stream use)",
+               "inactive": "free (cached, reusable)"}
+MAX_SEGMENTS = 40            # segments drawn per map: those with the most free bytes (the largest free block's first)
+MAX_FULL_SEGMENTS = 8        # of them, segments without a free byte (the largest): enough to show what full looks like
+MAX_PIECES = 2000            # pieces drawn per map; beyond it adjacent pieces of one state merge, then fewer segments
+
+
+def _byte_unit(largest: int) -> tuple[str, float]:
+    for name, size in (("GiB", GiB), ("MiB", float(1 << 20)), ("KiB", 1024.0)):
+        if largest >= size:
+            return name, size
+    return "B", 1.0
+
+
+def _merge_runs(pieces: pd.DataFrame) -> pd.DataFrame:
+    """Adjacent pieces of one state in one segment as one piece (sizes summed, `blocks` counted)."""
+    seg = pieces["segment_address"].to_numpy(dtype=np.uint64)
+    state = pieces["state"].astype(str).to_numpy()
+    new = np.ones(len(pieces), dtype=bool)
+    new[1:] = (seg[1:] != seg[:-1]) | (state[1:] != state[:-1])
+    run = np.cumsum(new) - 1
+    g = pieces.assign(run=run, blocks=1).groupby("run", sort=True)
+    return g.agg(segment_address=("segment_address", "first"), offset=("offset", "first"), size=("size", "sum"),
+                 state=("state", "first"), requested=("requested", "sum"),
+                 blocks=("blocks", "sum")).reset_index(drop=True)
+
+
+def segment_map_figure(smap: SegmentMap, max_segments: int = MAX_SEGMENTS, max_pieces: int = MAX_PIECES,
+                       max_full: int = MAX_FULL_SEGMENTS, height: int | None = None) -> go.Figure:
+    """Each segment of a `SegmentMap` as a horizontal bar from its start, cut into its pieces: active,
+    pending free and free (inactive); the largest usable free block outlined and, given a request (an OOM),
+    the failed request as a bar of its size on top, so a request longer than every free piece — although
+    the free pieces together would hold it — shows as fragmentation.
+
+    At most `max_segments` segments are drawn — the largest free block's first, then by free bytes, then by
+    size, at most `max_full` of them without a free byte — and about `max_pieces` pieces (adjacent pieces
+    of one state merge when there are more); a note says how many segments, and how many reserved and free
+    bytes, are not drawn."""
+    segs = smap.segments.reset_index(drop=True)
+    number = {int(a): n + 1 for n, a in enumerate(segs["address"].tolist())}       # address order, from 1
+    holds = segs["address"] == (smap.largest_free.segment_address if smap.largest_free is not None else -1)
+    ranked = segs.assign(holds=holds).sort_values(["holds", "inactive_bytes", "size", "address"],
+                                                  ascending=[False, False, False, True], kind="stable")
+    full = ranked["inactive_bytes"].to_numpy() == 0
+    ranked = ranked[~full | (np.cumsum(full) <= max_full)].head(max_segments)
+    pieces = smap.pieces[smap.pieces["segment_address"].isin(ranked["address"])].assign(blocks=1)
+    merged = len(pieces) > max_pieces
+    if merged:
+        pieces = _merge_runs(pieces)
+        per = pieces.groupby("segment_address").size()
+        counts = ranked["address"].map(per).fillna(0).to_numpy(dtype=np.int64)
+        ranked = ranked.iloc[:max(1, int(np.searchsorted(np.cumsum(counts), max_pieces, side="right")))]
+        pieces = pieces[pieces["segment_address"].isin(ranked["address"])]
+    labels = {int(r.address): f"#{number[int(r.address)]} · {fmt_bytes(int(r.size))} {r.segment_type}"
+              for r in ranked.itertuples(index=False)}
+    info = {int(r.address): r for r in ranked.itertuples(index=False)}
+    largest_shown = max([int(ranked["size"].max()) if len(ranked) else 0, smap.request_bytes or 0])
+    unit, scale = _byte_unit(largest_shown)
+    rows = ([f"failed request · {fmt_bytes(smap.request_bytes)}"] if smap.request_bytes is not None else []) \
+        + list(labels.values())
+    fig = go.Figure(layout={
+        "template": TEMPLATE, "height": height or max(260, 130 + 22 * len(rows)), "barmode": "overlay",
+        "xaxis": {"title": {"text": f"offset in the segment ({unit})"}, "rangemode": "tozero"},
+        "yaxis": {"type": "category", "categoryorder": "array", "categoryarray": rows, "autorange": "reversed",
+                  "automargin": True, "showgrid": False},
+        "hovermode": "closest", "bargap": 0.25})
+    for state in ("active", "pending_free", "inactive"):
+        part = pieces[pieces["state"].astype(str).to_numpy() == state]
+        if not len(part):
+            continue
+        a = part["segment_address"].to_numpy(dtype=np.uint64)
+        sizes, offsets = part["size"].to_numpy(dtype=np.int64), part["offset"].to_numpy(dtype=np.int64)
+        blocks, requested = part["blocks"].to_numpy(dtype=np.int64), part["requested"].to_numpy(dtype=np.int64)
+        hover = []
+        for seg_addr, size, offset, n, req in zip(a.tolist(), sizes.tolist(), offsets.tolist(), blocks.tolist(),
+                                                  requested.tolist()):
+            r = info[seg_addr]
+            what = f"{PIECE_NAMES[state]}: {fmt_bytes(size)} ({size:,} B)"
+            if n > 1:
+                what += f" in {n} adjacent blocks"
+            if state != "inactive":
+                what += f", {fmt_bytes(req)} requested"
+            hover.append(f"{what}<br>at +{fmt_bytes(offset)} in segment #{number[seg_addr]} (0x{seg_addr:x}, "
+                         f"{fmt_bytes(int(r.size))}, {r.segment_type} pool, stream {int(r.stream)}, "
+                         f"pool id {escape(str(r.pool))})")
+        fig.add_trace(go.Bar(
+            y=[labels[x] for x in a.tolist()], x=sizes.astype(np.float64) / scale,
+            base=offsets.astype(np.float64) / scale, orientation="h", name=PIECE_NAMES[state],
+            marker={"color": PIECE_COLORS[state], "line": {"width": 0.5, "color": "#ffffff" if state != "inactive"
+                                                             else "#b0b0b0"}},
+            hovertext=hover, hoverinfo="text"))
+    largest = smap.largest_free
+    if largest is not None and largest.segment_address in labels:
+        what = "largest usable free block" if smap.request_bytes is not None else "largest free block"
+        fig.add_trace(go.Bar(
+            y=[labels[largest.segment_address]], x=[largest.size / scale], base=[largest.offset / scale],
+            orientation="h", name=f"{what} · {fmt_bytes(largest.size)}",
+            marker={"color": "rgba(44,160,44,0.35)", "line": {"width": 2.5, "color": "#2ca02c"}},
+            hovertext=[f"{what}: {fmt_bytes(largest.size)} ({largest.size:,} B) at +{fmt_bytes(largest.offset)} "
+                       f"in segment #{number[largest.segment_address]}"], hoverinfo="text"))
+    if smap.request_bytes is not None:
+        request = smap.request_bytes
+        fits = largest is not None and largest.size >= request
+        fig.add_trace(go.Bar(
+            y=[rows[0]], x=[request / scale], base=[0.0], orientation="h",
+            name=f"failed request · {fmt_bytes(request)}", marker={"color": CURVE_COLORS["peak"]},
+            hovertext=[f"the request that failed: {fmt_bytes(request)} ({request:,} B) on stream "
+                       f"{smap.request_stream}; the largest usable free block "
+                       + (f"{fmt_bytes(largest.size)}" if largest is not None else "– (none)")
+                       + (" would have held it" if fits else " is smaller")], hoverinfo="text"))
+    hidden = segs[~segs["address"].isin(ranked["address"])]
+    notes = []
+    if len(hidden):
+        free = int(hidden["inactive_bytes"].sum())
+        notes.append(f"{len(hidden):,} more segment{'s' if len(hidden) != 1 else ''} not drawn "
+                     f"({fmt_bytes(int(hidden['size'].sum()))} reserved, "
+                     + (f"{fmt_bytes(free)} free)" if free else "every byte in use)"))
+    if merged:
+        notes.append("adjacent blocks of one state drawn as one piece")
+    if not smap.exact:
+        notes.append("layout estimated from the replay")
+    if notes:                       # under the axis title
+        fig.update_layout(margin={"b": 80})
+        fig.add_annotation(x=0, y=0, xref="paper", yref="paper", showarrow=False, xanchor="left", yanchor="top",
+                           yshift=-52, font={"size": 10, "color": "#6b6b70"}, text=escape("; ".join(notes)))
+    return fig
+
+
 # -- icicle -------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -494,9 +685,12 @@ def icicle_figure(attribution: Attribution, device: int, label: FrameLabel | Non
             filename, _, name = snapshot.interner.frames[fid]
             if rules.is_plumbing(filename, name):
                 continue
+            path.append(fid)
+        python = [fid for fid in path if is_python_frame(snapshot.interner.frames[fid][0])]
+        path = python or path                           # the user's and the engine's frames, C++ only alone
+        for fid in path:
             if fid not in frame_names:
                 frame_names[fid] = label(snapshot.interner.frames[fid])
-            path.append(fid)
         if not path:
             path = [-1]
             frame_names[-1] = "(no frames)"
@@ -517,8 +711,7 @@ def icicle_figure(attribution: Attribution, device: int, label: FrameLabel | Non
 
     def emit(node: _Node, parent: str, color: str) -> str:
         node_id = f"n{len(ids)}"
-        text = node.frames[-1] if len(node.frames) == 1 else \
-            f"{node.frames[-1]} (+{len(node.frames) - 1} frame{'s' if len(node.frames) > 2 else ''})"
+        text = _box_label(node.frames[-1]) + (f" (+{len(node.frames) - 1})" if len(node.frames) > 1 else "")
         chain = node.frames if len(node.frames) <= 24 else node.frames[:4] + ["⋮"] + node.frames[-19:]
         share = node.value / total if total else 0.0
         ids.append(node_id)
@@ -560,6 +753,7 @@ def icicle_figure(attribution: Attribution, device: int, label: FrameLabel | Non
         ids=ids, parents=parents, labels=labels, values=values, branchvalues="total", maxdepth=max_depth,
         marker={"colors": colors, "line": {"width": 0.5, "color": "white"}}, customdata=hovers,
         hovertemplate="%{customdata}<extra></extra>", texttemplate="%{label}", tiling={"orientation": "v"},
-        sort=False, root={"color": "#ffffff"}),
-        layout={"template": TEMPLATE, "height": height, "margin": {"l": 10, "r": 10, "t": 30, "b": 10}})
+        sort=False, root={"color": "#ffffff"}, insidetextfont={"size": ICICLE_FONT}),
+        layout={"template": TEMPLATE, "height": height, "margin": {"l": 10, "r": 10, "t": 30, "b": 10},
+                "uniformtext": {"minsize": ICICLE_MIN_FONT, "mode": "hide"}})
     return fig

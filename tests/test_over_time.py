@@ -1,4 +1,5 @@
-"""Categories over time: bounded sampling, one attribution per instant, bytes that sum to the active curve."""
+"""Categories over time: instants where the live set moved, one attribution per instant, bytes that sum to the
+active curve."""
 
 from __future__ import annotations
 
@@ -6,11 +7,35 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import SnapshotBuilder, write_pickle
 
 from snapanalyze import attribute, find_peaks, load, replay
-from snapanalyze.analyze.over_time import InstantAttributions, categories_over_time, sample_indices
+from snapanalyze.analyze.over_time import (
+    InstantAttributions,
+    categories_over_time,
+    choose_instants,
+    held_error,
+    sample_indices,
+)
+from snapanalyze.replay import Timeline
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+RUNS = SCENARIOS.parent / "runs"
+MiB = 1 << 20
+BASE = 0x7F00_0000_0000
+T0 = 1_770_000_000_000_000
+
+
+def timeline_of(tmp_path: Path, events: list[tuple[str, int, int, int]]) -> Timeline:
+    """A one-device trace from (action, block number, MiB, time in ms) events; frees complete at once."""
+    b = SnapshotBuilder(frames=False)
+    for action, block, mib, ms in events:
+        kw = {"time_us": T0 + 1000 * ms}
+        if action == "alloc":
+            b.alloc(BASE + block * (1 << 32), mib * MiB, **kw)
+        else:
+            b.free(BASE + block * (1 << 32), mib * MiB, **kw)
+    return replay(load(write_pickle(tmp_path / "t.pickle", b.build(n_devices=1))))
 
 
 def test_sample_indices_are_bounded_spread_and_include_both_ends() -> None:
@@ -30,7 +55,9 @@ def test_series_sums_to_active_bytes_at_every_instant_and_includes_the_asked_one
     peak = int(find_peaks(timeline)["event_index"].iloc[0])
     series = categories_over_time(snap, timeline, samples=8, include={0: [peak]})
     instants = sorted(series["event_index"].unique())
-    assert peak in instants and len(instants) <= 9
+    peaks = set(find_peaks(timeline)["event_index"])
+    assert peak in instants and peaks <= set(instants) and {-1, len(timeline[0]) - 1} <= set(instants)
+    assert len(instants) <= 8 + 2 + len(peaks)              # the budget, the window's ends and the peaks
     for index, part in series.groupby("event_index"):
         assert int(part["bytes"].sum()) == timeline[0].active_at(int(index))
         expected, got = timeline[0].time_at(int(index)), part["time_us"].iloc[0]
@@ -63,4 +90,57 @@ def test_instant_attributions_are_computed_once_and_shared() -> None:
     assert label == "global peak" and len(cache) == 2
     assert cache.at(0, index).instants[0].event_index == index
     categories_over_time(snap, samples=4, include={0: [10, index]}, cache=cache)
-    assert len(cache) == len({-1, 10, index, *sample_indices(len(cache.timeline[0]), 4)})
+    assert len(cache) == len({10, index, *choose_instants(cache.timeline, 0, 4, [10, index])})
+
+
+# -- where the instants go ----------------------------------------------------------------------------------
+
+def test_a_jump_is_chosen_and_a_quiet_stretch_gets_nothing(tmp_path: Path) -> None:
+    events = [("alloc", i, 1, i) for i in range(5)]                   # small steps over 5 ms
+    events += [("alloc", 10, 4096, 6)]                                # the jump, event 5
+    events += [("alloc", 11, 1, 2000), ("free", 11, 1, 2001)]         # then nothing for 2 s
+    timeline = timeline_of(tmp_path, events)
+    picked = choose_instants(timeline, 0, 1, peaks=False)
+    assert picked == [-1, 5, len(timeline[0]) - 1]
+    assert set(choose_instants(timeline, 0, 50, peaks=False)) <= set(range(-1, 7)) | {len(timeline[0]) - 1}
+
+
+def test_a_ramp_splits_at_its_middle_and_a_spike_at_its_rise_and_fall(tmp_path: Path) -> None:
+    ramp = timeline_of(tmp_path, [("alloc", i, 1, i) for i in range(101)])
+    (middle,) = set(choose_instants(ramp, 0, 1, peaks=False)) - {-1, 100}
+    assert 45 <= middle <= 55
+    spike = timeline_of(tmp_path, [("alloc", 0, 100, 0), ("alloc", 1, 5000, 500), ("free", 1, 5000, 501),
+                                   ("alloc", 2, 1, 1000)])
+    # events: 0 alloc, 1 the spike's alloc, 2–3 its free (active falls at 3), 4 the last alloc
+    assert choose_instants(spike, 0, 2, peaks=False) == [-1, 1, 3, 4]
+    assert choose_instants(spike, 0, 3, peaks=False) == [-1, 0, 1, 3, 4]
+
+
+def test_the_budget_bounds_the_instants_and_beats_an_even_grid() -> None:
+    """On the tp2 run (rank 1: kv_cache allocated in a 1 ms burst at 1.49 s, a vision-encoder peak later) the
+    chosen instants get the held chart less wrong than as many evenly spread ones."""
+    snap = load(RUNS / "tp2_vision_encoder", rank=1)
+    timeline = replay(snap)
+    n = len(timeline[0])
+    for samples in (8, 32):
+        chosen = choose_instants(timeline, 0, samples)
+        assert len(chosen) <= samples + 2 + len(find_peaks(timeline))
+        even = sample_indices(n, len(chosen))
+        assert held_error(timeline, 0, chosen) < 0.5 * held_error(timeline, 0, even)
+
+
+def test_categories_are_exact_at_every_instant_of_a_run() -> None:
+    """The stacked total is the replayed active bytes at each instant, and kv_cache never shows before it was
+    allocated (the straight lines of an even grid made it climb for a second)."""
+    snap = load(RUNS / "tp2_vision_encoder", rank=1)
+    timeline = replay(snap)
+    series = categories_over_time(snap, timeline, samples=32)
+    dt = timeline[0]
+    for index, part in series.groupby("event_index"):
+        assert int(part["bytes"].sum()) == dt.active_at(int(index))
+    kv = series[series["category"] == "kv_cache"].set_index("event_index")["bytes"]
+    first = int(kv[kv > 0].index.min())
+    blocks = attribute(snap, at=f"event:{first}", timeline=timeline).blocks
+    made = blocks.loc[blocks["category"] == "kv_cache", "alloc_index"]
+    assert (kv[kv.index < int(made.min())] == 0).all()
+    assert int(made.max()) <= first

@@ -15,9 +15,11 @@ from snapanalyze import attribute, find_peaks, load, replay
 from snapanalyze.analyze.outside import join_samples
 from snapanalyze.analyze.over_time import categories_over_time
 from snapanalyze.analyze.phases import PHASE_COLUMNS, phase_table
+from snapanalyze.analyze.segment_map import segment_map
 from snapanalyze.load.samples import read_run
 from snapanalyze.plots import (
     MAX_BANDS,
+    MAX_SHOWN_BANDS,
     GiB,
     categories_figure,
     compare_figure,
@@ -27,6 +29,7 @@ from snapanalyze.plots import (
     icicle_figure,
     outside_figure,
     ranks_figure,
+    segment_map_figure,
     time_axis,
     timeline_figure,
 )
@@ -161,14 +164,43 @@ def test_phases_are_bands_behind_the_curves_and_bounded() -> None:
     assert [s.showlegend for s in shapes] == [True, True, True, True, False]       # one legend entry per name
     assert shapes[2].fillcolor == shapes[4].fillcolor != shapes[3].fillcolor
     many = pd.DataFrame([{**dict.fromkeys(PHASE_COLUMNS), "device": 0, "phase": f"<i>p{i}</i>", "occurrence": 1,
-                          "kind": "annotation", "start_us": int(timeline[0].time_us[0]) + 1000 * i,
-                          "end_us": int(timeline[0].time_us[0]) + 1000 * i + 10 * (i % 7 + 1), "start_index": 0,
-                          "end_index": 0} for i in range(500)])
-    fig = timeline_figure(timeline, 0, phases=many)
-    assert len(fig.layout.shapes) == MAX_BANDS
-    texts = [a.text for a in fig.layout.annotations]
+                          "label": f"<i>p{i}</i>", "kind": "annotation",
+                          "start_us": int(timeline[0].time_us[0]) + 1000 * i,
+                          "end_us": int(timeline[0].time_us[0]) + 1000 * i + 10 * (i % 7 + 1), "start_index": i,
+                          "end_index": i, "transient_bytes": i % 50} for i in range(500)])
+    peak = int(find_peaks(timeline)["event_index"].iloc[0])
+    fig = timeline_figure(timeline, 0, find_peaks(timeline), phases=many)
+    shapes = fig.layout.shapes
+    assert len(shapes) == MAX_BANDS
+    shown = [s for s in shapes if s.visible is None or s.visible is True]
+    hidden = [s for s in shapes if s.visible == "legendonly"]
+    assert len(shown) == MAX_SHOWN_BANDS and len(hidden) == MAX_BANDS - MAX_SHOWN_BANDS
+    assert any(s.name == f"phase: &lt;i&gt;p{peak}&lt;/i&gt;" for s in shown)      # the span around the peak
+    assert sum(bool(s.showlegend) for s in hidden) == 1                               # one entry, on demand
+    assert {s.legendgroup for s in hidden} == {"more phases"}
+    assert sum(bool(s.showlegend) for s in shapes) <= MAX_SHOWN_BANDS + 1
+    texts = [a.text for a in fig.layout.annotations if a.text]
     assert f"{500 - MAX_BANDS} shorter phases not drawn" in texts
+    assert len(texts) <= MAX_SHOWN_BANDS + 1 + 3                  # band labels, the note, the peak labels
     assert not any("<i>" in t for t in texts) and any("&lt;i&gt;" in t for t in texts)
+
+
+def test_every_timeline_curve_is_a_step_with_no_ramp_between_events(tmp_path: Path) -> None:
+    """Between two events memory is constant: the line holds each value until the next drawn event, and the
+    envelope keeps every bucket's extremes exactly."""
+    snap = load(long_trace(tmp_path))
+    timeline = replay(snap)
+    fig = timeline_figure(timeline, 0, max_points=400)
+    dt = timeline[0]
+    for trace in fig.data:
+        assert trace.line.shape == "hv"
+        idx = np.asarray(trace.customdata)
+        values = {"active (exact)": dt.active, "reserved (exact)": dt.reserved,
+                  "allocated (estimate)": dt.allocated_est}[trace.name]
+        drawn = np.asarray(trace.y)[1:] * GiB
+        assert np.array_equal(drawn, values[idx[1:]].astype(np.float64))        # every point an exact value
+    active = next(t for t in fig.data if t.name == "active (exact)")
+    assert max(active.y) * GiB == dt.active.max()
 
 
 def test_ranks_figure_stacks_each_ranks_categories() -> None:
@@ -195,17 +227,28 @@ def test_outside_figure_draws_each_series() -> None:
 
 # -- categories and comparisons -----------------------------------------------------------------------------
 
-def test_categories_figure_stacks_one_trace_per_category_in_the_given_order() -> None:
+def step_at(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
+    """The value a step ("hv") line shows at x: that of its last point at or before x."""
+    return float(ys[np.searchsorted(xs, x, side="right") - 1])
+
+
+def test_categories_figure_stacks_steps_that_meet_the_exact_curve_at_every_instant() -> None:
     snap = load(SCENARIOS / "prompt_logprobs_logits.pickle")
     timeline = replay(snap)
     series = categories_over_time(snap, timeline, samples=6)
     fig = categories_figure(series, timeline, 0, order=["kv_cache", "weights"], marks=[(598, "peak 1")])
-    names = [t.name for t in fig.data]
+    stacked = [t for t in fig.data if t.stackgroup == "categories"]
+    names = [t.name for t in stacked]
     assert names[:2] == ["kv_cache", "weights"] and set(names) == set(series["category"])
-    assert all(t.stackgroup == "categories" for t in fig.data)
-    total = sum(np.asarray(t.y) for t in fig.data)
-    expected = [timeline[0].active_at(int(i)) / GiB for i in sorted(series["event_index"].unique())]
-    assert np.allclose(total, expected)
+    assert all(t.line.shape == "hv" for t in fig.data)              # memory is flat between two events
+    total = sum(np.asarray(t.y) for t in stacked)
+    instants = sorted(series["event_index"].unique())
+    assert np.allclose(total, [timeline[0].active_at(int(i)) / GiB for i in instants])
+    (exact,) = [t for t in fig.data if t.name == "active (exact)"]
+    assert set(instants) <= set(np.asarray(exact.customdata).tolist())
+    xs, ys = np.asarray(exact.x), np.asarray(exact.y)
+    for x, top in zip(np.asarray(stacked[0].x), total):
+        assert step_at(xs, ys, float(x)) == pytest.approx(top)
     assert [a.text for a in fig.layout.annotations] == ["peak 1"]
 
 
@@ -278,3 +321,45 @@ def test_frame_labels() -> None:
     assert frame_label(("??", 0, "at::native::mm(at::Tensor const&, at::Tensor const&)")) == "at::native::mm"
     assert cpp_symbol("at::cuda::(anonymous namespace)::getHandle()") == "at::cuda::(anonymous namespace)::getHandle"
     assert cpp_symbol("plain_symbol") == "plain_symbol"
+
+
+def test_icicle_boxes_name_python_frames_and_stay_legible(tmp_path: Path) -> None:
+    """With C++ and Python frames in a stack (stacks="all"), boxes name the Python frames; C++ symbols show only
+    for a stack that has nothing else. Labels too small to read are hidden, not shrunk."""
+    b = SnapshotBuilder()
+    mixed = [{"filename": "??", "line": 0, "name": "at::native::zeros_symint(c10::ArrayRef<c10::SymInt>)"},
+             {"filename": "/app/model.py", "line": 12, "name": "forward"},
+             {"filename": "/usr/lib/libtorch_cpu.so", "line": 0, "name": "torch::autograd::THPVariable_zeros"},
+             {"filename": "/app/main.py", "line": 3, "name": "main"}]
+    native = [{"filename": "??", "line": 0, "name": "mylib::fused_attention_forward(at::Tensor const&)"}]
+    b.alloc(BASE, 4 * MiB, frames=mixed)
+    b.alloc(BASE + 8 * MiB, 2 * MiB, frames=native)
+    snap = load(write_pickle(tmp_path / "cpp.pickle", b.build(n_devices=1)))
+    fig = icicle_figure(attribute(snap), 0)
+    labels = list(fig.data[0].labels)
+    assert not any("zeros_symint" in lab or "THPVariable" in lab for lab in labels)
+    assert any(lab.startswith("forward (model.py:12)") for lab in labels)
+    assert "mylib::fused_attention_forward" in labels                            # nothing else in that stack
+    assert fig.layout.uniformtext.minsize >= 10 and fig.layout.uniformtext.mode == "hide"
+
+
+def test_segment_map_figure_marks_the_largest_free_block_and_the_failed_request() -> None:
+    snap = load(SCENARIOS / "oom_fragmentation.pickle")
+    timeline = replay(snap)
+    oom = snap.ooms.iloc[0]
+    smap = segment_map(snap, timeline, 0, int(oom["index"]), int(oom["size"]), int(oom["stream"]))
+    fig = segment_map_figure(smap, max_segments=12)
+    by_name = {t.name.split(" · ")[0]: t for t in fig.data}
+    assert {"active (live block)", "free (cached, reusable)", "largest usable free block", "failed request"} \
+        <= set(by_name)
+    request = by_name["failed request"]
+    assert request.x[0] * GiB == pytest.approx(int(oom["size"])) and request.base[0] == 0
+    largest = by_name["largest usable free block"]
+    assert largest.x[0] * GiB == pytest.approx(smap.largest_free.size)
+    assert largest.x[0] < request.x[0]                            # fragmentation, visible
+    rows = {y for t in fig.data for y in t.y} - set(request.y)
+    assert len(rows) == 12
+    free_drawn = sum(np.asarray(by_name["free (cached, reusable)"].x)) * GiB
+    assert free_drawn == pytest.approx(smap.free_bytes)          # every free byte is in the shown segments
+    notes = [a.text for a in fig.layout.annotations]
+    assert any(f"{len(smap.segments) - 12} more segments not drawn" in n for n in notes)

@@ -1,13 +1,28 @@
-"""Categories over time: attribute the live set at a bounded number of instants and tabulate it.
+"""Categories over time: attribute the live set at a bounded number of well-chosen instants and tabulate it.
 
-Contract: `sample_indices(n_events, samples)` picks at most `samples` event indices spread evenly over a
-trace of `n_events` events (−1, the state before the first event, and the last event included).
+Contract: `choose_instants(timeline, device, samples, include)` picks the event indices of a device at which to
+attribute: the window's start (−1, the state before the first event) and its last event, every peak
+`find_peaks` reports, the `include`d ones (detail instants, OOMs), and then at most `samples` more where
+the live set changes most. The change is measured exactly: between two chosen instants s < j the live set
+differs by D_s(j) = bytes live at exactly one of them (= active[j] − active[s] + 2 × bytes live at s and
+freed by j). A chart holding instant s's categories until the next chosen instant e is wrong by D_s(j) for
+as long as the state after j lasted; Σ D × duration is the gap's error area (on the chart's x axis: time,
+or the event index without timestamps). Greedily, the gap with the largest error area is split at the event
+whose change lasts longest to the gap's end (max D_s(j) × (x_e − x_j): a jump splits at the jump, a ramp
+at its middle, a spike at its rise and then its fall), so the instants go where memory moved and stayed
+moved — not into a burst narrower than RESOLUTION of the window (under a pixel), nor where memory stood
+still. Cost: one pass
+over the events of the gap per split, columnar; `samples` bounds the attributions.
+`held_error(timeline, device, instants)` is that area summed over the gaps of any instants (gaps under
+RESOLUTION count 0): what a held chart gets wrong.
 `InstantAttributions` attributes one device at one event index with `attribute()` and caches the result, so
 an instant shared by several consumers (a sample, a peak, an OOM) is attributed once; each call resolves
 only the stacks live at that instant. `categories_over_time(snapshot, …)` attributes every device at its
-sampled instants plus the `include`d ones (peaks, OOMs) and returns a long DataFrame, one row per
-(device, instant, category), zero-filled so that every category seen on a device appears at each of its
-instants — ready for a stacked chart. Its bytes at an instant sum exactly to the active bytes there.
+chosen instants and returns a long DataFrame, one row per (device, instant, category), zero-filled so that
+every category seen on a device appears at each of its instants — ready for a stacked chart drawn as steps
+(the state after an instant holds until the next event; between two chosen instants it is the earlier
+one's, up to D). Its bytes at an instant sum exactly to the active bytes there. `sample_indices` (evenly
+spread indices) remains for callers that want a plain grid.
 
 Columns: device, event_index (−1: before the first event), time_us (nullable), category, bytes,
 inferred_bytes (bytes of that category decided by a shape heuristic rather than a frame rule).
@@ -15,17 +30,20 @@ inferred_bytes (bytes of that category decided by a shape heuristic rather than 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
 from ..model import Snapshot
-from ..replay import Timeline, replay
+from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, attribute
+from .peaks import find_peaks
 from .rules import RuleSet, load_rules
 
 COLUMNS = ["device", "event_index", "time_us", "category", "bytes", "inferred_bytes"]
+RESOLUTION = 1e-3        # of the window's width: a gap narrower than this (under a pixel of a chart) is not split
 
 
 def sample_indices(n_events: int, samples: int) -> list[int]:
@@ -36,6 +54,89 @@ def sample_indices(n_events: int, samples: int) -> list[int]:
         return [-1]
     points = np.linspace(-1, n_events - 1, num=min(samples, n_events + 1))
     return sorted({int(round(p)) for p in points})
+
+
+class _LiveChange:
+    """D_s(j) for the events j of a gap after instant s, and the gap's error area (see the module docstring),
+    from one device's curves and lifetimes."""
+
+    def __init__(self, dt: DeviceTimeline) -> None:
+        self.dt = dt
+        lt = dt.lifetimes
+        free = lt["free_index"].to_numpy(dtype=np.int64)
+        freed = np.flatnonzero(free >= 0)
+        order = freed[np.argsort(free[freed], kind="stable")]
+        self.free = free[order]
+        self.alloc = lt["alloc_index"].to_numpy(dtype=np.int64)[order]
+        self.size = lt["size"].to_numpy(dtype=np.int64)[order]
+        n = len(dt)
+        index = np.arange(n, dtype=np.float64)
+        times = dt.time_us
+        span = float(times[-1] - times[0]) if times is not None and n else 0.0
+        # the x axis the chart is read on: time, events breaking ties (the event index without times)
+        self.x = (times - times[0]).astype(np.float64) + index * (span / n * 1e-3) if times is not None and span > 0 \
+            else index
+        self.resolution = RESOLUTION * float(self.x[-1] - self.x[0]) if n else 0.0
+
+    def split(self, s: int, e: int) -> tuple[float, int]:
+        """(the error area of holding instant s's live set until instant e, the event to split at; −1: none)."""
+        if e - s < 2:
+            return 0.0, -1
+        dt = self.dt
+        change = dt.active[s + 1:e] - dt.active_at(s)
+        lo, hi = np.searchsorted(self.free, [s + 1, e], side="left")
+        old = self.alloc[lo:hi] <= s                       # live at s (allocated by then), freed in the gap
+        gone = np.bincount(self.free[lo:hi][old] - (s + 1), weights=self.size[lo:hi][old], minlength=e - s - 1)
+        d = (change + 2 * np.cumsum(gone)).astype(np.float64)
+        x = self.x[s + 1:e + 1]
+        if x[-1] - x[0] < self.resolution:
+            return 0.0, -1
+        area = float((d * np.diff(x)).sum())
+        if area <= 0:
+            return 0.0, -1
+        return area, s + 1 + int(np.argmax(d * (x[-1] - x[:-1])))
+
+
+def choose_instants(timeline: Timeline, device: int, samples: int, include: Iterable[int] = (),
+                    peaks: bool = True) -> list[int]:
+    """The event indices of `device` to attribute, ascending: the window's start (−1) and last event, every
+    peak of `find_peaks` (when `peaks`), `include`, and at most `samples` more where the live set changes
+    most (see the module docstring)."""
+    if samples < 0:
+        raise ValueError("samples must not be negative")
+    dt = timeline[device]
+    n = len(dt)
+    chosen = {-1} | ({n - 1} if n else set()) | {int(i) for i in include if -1 <= int(i) < n}
+    if peaks and n:
+        chosen |= {int(i) for i in find_peaks(timeline, device=device)["event_index"]}
+    if n < 2 or samples == 0:
+        return sorted(chosen)
+    change = _LiveChange(dt)
+    ordered = sorted(chosen)
+    heap: list[tuple[float, int, int, int]] = []
+    for s, e in zip(ordered, ordered[1:]):
+        largest, at = change.split(s, e)
+        if at >= 0:
+            heap.append((-largest, s, e, at))
+    heapq.heapify(heap)
+    for _ in range(samples):
+        if not heap:
+            break
+        _, s, e, at = heapq.heappop(heap)
+        chosen.add(at)
+        for a, b in ((s, at), (at, e)):
+            largest, split = change.split(a, b)
+            if split >= 0:
+                heapq.heappush(heap, (-largest, a, b, split))
+    return sorted(chosen)
+
+
+def held_error(timeline: Timeline, device: int, instants: Iterable[int]) -> float:
+    """The error area of a step chart that holds each of `instants` (ascending event indices) until the next:
+    Σ over the gaps of D × duration (bytes × the chart's x unit; see the module docstring)."""
+    change = _LiveChange(timeline[device])
+    ordered = sorted({int(i) for i in instants})
+    return float(sum(change.split(s, e)[0] for s, e in zip(ordered, ordered[1:])))
 
 
 class InstantAttributions:
@@ -75,7 +176,8 @@ class InstantAttributions:
 def categories_over_time(snapshot: Snapshot, timeline: Timeline | None = None, samples: int = 48,
                          include: Mapping[int, Iterable[int]] | None = None, rules: RuleSet | None = None,
                          device: int | None = None, cache: InstantAttributions | None = None) -> pd.DataFrame:
-    """Bytes per category at `samples` evenly spread instants (plus `include[device]`) of each device.
+    """Bytes per category of each device at its `choose_instants` (`samples` chosen where the live set
+    changes most, plus the window's ends, the peaks and `include[device]`).
 
     `cache` (optional) shares attributions with other consumers; without it one is made from `timeline`
     and `rules`. See the module docstring for the columns."""
@@ -86,7 +188,7 @@ def categories_over_time(snapshot: Snapshot, timeline: Timeline | None = None, s
     frames = []
     for d in devices:
         dt = timeline[d]
-        indices = sorted(set(sample_indices(len(dt), samples)) | {int(i) for i in include.get(d, ())})
+        indices = choose_instants(timeline, d, samples, include.get(d, ()))
         rows = []
         for index in indices:
             blocks = cache.at(d, index).blocks
