@@ -4,6 +4,7 @@ later analyses extend. A golden normalised copy of a small report is checked in 
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import plotly.graph_objects as go
 import plotly.offline
 import pytest
 from conftest import SnapshotBuilder, write_pickle
+from markupsafe import Markup
 
 from snapanalyze import UsageError, load
 from snapanalyze.report.context import Report, build_context, detail_ranks
@@ -31,7 +33,6 @@ from snapanalyze.report.html import (
 )
 from snapanalyze.report.redact import redact_path
 from snapanalyze.report.sections import DEFAULT_SECTIONS, ORDER, FigureSpec, Section
-from snapanalyze.report.templating import render
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "fixtures" / "scenarios"
@@ -205,8 +206,7 @@ def test_redact_paths_removes_directories_from_the_page() -> None:
 def _ranks_section(context: Report) -> Section | None:
     """What a later per-rank section looks like: its own figure, body and verdict sentence."""
     fig = go.Figure(go.Bar(x=["rank 0", "rank 1"], y=[1, 2]))
-    body_html = render("macros.html.j2") + render("sections/categories.html.j2", devices=[
-        {"device": 0, "figure": "fig-ranks-bar", "instants": 2}])
+    body_html = Markup('<p>Ranks side by side.</p>\n<div class="sa-figure" id="fig-ranks-bar"></div>')
     return Section(id="ranks", title="Ranks", body=body_html, figures=(FigureSpec("fig-ranks-bar", fig),),
                    verdict=("Rank 1 peaked 1 GiB above rank 0.",), order=ORDER["ranks"])
 
@@ -217,7 +217,8 @@ def test_a_new_section_plugs_in_with_its_figure_and_verdict() -> None:
     order = [m.group(1) for m in re.finditer(r'<section id="([a-z]+)"', page)]
     assert order == ["verdict", "timelines", "categories", "instants", "oom", "ranks", "rules", "facts"]
     verdict = page[page.index('<section id="verdict"'):page.index("</section>")]
-    assert verdict.rstrip().endswith("<p>Rank 1 peaked 1 GiB above rank 0.</p>")
+    details = verdict[verdict.index("<details"):]
+    assert details.rstrip().endswith("<p>Rank 1 peaked 1 GiB above rank 0.</p>\n</details>")   # after its own
     assert 'id="fig-ranks-bar-data"' in page and '<a href="#ranks">Ranks</a>' in page
 
 
@@ -271,9 +272,9 @@ def test_a_run_report_covers_every_rank(tp2_page: str) -> None:
 def test_run_verdict_names_the_rank_the_phase_and_the_outlier(tp2_page: str) -> None:
     verdict = verdict_of(body(tp2_page))
     assert ("The peak on rank 1 was 59.41 GiB active (60.34 GiB reserved), at 2.697 s into the 3.272 s window "
-            "(event 437 of 571), during prefill #1 (request req-1).") in verdict
+            "(event 437 of 571), during prefill#1 (request req-1).") in verdict
     assert "The peak on rank 0 was 55.89 GiB active" in verdict and "4.07 GiB vision_encoder" in verdict
-    assert ("Rank 1 peaked 3.53 GiB above the median rank (rank 0), during prefill #1 (request req-1): "
+    assert ("Rank 1 peaked 3.53 GiB above the median rank (rank 0), during prefill#1 (request req-1): "
             "vision_encoder +4.07 GiB") in verdict
     assert "Memory outside the allocator at the peak (NVML used − reserved): 1.56 GiB on rank 0 (an estimate" in verdict
     assert "1.56 GiB on rank 1 (measured by 3 samples during it)" in verdict
@@ -292,7 +293,7 @@ def test_run_timelines_draw_nvml_used_and_the_phases(tp2_page: str) -> None:
     assert all(s["yref"] == "paper" and s["layer"] == "below" for s in shapes)
     assert len(shapes) == 5                                # prefill twice; requests are not bands
     labels = {a["text"] for a in fig["layout"]["annotations"]}
-    assert {"load_model", "prefill #1"} <= labels
+    assert {"load_model", "prefill#1"} <= labels
 
 
 def _values(y: Any) -> list[float]:
@@ -348,7 +349,7 @@ def test_the_oom_section_uses_the_explanation() -> None:
     assert "Live memory exhaustion: the device could not give the 32.00 MiB request" in verdict_of(live)
     other = body(build_path_report(RUNS / "oom_other_process", samples=4))
     verdict = verdict_of(other)
-    assert "Rank 0 ran out of memory at 2.501 s into the 2.501 s window (event 66 of 67), during prefill #2" in verdict
+    assert "Rank 0 ran out of memory at 2.501 s into the 2.501 s window (event 66 of 67), during prefill#2" in verdict
     assert "Pressure from outside the allocator" in verdict and "other processes held 7.12 GiB" in verdict
     assert "Of that, other processes held 7.12 GiB on rank 0." in verdict
     section = other[other.index('<section id="oom">'):other.index('<section id="outside">')]
@@ -464,3 +465,137 @@ def test_a_run_report_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> N
     ctx = context.build_path_context(run, samples=4)
     assert len(ctx.views) == 2 and ctx.run is not None and ctx.run.comparison is not None
     assert sorted(Path(p).parent.name for p in read) == ["rank=0", "rank=1"] and runs_read == [str(run)]
+
+
+# -- the verdict: OOM first, a headline and a line per rank, advice in the engine's words, text that reads --
+
+def verdict_top(page: str) -> str:
+    """The verdict above its folded details (headline, lines, program, advice), as plain text."""
+    verdict = verdict_of(page)
+    return html.unescape(re.sub(r"<[^>]+>", "", verdict[:verdict.index("<details")]))
+
+
+def headline(page: str) -> str:
+    m = re.search(r'<p class="headline">(.*?)</p>', verdict_of(page), re.S)
+    assert m, "the verdict has no headline"
+    return html.unescape(m.group(1))
+
+
+def verdict_lines(page: str) -> list[str]:
+    return [html.unescape(x) for x in re.findall(r"<li[^>]*>(.*?)</li>", verdict_of(page).split("<details")[0], re.S)]
+
+
+def visible_text(page: str) -> str:
+    """What a reader sees: no scripts or styles, inline tags removed, block tags as line breaks."""
+    page = re.sub(r"<script.*?</script>|<style.*?</style>", " ", page, flags=re.S)
+    page = re.sub(r"</?(?:b|i|em|strong|code|span|a|abbr|sup|sub|small)\b[^>]*>", "", page)
+    return html.unescape(re.sub(r"<[^>]+>", "\n", page))
+
+
+def test_an_oom_is_the_first_thing_the_verdict_says() -> None:
+    page = body(build_report(load(SCENARIOS / "oom_fragmentation.pickle"), samples=4))
+    assert headline(page) == ("Device 0 ran out of memory at 6.401 s into the 6.401 s window: a 1.96 GiB request "
+                              "failed (fragmentation: no free block fits it although 1.83 GiB is reserved but free); "
+                              "live then: only 36.39 GiB weights.")
+    # The device's line sets the failure beside the peak before it; the advice is the OOM's.
+    assert verdict_lines(page) == ["Device 0: out of memory at 6.401 s (fragmentation, a 1.96 GiB request); peak "
+                                   "36.70 GiB active (38.48 GiB reserved) at 5.600 s: only 36.70 GiB weights."]
+    assert "What would have helped: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in verdict_top(page)
+    run = body(build_path_report(RUNS / "oom_other_process", samples=4))
+    head = headline(run)
+    assert head.startswith("Rank 0 ran out of memory at 2.501 s into the 2.501 s window, during prefill")
+    assert ("(request req-2): a 512.00 MiB request failed (pressure from outside the allocator: other processes held "
+            "7.12 GiB); live then: 192.19 MiB other on top of 14.52 GiB of kv_cache and weights.") in head
+    details = verdict_of(run)[verdict_of(run).index("<details"):]
+    first = re.search(r"<p>(.*?)</p>", details, re.S)
+    assert first and first.group(1).startswith("Rank 0 ran out of memory")      # the OOM opens the details too
+
+
+def test_the_verdict_of_a_run_is_a_headline_and_a_line_per_rank(tp2_page: str) -> None:
+    page = body(tp2_page)
+    head = headline(page)
+    assert head.startswith("Rank 1 peaked highest, 3.53 GiB above the median rank (rank 0): 59.41 GiB active "
+                           "(60.34 GiB reserved) at 2.697 s into the 3.272 s window, during prefill")
+    assert head.endswith("(request req-1); vision_encoder (+4.07 GiB against the median rank) made the difference.")
+    assert not re.search(r"\. [A-Z]", head)                                   # one sentence
+    lines = verdict_lines(page)
+    assert [line.split(":")[0] for line in lines] == ["Rank 0", "Rank 1"]
+    assert lines[1].startswith("Rank 1: peak 59.41 GiB active (60.34 GiB reserved) at 2.697 s, during prefill")
+    assert "(request req-1): 4.07 GiB vision_encoder, " in lines[1]
+    assert all(len(line) < 260 for line in lines)
+    verdict = verdict_of(page)
+    assert "<details" in verdict and "<details class=\"verdict-details\">" in verdict        # folded, closed
+    assert verdict.count("Nothing was live when the trace window began") == 1
+    assert "Nothing was live when the trace window began on rank 0 and rank 1" in verdict
+
+
+def test_advice_speaks_the_words_of_the_engine_in_the_frames(tmp_path: Path) -> None:
+    vllm_knobs = ("--max-num-batched-tokens", "--gpu-memory-utilization", "max_num_batched_tokens",
+                  "gpu_memory_utilization")
+    sglang_knobs = ("--mem-fraction-static", "--chunked-prefill-size", "mem_fraction_static", "chunked_prefill_size")
+    vllm = body(build_report(load(SCENARIOS / "prompt_logprobs_logits.pickle"), samples=4))
+    top = verdict_top(vllm)
+    assert "Program: vLLM, recognised by vllm/" in top
+    assert "To lower the peak: for logits, fewer positions through lm_head at once: no prompt_logprobs" in top
+    assert not any(k in vllm for k in sglang_knobs)
+    sglang = body(build_report(load(SCENARIOS / "oom_live_exhaustion.pickle"), samples=4))
+    assert "Program: SGLang, recognised by sglang/" in verdict_top(sglang)
+    assert "a lower --mem-fraction-static" in verdict_top(sglang)
+    assert not any(k in sglang for k in vllm_knobs)                  # the OOM section's advice too
+    hf = body(build_report(load(SCENARIOS / "hf_eager_attention_threshold.pickle"), samples=4))
+    assert "Program: transformers" in verdict_top(hf) and 'attn_implementation="sdpa"' in verdict_top(hf)
+    assert not any(k in hf for k in vllm_knobs + sglang_knobs)
+    training = body(build_report(load(write_pickle(tmp_path / "train.pickle", _training_snapshot())), samples=4))
+    top = verdict_top(training)
+    assert "Program: PyTorch training, recognised by torch/optim/adamw.py:90:_init_group" in top
+    assert "for attention, activation checkpointing" in top and "for optimizer_state, less optimizer state" in top
+    assert not any(k in training for k in vllm_knobs + sglang_knobs)
+
+
+def _training_snapshot() -> dict[str, Any]:
+    """A training step: AdamW state made by torch.optim, then an attention activation on top of it."""
+    site = "/usr/lib/python3.12/site-packages/"
+    optim = [{"filename": site + "torch/optim/adamw.py", "line": 90, "name": "_init_group"},
+             {"filename": "/app/train.py", "line": 10, "name": "main"}]
+    forward = [{"filename": "/app/model.py", "line": 30, "name": "self_attn"},
+               {"filename": "/app/train.py", "line": 9, "name": "main"}]
+    scores = 300 * MiB + 512                       # no B·H·L² shape: attention by its frame, not by its size
+    b = SnapshotBuilder()
+    b.segment(BASE, [(128 * MiB, 128 * MiB, "active_allocated"), (128 * MiB, 128 * MiB, "active_allocated"),
+                     (scores, scores, "inactive")])
+    b.event("segment_alloc", BASE, 256 * MiB + scores)
+    b.alloc(BASE, 128 * MiB, frames=optim)
+    b.alloc(BASE + 128 * MiB, 128 * MiB, frames=optim)
+    b.alloc(BASE + 256 * MiB, scores, frames=forward)
+    b.free(BASE + 256 * MiB, scores, frames=forward)
+    return b.build()
+
+
+def test_inferred_bytes_are_flagged_in_the_verdict_lines() -> None:
+    page = body(build_report(load(SCENARIOS / "concurrent_requests.pickle"), samples=4))
+    assert headline(page).endswith("7.34 GiB concurrent_request made the difference, on top of 2.30 GiB weights "
+                                   "(inferred).")
+    assert "inferred: decided by sizes, lifetimes, layout or time rather than proven by a frame" in verdict_top(page)
+    proven = body(build_report(load(SCENARIOS / "oom_fragmentation.pickle"), samples=4))
+    assert "inferred" not in verdict_top(proven)
+
+
+TEXT_INPUTS = [SCENARIOS / f"{name}.pickle" for name in
+               ("oom_fragmentation", "oom_live_exhaustion", "hf_eager_attention_threshold", "concurrent_requests",
+                "torch214_graph_pools_host")] + [RUNS / name for name in ("tp2_vision_encoder", "admission_rejected")]
+
+
+@pytest.mark.parametrize("path", TEXT_INPUTS, ids=lambda p: p.stem)
+def test_the_report_text_reads_well(path: Path, tmp_path: Path) -> None:
+    """Sentences are spaced, counts agree with their nouns, sizes never show four digits before the point,
+    and every table column has a header."""
+    page = body(build_path_report(path, samples=8))
+    text = visible_text(page)
+    joined = re.findall(r".{0,30}[a-z]\.[A-Z].{0,30}", text)
+    assert not joined, f"sentences run together: {joined}"
+    ones = re.findall(r"(?<![\d.,])\b1 (?!(?:was|has|is|does)\b)[a-z]+s\b", text)
+    assert not ones, f"a count of 1 with a plural noun: {ones}"
+    assert "(s)" not in text
+    assert not re.findall(r"\b\d{4}\.\d\d [KMGTP]iB", text), "a size with four digits before the point"
+    for head in re.findall(r"<thead>(.*?)</thead>", page, re.S):
+        assert not re.search(r"<th[^>]*>\s*</th>", head), f"a column without a header: {head}"

@@ -58,6 +58,13 @@ def test_attribution_shows_categories_with_their_top_site(logits) -> None:
     assert "global peak (event 598)" in html
 
 
+def test_attribution_flags_inferred_bytes() -> None:
+    html = attribution_html(attribute(load(SCENARIOS / "concurrent_requests.pickle")))
+    weights = html[html.index("<td>weights"):]
+    assert weights.startswith("<td>weights <i") and "(inferred)</i></td><td>2.30 GiB</td>" in weights
+    assert "<td>concurrent_request</td>" in html          # proven by frames and metadata: no flag
+
+
 def test_hostile_text_is_escaped(tmp_path: Path) -> None:
     b = SnapshotBuilder()
     name = "<img src=x onerror=alert(1)>"

@@ -48,12 +48,24 @@ class PageRun:
     figures: int = 0
     rendered: int = 0
     pwned: Any = None
-    verdict: str = ""
+    verdict_top: str = ""          # the verdict as it first shows: headline, lines, advice (details folded)
+    verdict: str = ""              # the verdict with its details opened by a click
     text: str = ""
+    data: dict[str, list[dict[str, Any]]] = field(default_factory=dict)   # categories and segment map traces
 
 
-def open_report(path: Path) -> PageRun:
-    """Open `path` in headless Chromium; record console errors, page errors and every non-file request."""
+# The traces plotly drew in the categories and segment map figures, read back from the page.
+FIGURE_DATA = """() => Object.fromEntries([...document.querySelectorAll('div.sa-figure')]
+  .filter(d => d.id.startsWith('fig-categories') || d.id.startsWith('fig-segments'))
+  .map(d => [d.id, d._fullData.map(t => ({name: t.name, stackgroup: t.stackgroup || null,
+     shape: (t.line || {}).shape || null,
+     x: Array.from(t.x || []), y: Array.from(t.y || []), customdata: Array.from(t.customdata || []),
+     bars: d.querySelectorAll('.barlayer .point').length}))]))"""
+
+
+def open_report(path: Path, screenshot: Path | None = None) -> PageRun:
+    """Open `path` in headless Chromium; record console errors, page errors, every non-file request and the
+    categories and segment map traces as drawn; optionally save a full-page screenshot."""
     _need_chromium()
     sync_api = pytest.importorskip("playwright.sync_api",
                                    reason="playwright is a dev dependency: pip install -e '.[dev]'")
@@ -87,8 +99,15 @@ def open_report(path: Path) -> PageRun:
                 " && d.querySelectorAll('path, rect').length > 0).length")
             run.pwned = page.evaluate("() => typeof window.pwned === 'undefined' ? null : window.pwned")
             verdict = page.locator("#verdict")
+            run.verdict_top = verdict.inner_text() if verdict.count() else ""
+            if page.locator("#verdict details > summary").count():
+                page.locator("#verdict details > summary").click()
             run.verdict = verdict.inner_text() if verdict.count() else ""
             run.text = page.evaluate("() => document.body.innerText")
+            run.data = page.evaluate(FIGURE_DATA)
+            if screenshot is not None:
+                page.set_viewport_size({"width": 1280, "height": 900})
+                page.screenshot(path=str(screenshot), full_page=True)
         finally:
             browser.close()
     return run
@@ -100,9 +119,17 @@ def test_fixture_report_renders_offline_without_errors(tmp_path: Path) -> None:
     run = open_report(path)
     assert run.errors == []
     assert run.foreign_requests == []
-    assert run.figures >= 4           # timeline, categories, one icicle per peak
+    assert run.figures >= 6           # timeline, categories, one icicle per peak, segment maps at peak 1 and the OOM
     assert run.rendered == run.figures
-    assert "ran out of memory" in run.verdict
+    shown = [line for line in run.verdict_top.splitlines() if line.strip()]
+    assert shown[0] == "Verdict" and shown[1].startswith("Device 0 ran out of memory")  # the headline, unfolded
+    assert "Allocation failure from fragmentation" not in run.verdict_top and "Allocation failure" in run.verdict
+    oom_map = run.data["fig-segments-d0-oom-e66"]
+    names = [t["name"] for t in oom_map]
+    assert any(n.startswith("failed request") for n in names)
+    assert any(n.startswith("largest usable free block") for n in names)
+    assert oom_map[0]["bars"] > 10                        # the bars are on the page, not only in the data
+    assert "Segment map" in run.text and "The failed request needed 1.96 GiB in one block" in run.text
 
 
 def test_run_directory_report_renders_every_rank_offline(tmp_path: Path) -> None:
@@ -113,9 +140,9 @@ def test_run_directory_report_renders_every_rank_offline(tmp_path: Path) -> None
     run = open_report(path)
     assert run.errors == []
     assert run.foreign_requests == []
-    assert run.figures == 2 * 3 + 2       # per rank: timeline, categories, icicle; + ranks, outside
+    assert run.figures == 2 * 4 + 2       # per rank: timeline, categories, icicle, segment map; + ranks, outside
     assert run.rendered == run.figures
-    assert "The peak on rank 1 was 59.41 GiB active" in run.verdict and "during prefill #1" in run.verdict
+    assert "The peak on rank 1 was 59.41 GiB active" in run.verdict and "during prefill#1" in run.verdict
     assert "Rank 1 peaked 3.53 GiB above the median rank" in run.verdict
     assert "Memory outside the allocator at the peak" in run.verdict
 
@@ -136,7 +163,7 @@ def test_hostile_phase_names_cannot_break_a_run_report(tmp_path: Path) -> None:
     run = open_report(path)
     assert run.pwned is None and run.errors == [] and run.foreign_requests == []
     assert run.rendered == run.figures
-    assert f"during {HOSTILE}prefill #2" in run.verdict      # shown as the literal name
+    assert f"during {HOSTILE}prefill#2" in run.verdict      # shown as the literal name
 
 
 def hostile_snapshot(tmp_path: Path) -> Path:
@@ -177,3 +204,35 @@ def test_the_page_really_fails_on_a_network_request(tmp_path: Path) -> None:
     assert run.foreign_requests
     assert run.errors                                  # the aborted request is logged as an error
 
+
+
+def stacked_totals_meet_the_exact_curve(traces: list[dict[str, Any]]) -> int:
+    """Assert that at every attributed instant the stacked categories sum to the exact active curve drawn over
+    them, and that every line is a step; return the number of instants checked."""
+    stacked = [t for t in traces if t["stackgroup"] == "categories"]
+    (exact,) = [t for t in traces if t["name"] == "active (exact)"]
+    assert stacked and all(t["shape"] == "hv" for t in traces)
+    at = dict(zip(exact["customdata"], exact["y"]))
+    instants = stacked[0]["customdata"]
+    for n, index in enumerate(instants):
+        total = sum(t["y"][n] for t in stacked)
+        assert total == pytest.approx(at[index], rel=1e-9, abs=1e-12), index
+    return len(instants)
+
+
+def test_categories_over_time_equal_the_exact_curve_at_their_points(tmp_path: Path) -> None:
+    """Read back from the page: a fixture, a run (both ranks) and a real-format trace."""
+    pages = {"fixture": build_report(load(SCENARIOS / "prompt_logprobs_logits.pickle")),
+             "run": build_path_report(RUNS / "tp2_vision_encoder"),
+             "torch214": build_report(load(SCENARIOS / "torch214_graph_pools_host.pickle"))}
+    for name, page in pages.items():
+        path = tmp_path / f"{name}.html"
+        path.write_text(page, encoding="utf-8")
+        run = open_report(path, screenshot=tmp_path / f"{name}.png")
+        assert run.errors == [] and run.foreign_requests == []
+        assert run.rendered == run.figures
+        charts = [k for k in run.data if k.startswith("fig-categories")]
+        assert charts and all(stacked_totals_meet_the_exact_curve(run.data[k]) >= 3 for k in charts)
+        maps = [k for k in run.data if k.startswith("fig-segments")]
+        assert maps and all(run.data[k][0]["bars"] > 0 for k in maps)
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000

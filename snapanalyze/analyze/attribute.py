@@ -1,11 +1,12 @@
 """Attribute every live byte at an instant to one category, naming the rule and frame that decided it.
 
 Contract: `attribute(snapshot, at="peak", rules=None, source=None)` picks an instant per device (`peak`,
-`peak:N`, `event:I`, `time:T` with T in µs since the epoch), takes the blocks live right after it from the
-replay, and labels each with a primary category plus tags. First the frames decide (`_Decider`: rules by
-category precedence, lifecycle categories by their outermost frame, op categories by their innermost one
-inside the owning module; with `source`, rules also see each frame's class, qualified name and code). Then
-block-level evidence, strongest first:
+`peak:N`, `event:I`, `time:T` with T a UTC date-time as the outputs print it or in ISO 8601, an offset
+into the device's trace window such as +2.38ms, or µs since the epoch: `time_us_of`), takes the blocks live
+right after it from the replay, and labels each with a primary category plus tags. First the frames decide
+(`_Decider`: rules by category precedence, lifecycle categories by their outermost frame, op categories by
+their innermost one inside the owning module; with `source`, rules also see each frame's class, qualified
+name and code). Then block-level evidence, strongest first:
 - a module span of the collector (`collect.modules`) around the allocation names the module (`modules`),
   above what frames only guess from names;
 - no stack and from before the window: persistent state (`state`: cuBLAS workspace, weights, and in a
@@ -44,6 +45,8 @@ import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from functools import cached_property
 from typing import Any
 
@@ -56,6 +59,7 @@ from ..load.source import SourceIndex
 from ..model import ALLOC, OOM, Snapshot
 from ..replay import ORIGINS, Timeline, replay
 from ..stacks import StackInterner, frame_site, is_python_frame
+from ..units import fmt_count, fmt_time_us
 from .annotations import annotated_category, annotations_at
 from .modules import ModuleIndex
 from .peaks import find_peaks, global_peak_index
@@ -282,14 +286,39 @@ def _instant(timeline: Timeline, device: int, at: str) -> tuple[int, str]:
                 raise UsageError(f"--at {at}: device {device} has events 0…{len(dt) - 1} (−1 = start)")
             return i, f"event {i}"
         if kind == "time":
-            t = int(arg)
             if dt.time_us is None or len(dt) == 0:
                 raise UsageError(f"--at {at}: device {device}'s trace has no timestamps")
-            return int(np.searchsorted(dt.time_us, t, side="right")) - 1, f"time {t} µs"
+            t = time_us_of(arg, int(dt.time_us[0]))
+            return int(np.searchsorted(dt.time_us, t, side="right")) - 1, f"time {fmt_time_us(t)}"
     except ValueError:
-        raise UsageError(f"--at {at}: expected peak, peak:N, event:I or time:T (T in µs since the epoch)") \
-            from None
-    raise UsageError(f"--at {at}: expected peak, peak:N, event:I or time:T (T in µs since the epoch)")
+        raise UsageError(f"--at {at}: {_AT_FORMS}") from None
+    raise UsageError(f"--at {at}: {_AT_FORMS}")
+
+
+_AT_FORMS = ("expected peak, peak:N, event:I or time:T (T: a UTC date-time as printed, e.g. 2026-04-18 "
+             "02:34:01.223438 UTC or 2026-04-18T02:34:01.223438Z; an offset into the trace window, e.g. +2.38ms, "
+             "+1.5s, +120us; or µs since the epoch)")
+_OFFSET = re.compile(r"^\+\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(us|µs|ms|s)$")
+_OFFSET_US = {"us": 1, "µs": 1, "ms": 1000, "s": 1_000_000}
+
+
+def time_us_of(text: str, window_start_us: int) -> int:
+    """µs since the epoch of a `time:` instant: digits (already µs since the epoch), ``+<n><us|ms|s>`` (that
+    long after `window_start_us`, the trace's first event; a fraction of a µs rounds down), or a date-time —
+    ``2026-04-18 02:34:01.223438 UTC`` as the outputs print it, or ISO 8601 (no zone: UTC). Raises
+    ValueError for anything else."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    m = _OFFSET.match(text)
+    if m:
+        return window_start_us + int(Decimal(m.group(1)) * _OFFSET_US[m.group(2)])
+    if text.endswith(" UTC"):
+        text = text[:-4].rstrip() + "+00:00"
+    when = datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (when - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
 def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndarray,
@@ -689,7 +718,8 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
             notes.append(f"device {d}: no request identity recorded (user_metadata empty, no request markers), "
                          "so bytes of other requests batched into the same forward cannot be told apart")
         if ambiguous:
-            notes.append(f"device {d}: {ambiguous} live block(s) were allocated while requests of different "
+            notes.append(f"device {d}: {fmt_count(ambiguous, 'live block')} {'was' if ambiguous == 1 else 'were'} "
+                         "allocated while requests of different "
                          "threads were running; the trace does not say which thread allocated them, so they "
                          "keep their frame categories")
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
@@ -710,7 +740,8 @@ def _source_note(decider: _Decider, stack_ids: list[int]) -> list[str]:
         return []
     # No paths in the notes: reports redact paths, and notes are free text.
     if rules.source is None:
-        return [f"{len(files)} file(s) of the program's own code appear in the live stacks; --source DIR (the "
+        return [f"{fmt_count(len(files), 'file')} of the program's own code "
+                f"{'appears' if len(files) == 1 else 'appear'} in the live stacks; --source DIR (the "
                 "program's checkout) would resolve their frames to Class.method and the code at each line, which "
                 "tells an MLP's Linear from an attention one"]
     missing = sum(1 for found in files.values() if not found)

@@ -5,10 +5,12 @@ Contract: `build_view(snapshot, …)` replays the snapshot (unless given a Timel
 device, resolves the detail instants (every reported peak, or the `at` specs), attributes each of them, each
 OOM entry and a bounded number of sampled instants (`analyze.over_time`; each instant once, through a shared
 `InstantAttributions`), maps the marked phases onto the trace (`analyze.phases.phase_table`), explains its
-OOM entries (`analyze.oom.explain_oom`) and returns an immutable `RankView`. Given a `RankInfo` (the rank of
-a run the snapshot came from) it also uses that rank's markers, NVML samples and capacity, and reads the
-memory outside the allocator at each peak (`analyze.outside`). A `Report` holds the views a report shows
-and what belongs to the whole report; section functions (`report.sections`) read it and never recompute.
+OOM entries (`analyze.oom.explain_oom`), lays out the segment map (`analyze.segment_map`) at each OOM entry
+(with its failed request) and at each device's main instant, and returns an immutable `RankView`. Given a
+`RankInfo` (the rank of a run the snapshot came from) it also uses that rank's markers, NVML samples and
+capacity, and reads the memory outside the allocator at each peak (`analyze.outside`). A `Report` holds
+the views a report shows and what belongs to the whole report; section functions (`report.sections`) read
+it and never recompute.
 
 `build_path_context(path, rank, tag, …)` is the entry point for what a user names: a snapshot file gives
 `build_context` (a Report of one view); a run directory (or one `rank=N` directory), opened once through
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,7 @@ from ..analyze.peaks import find_peaks
 from ..analyze.phases import PHASE_COLUMNS, phase_table
 from ..analyze.ranks import RankComparison
 from ..analyze.rules import RuleSet, load_rules
+from ..analyze.segment_map import SegmentMap, segment_map
 from ..errors import BadInputError, UsageError
 from ..load import load
 from ..load.runs import RunEntry
@@ -135,6 +139,7 @@ class RankView:
     outside: pd.DataFrame | None = None        # outside_at_peaks rows at `peaks` (a rank with NVML samples)
     joined: dict[int, pd.DataFrame] = field(default_factory=dict)   # per device: join_samples of its NVML
     given_capacity: int | None = None          # device memory the user gave (--capacity), for every device
+    segment_maps: dict[tuple[int, int], SegmentMap] = field(default_factory=dict)   # (device, event index)
 
     def capacity(self, device: int) -> tuple[int | None, str]:
         """Device memory in bytes and where it came from: given, else the run's NVML/meta.json, else unknown."""
@@ -268,6 +273,15 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
     step("explaining OOMs")
     capacities = {d: _capacity(capacity, rank, d) for d in timeline.devices}
     oom = explain_oom(snapshot, timeline, nvml=nvml, capacity=capacities, markers=markers, rules=rules)
+    step("laying out segments")
+    maps: dict[tuple[int, int], SegmentMap] = {}
+    for r in ooms[ooms["device"].isin(devices)].itertuples(index=False):
+        maps.setdefault((int(r.device), int(r.index)), segment_map(snapshot, timeline, int(r.device), int(r.index),
+                                                                   int(r.size), int(r.stream)))
+    for d in devices:
+        if details[d]:
+            index = details[d][0].event_index
+            maps.setdefault((d, index), segment_map(snapshot, timeline, d, index))
     outside = None
     joined: dict[int, pd.DataFrame] = {}
     if nvml is not None:
@@ -277,7 +291,8 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
     return RankView(snapshot=snapshot, timeline=timeline, rules=rules, devices=devices, peaks=peaks,
                          details=details, attributions=cache, series=series,
                          redactor=Redactor(snapshot, enabled=redact_paths), inputs=dict(inputs or {}),
-                         phases=phases, oom=oom, rank=rank, outside=outside, joined=joined, given_capacity=capacity)
+                         phases=phases, oom=oom, rank=rank, outside=outside, joined=joined, given_capacity=capacity,
+                         segment_maps=maps)
 
 
 def _capacity(given: int | None, rank: RankInfo | None, device: int) -> tuple[int | None, str]:
@@ -325,9 +340,12 @@ def detail_ranks(comparison: RankComparison, limit: int = MAX_DETAILED_RANKS) ->
 
 def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
                       rules: RuleSet | None = None, progress: Progress | None = None,
-                      snapshot_path: str | Path | None = None, **options: Any) -> Report:
+                      snapshot_path: str | Path | None = None, executor: Executor | None = None,
+                      **options: Any) -> Report:
     """A run's report (see the module docstring); `options` go to `build_view` for each rank.
-    `snapshot_path`: report this snapshot as the rank whose directory holds it (a file inside a run)."""
+    `snapshot_path`: report this snapshot as the rank whose directory holds it (a file inside a run).
+    `executor`: where the comparison measures the ranks when there are more than are detailed (each is then
+    read in a worker, and only the detailed ones here); with no more, each rank is read once, here."""
     step = progress or (lambda _: None)
     rules = rules or load_rules()
     samples = run.samples
@@ -343,7 +361,8 @@ def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
     if len(chosen) > 1:
         step("comparing ranks")
         every = len(chosen) <= MAX_DETAILED_RANKS        # every rank is shown: each is read once, for both uses
-        comparison = compare_ranks(run, tag=tag, rules=rules, keep=lambda _: every)
+        comparison = compare_ranks(run, tag=tag, rules=rules, keep=lambda _: every,
+                                   executor=None if every else executor, progress=None if every else progress)
         if not every:
             shown = detail_ranks(comparison) or shown[:MAX_DETAILED_RANKS]
     base = dict(options.pop("inputs", None) or {})
@@ -364,9 +383,11 @@ def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
 
 def build_path_context(path: str | Path, rank: int | None = None, tag: str | None = None,
                        compare: str | Path | None = None, rules: RuleSet | None = None,
-                       progress: Progress | None = None, **options: Any) -> Report:
+                       progress: Progress | None = None, executor: Executor | None = None,
+                       **options: Any) -> Report:
     """The report of what a user names: a snapshot file, a run directory or a rank=N directory (see the
-    module docstring); `compare` adds the diff against that baseline. `options` go to `build_context`."""
+    module docstring); `compare` adds the diff against that baseline. `options` go to `build_context`;
+    `executor` to `build_run_context`."""
     step = progress or (lambda _: None)
     rules = rules or load_rules()
     inputs = {"path": str(path), "rank": rank, "tag": tag, "compare": None if compare is None else str(compare)}
@@ -374,7 +395,7 @@ def build_path_context(path: str | Path, rank: int | None = None, tag: str | Non
     if is_run_path(path):
         step("reading the run")
         context = build_run_context(open_run(path, progress), rank, tag, rules=rules, progress=progress,
-                                    inputs=inputs, **options)
+                                    inputs=inputs, executor=executor, **options)
     elif inside is not None:
         step("reading the run")
         context = build_run_context(open_run(inside, progress), rules=rules, progress=progress, inputs=inputs,

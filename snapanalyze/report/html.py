@@ -1,9 +1,11 @@
 """The HTML postmortem: sections → one self-contained, deterministic HTML string.
 
 Contract: `render_report(report, sections)` calls each section function on the `context.Report`, drops those
-that return None, orders the rest by (`order`, position), puts every section's verdict sentences at the top
-and returns one HTML page: plotly.js inlined once (`plotly.offline.get_plotlyjs()`, no CDN, no network —
-a Content-Security-Policy forbids every fetch), each figure's data in its own
+that return None, orders the rest by (`order`, position) and returns one HTML page: at the top the verdict —
+the "verdict" section's body (headline, a line per device, advice), then every section's verdict sentences
+folded in a <details> (those of VERDICT_FIRST's sections first, the rest in order) — and below it the other
+sections; plotly.js inlined once (`plotly.offline.get_plotlyjs()`, no CDN, no network — a
+Content-Security-Policy forbids every fetch), each figure's data in its own
 `<script type="application/json">` block serialised by `script_json` (sorted keys; `<`, `>`, `&`, U+2028/9
 escaped, so a frame named `</script>` cannot end the block) and drawn by a small inline script. The page
 holds no generation time or random ids: the same input gives the same bytes. It never embeds the raw trace:
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +34,9 @@ from ..analyze.attribute import SourceRoots, bind_source
 from ..analyze.rules import RuleSet, load_rules
 from ..model import Snapshot
 from ..replay import Timeline
+from ..units import fmt_count
 from .context import Progress, Report, build_context, build_path_context
-from .sections import DEFAULT_SECTIONS, Section, SectionFunction
+from .sections import DEFAULT_SECTIONS, VERDICT_FIRST, Section, SectionFunction
 from .templating import render
 
 PLOTLY_MARKER = "/* plotly.js inlined here */"
@@ -84,13 +88,15 @@ def render_report(report: Report, sections: Sequence[SectionFunction] = DEFAULT_
     """One HTML page from `sections` applied to `report` (see the module docstring)."""
     (progress or (lambda _: None))("rendering")
     made = collect_sections(report, sections)
-    verdict = [line for s in made for line in s.verdict]
-    shown = [s for s in made if s.body or s.figures]
+    head = next((s for s in made if s.id == "verdict"), None)
+    detailed = sorted(made, key=lambda s: s.id not in VERDICT_FIRST)          # stable: else in section order
+    verdict = [line for s in detailed for line in s.verdict]
+    shown = [s for s in made if (s.body or s.figures) and s is not head]
     figures = [{"id": f.id, "json": Markup(figure_json(f.figure))} for s in shown for f in s.figures]
     views = report.views
     devices = sum(len(v.devices) for v in views)
     events = sum(len(v.timeline[d]) for v in views for d in v.devices)
-    subtitle = f"{devices} device{'s' if devices != 1 else ''}, {events:,} events"
+    subtitle = f"{fmt_count(devices, 'device')}, {fmt_count(events, 'event')}"
     if report.run is not None and len(report.run.ranks) > 1:
         ranks = report.run.ranks
         subtitle = f"{len(ranks)} ranks ({', '.join(map(str, ranks))}), " + subtitle
@@ -103,7 +109,8 @@ def render_report(report: Report, sections: Sequence[SectionFunction] = DEFAULT_
     if report.diffs:
         subtitle += f", compared with {report.redactor.path(report.diffs[0].baseline)}"
     return str(render("report.html.j2", title="GPU memory postmortem", source=report.source, subtitle=subtitle,
-                      version=__version__, verdict=verdict, sections=shown, figures=figures,
+                      version=__version__, verdict_head=head.body if head is not None else Markup(""),
+                      verdict=verdict, sections=shown, figures=figures,
                       plotly_js=Markup(plotly_js())))
 
 
@@ -125,13 +132,14 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
                       at: Sequence[str] = (), samples: int = 32, device: int | None = None,
                       redact_paths: bool = False, sections: Sequence[SectionFunction] = DEFAULT_SECTIONS,
                       progress: Progress | None = None, capacity: int | None = None,
-                      source: SourceRoots = None) -> str:
+                      source: SourceRoots = None, executor: Executor | None = None) -> str:
     """The HTML report of a snapshot file or a run directory (every rank, or `rank`), optionally with the
-    diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`."""
+    diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`; `executor`
+    measures a large run's ranks for the comparison (`context.build_run_context`)."""
     rules = bind_source(rules or load_rules(), source)
     report = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
                                  top=top, at=at, samples=samples, device=device, redact_paths=redact_paths,
-                                 capacity=capacity)
+                                 capacity=capacity, executor=executor)
     return render_report(report, sections, progress)
 
 

@@ -60,13 +60,15 @@ def timeline_html(timeline: Timeline) -> str:
 
 
 def attribution_html(attribution: Any, top: int = 1) -> str:
-    """Per device: the instant (label, event, active and reserved bytes), then bytes per category with the
-    `top` allocation sites of each, and the attribution's notes."""
+    """Per device: the instant (label, event, active and reserved bytes), then bytes per category (flagged
+    "inferred" where sizes, lifetimes or layout decided rather than a frame) with the `top` allocation sites of
+    each, and the attribution's notes."""
     devices = []
     for device, instant in sorted(attribution.instants.items()):
         summary = attribution.summary[attribution.summary["device"] == device]
         devices.append({"instant": instant, "rows": [
             {"category": r.category, "bytes": int(r.bytes), "share": float(r.share), "blocks": int(r.blocks),
+             "inferred": int(r.inferred_bytes),
              "sites": list(zip(r.top_frames, r.top_frame_bytes))[:top]} for r in summary.itertuples()]})
     return str(render("notebook/attribution.html.j2", source=attribution.snapshot.source, devices=devices,
                       notes=list(attribution.notes)))

@@ -24,6 +24,7 @@ outside 70, diff 80), and its `verdict` sentences join the verdict at the top. N
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +35,9 @@ from markupsafe import Markup
 
 from .. import plots
 from ..analyze.attribute import PERSISTENT_CATEGORIES as PERSISTENT
+from ..analyze.engine import Engine, detect_engine
 from ..analyze.summary import summarize
-from ..units import fmt_bytes, fmt_duration_us
+from ..units import fmt_bytes, fmt_count, fmt_duration_us, fmt_share, fmt_signed_bytes
 from . import oom_text
 from .compare_documents import diff_document
 from .context import DetailInstant, RankView, Report
@@ -87,7 +89,7 @@ def _capital(text: str) -> str:
 
 
 def _signed(n: int) -> str:
-    return ("+" if n > 0 else "") + fmt_bytes(n) if n else "0 B"
+    return fmt_signed_bytes(n)
 
 
 def _category_phrase(category: str, size: int, inferred: int) -> str:
@@ -136,9 +138,9 @@ def when_in_window(view: RankView, device: int, index: int) -> str:
 
 
 def _phase_label(rows: pd.DataFrame, row: Any) -> str:
-    """'prefill #2' when the phase name occurs more than once on the device, else 'prefill'."""
-    same = rows[(rows["phase"] == row.phase) & (rows["kind"] == row.kind)]
-    return f"{row.phase} #{int(row.occurrence)}" if len(same) > 1 else str(row.phase)
+    """The phase's name as `snapanalyze phases` prints it and --phase accepts it: 'prefill#2' when the name
+    is repeated, else 'prefill' (`analyze.phases.phase_label`)."""
+    return str(row.label)
 
 
 def phase_at(view: RankView, device: int, index: int) -> str | None:
@@ -164,8 +166,9 @@ def phase_at(view: RankView, device: int, index: int) -> str | None:
 
 
 def peak_sentences(view: RankView, instant: DetailInstant) -> list[str]:
-    """Plain sentences with numbers about one attributed instant: how high, when, during which phase, and
-    what held it."""
+    """Plain sentences with numbers about one attributed instant: how high, when, during which phase, what
+    held it and how much of it was live before the window (nothing said when nothing was: the verdict says
+    that once for every device, `verdict_section`)."""
     device, index = instant.device, instant.event_index
     dt = view.timeline[device]
     active, reserved = dt.active_at(index), dt.reserved_at(index)
@@ -198,8 +201,6 @@ def peak_sentences(view: RankView, instant: DetailInstant) -> list[str]:
     if baseline and active >= baseline:
         sentences.append(f"{fmt_bytes(baseline)} were already live when the trace window began; "
                          f"{fmt_bytes(active - baseline)} rose within it.")
-    elif not baseline:
-        sentences.append("Nothing was live when the trace window began: the window holds every allocation.")
     if reserved > active:
         sentences.append(f"The allocator reserved {fmt_bytes(reserved - active)} more than was live "
                          "(cached free blocks and rounding).")
@@ -240,27 +241,302 @@ def _phase_rows(view: RankView, device: int) -> tuple[list[dict[str, Any]], int]
 
 # -- the per-snapshot sections (repeated per rank of a run) --------------------------------------------------
 
-def verdict_section(report: Report) -> Section | None:
-    """The verdict's core: per device (of each rank), the main instant in plain sentences (no body of its own)."""
-    lines: list[str] = []
-    for view in report.views:
+# -- the verdict: a headline, a line per device, the program and its advice; the sentences folded below ----
+
+VERDICT_FIRST = ("oom",)      # sections whose verdict sentences open the folded details (then ORDER's order)
+INFERRED_NOTE = ("inferred: decided by sizes, lifetimes, layout or time rather than proven by a frame, pool or "
+                 "metadata (Rules that fired gives the reason).")
+_ENGINES: weakref.WeakKeyDictionary[RankView, Engine] = weakref.WeakKeyDictionary()
+
+
+def engine_of(view: RankView) -> Engine:
+    """The program of a view (`analyze.engine.detect_engine` over the blocks live at its verdict's instants:
+    each device's main instant and its OOM entries), found once per view."""
+    found = _ENGINES.get(view)
+    if found is None:
+        parts = []
         for device in view.devices:
-            if view.details.get(device):
-                lines += peak_sentences(view, view.main(device))
-        whose = "" if view.rank is None else f" of rank {view.rank.rank}"
-        if view.snapshot.warnings:
-            lines.append(f"Warning: the snapshot{whose} has inconsistencies the analysis worked around "
-                         f"({view.snapshot.warnings[0]}"
-                         + (f", and {len(view.snapshot.warnings) - 1} more" if len(view.snapshot.warnings) > 1 else "")
-                         + "); see Snapshot facts.")
-        problems = view.timeline.check_invariants()
-        if problems:
-            lines.append(f"Warning: the replay{whose} does not match the end state ({problems[0]}"
-                         + (f", and {len(problems) - 1} more" if len(problems) > 1 else "")
-                         + "); see Snapshot facts.")
-    if not any(view.devices for view in report.views):
-        lines.append("The snapshot holds no devices: no segments and no trace.")
-    return Section(id="verdict", title="Verdict", verdict=tuple(lines), order=ORDER["verdict"])
+            indices = [view.main(device).event_index] if view.details.get(device) else []
+            if view.oom is not None:
+                indices += [int(i) for i in view.oom.ooms.loc[view.oom.ooms["device"] == device, "index"]]
+            for index in dict.fromkeys(indices):
+                blocks = view.attribution(device, index).blocks
+                parts.append(blocks.loc[blocks["device"] == device, ["stack_id", "category", "size"]])
+        blocks = (pd.concat(parts, ignore_index=True) if parts
+                  else pd.DataFrame({"stack_id": pd.Series(dtype="int64"), "category": [], "size": []}))
+        found = _ENGINES[view] = detect_engine(view.snapshot, blocks)
+    return found
+
+
+def _flagged(row: dict[str, Any]) -> str:
+    """"9.56 GiB logits", with "(inferred)" or "(… inferred)" when frames did not prove it."""
+    text = f"{fmt_bytes(row['bytes'])} {row['category']}"
+    if row["inferred"]:
+        text += " (inferred)" if row["inferred"] >= row["bytes"] else f" ({fmt_bytes(row['inferred'])} inferred)"
+    return text
+
+
+def _held(rows: list[dict[str, Any]]) -> str:
+    """"55.28 GiB of kv_cache and weights" (" (… inferred)" when some of it is)."""
+    total, inferred = sum(r["bytes"] for r in rows), sum(r["inferred"] for r in rows)
+    flag = "" if not inferred else " (inferred)" if inferred >= total else f" ({fmt_bytes(inferred)} inferred)"
+    if len(rows) == 1:
+        return _flagged(rows[0])
+    return f"{fmt_bytes(total)} of {_join([r['category'] for r in rows])}{flag}"
+
+
+@dataclass(frozen=True)
+class _Live:
+    """What was live at an instant, in a few words: `rose` ("9.56 GiB logits and 8.12 MiB workspace"; "" when
+    only what stays was live), `held` ("61.84 GiB of kv_cache and weights"; "" when none of it was), the
+    category that rose most (`owner`, None when none did) and whether an inferred amount was named."""
+
+    rose: str
+    held: str
+    owner: str | None
+    inferred: bool
+
+    def text(self, verb: str = "") -> str:
+        """"9.56 GiB logits{verb}, on top of 61.84 GiB of kv_cache and weights", "only …" or "nothing"."""
+        if self.rose and self.held:
+            return f"{self.rose}{verb}, on top of {self.held}" if verb else f"{self.rose} on top of {self.held}"
+        if self.rose:
+            return self.rose + verb
+        return f"only {self.held}" if self.held else "nothing"
+
+
+def _live(view: RankView, device: int, index: int, top: int = 1, rest: bool = True) -> _Live:
+    """`_Live` at `index` of `device`: the `top` categories that rose (then, with `rest`, the others as
+    "N more"), on top of the categories that stay (PERSISTENT)."""
+    rows = [r for r in category_rows(view, device, index) if r["bytes"] > 0]
+    transient = [r for r in rows if r["category"] not in PERSISTENT]
+    persistent = [r for r in rows if r["category"] in PERSISTENT]
+    named = transient if rest and len(transient) <= top + 1 else transient[:top]
+    others = transient[len(named):] if rest else []
+    parts = [_flagged(r) for r in named]
+    if others:
+        parts.append(f"{len(others)} more categor{'y' if len(others) == 1 else 'ies'} "
+                     f"({fmt_bytes(sum(r['bytes'] for r in others))})")
+    return _Live(_join(parts), _held(persistent) if persistent else "",
+                 str(named[0]["category"]) if named else None,
+                 any(r["inferred"] for r in named + persistent))
+
+
+def _at(view: RankView, device: int, index: int, short: bool = False) -> str:
+    """"at 2.38 ms into the 2.41 ms window" ("at 2.38 ms" when `short`), "at event 598 of 619" without times."""
+    dt = view.timeline[device]
+    window, events = _window(view, device)
+    t, first = dt.time_at(index), dt.time_at(0)
+    if index < 0:
+        return "at the start of the window"
+    if window is None or t is None or first is None:
+        return f"at event {index:,}" + ("" if short else f" of {events:,}")
+    return f"at {fmt_duration_us(t - first)}" + ("" if short else f" into the {fmt_duration_us(window)} window")
+
+
+def _during(view: RankView, device: int, index: int) -> str:
+    phase = phase_at(view, device, index)
+    return f", {phase}" if phase else ""
+
+
+OOM_REASONS = {
+    "fragmentation": lambda v: (f"no free block fits it although {fmt_bytes(v.reserved_free_bytes)} is reserved "
+                                "but free"),
+    "live_exhaustion": lambda v: f"{fmt_bytes(v.shortfall_bytes)} short of what the device could give",
+    "outside_pressure": lambda v: (f"other processes held {fmt_bytes(v.pressure_bytes)}"
+                                   if v.pressure == "other_processes" else
+                                   f"memory outside the allocator grew by {fmt_bytes(v.pressure_bytes)}"),
+    "unexplained": lambda v: (f"yet a {fmt_bytes(v.largest_free_block_bytes)} free block could have served it: "
+                              "the state at the failure differs from the file"),
+}
+
+
+@dataclass(frozen=True)
+class _Oom:
+    view: RankView
+    device: int
+    verdict: Any                                  # analyze.oom.OomVerdict
+
+
+def _ooms(report: Report) -> list[_Oom]:
+    """Every OOM entry of the reported devices, in view and device order, earliest first."""
+    found = []
+    for view in report.views:
+        if view.oom is None:
+            continue
+        verdicts = sorted((v for v in view.oom.verdicts if v.device in view.devices),
+                          key=lambda v: (view.devices.index(v.device), v.index))
+        found += [_Oom(view, v.device, v) for v in verdicts]
+    return found
+
+
+def _oom_headline(o: _Oom) -> tuple[str, bool]:
+    v, view = o.verdict, o.view
+    live = _live(view, o.device, v.index, rest=False)
+    name = VERDICT_NAMES.get(v.verdict, v.verdict)
+    reason = OOM_REASONS[v.verdict](v) if v.verdict in OOM_REASONS else ""
+    return (f"{_capital(view.where(o.device))} ran out of memory {_at(view, o.device, v.index)}"
+            f"{_during(view, o.device, v.index)}: a {fmt_bytes(v.request_bytes)} request failed ({name}"
+            + (f": {reason}" if reason else "") + f"); live then: {live.text()}."), live.inferred
+
+
+def _outlier(report: Report, view: RankView, device: int) -> Any | None:
+    """The comparison row of (view's rank, device) when it is an outlier above the median rank."""
+    comparison = report.run.comparison if report.run is not None else None
+    if comparison is None or view.rank is None:
+        return None
+    t = comparison.table
+    rows = t[(t["rank"] == view.rank.rank) & (t["device"] == device) & t["outlier"] & (t["difference_bytes"] > 0)]
+    return rows.iloc[0] if len(rows) else None
+
+
+def _peak_headline(report: Report, view: RankView, device: int) -> tuple[str, str | None, bool]:
+    """The headline for the highest peak: how high, where, when, and the category that made the difference —
+    against the median rank when the rank is an outlier, else on top of what stays."""
+    index = view.main(device).event_index
+    dt = view.timeline[device]
+    active, reserved = dt.active_at(index), dt.reserved_at(index)
+    when = _at(view, device, index) + _during(view, device, index)
+    outlier = _outlier(report, view, device) if view.main(device).label == "peak 1" else None
+    if outlier is not None and report.run is not None and report.run.comparison is not None:
+        comparison = report.run.comparison
+        diffs = comparison.differences
+        mine = diffs[(diffs["rank"] == view.rank.rank) & (diffs["device"] == device)] if view.rank else diffs[:0]
+        mine = mine.sort_values(["difference_bytes", "category"], ascending=[False, True], kind="stable")
+        top = mine.iloc[0] if len(mine) and mine["difference_bytes"].iloc[0] > 0 else None
+        text = (f"{_capital(view.where(device))} peaked highest, {fmt_bytes(int(outlier['difference_bytes']))} above "
+                f"the median rank (rank {comparison.median_rank}): {fmt_bytes(active)} active "
+                f"({fmt_bytes(reserved)} reserved) {when}")
+        if top is not None:
+            text += (f"; {top['category']} ({_signed(int(top['difference_bytes']))} against the median rank) made "
+                     "the difference")
+            return text + ".", str(top["category"]), False
+        return text + ".", None, False
+    live = _live(view, device, index, rest=False)
+    label = view.main(device).label
+    first = (f"The peak on {view.where(device)} was {fmt_bytes(active)} active" if label == "peak 1" else
+             f"At {label} on {view.where(device)}, {fmt_bytes(active)} were active")
+    return (f"{first} ({fmt_bytes(reserved)} reserved) {when}: "
+            f"{live.text(' made the difference' if live.owner else '')}."), live.owner, live.inferred
+
+
+def _device_line(view: RankView, device: int, ooms: list[_Oom]) -> tuple[str, bool]:
+    """One short line for a device: its OOM (if any), its peak and what rose on top of what stays."""
+    head = _capital(view.where(device))
+    parts = []
+    for o in ooms:
+        v = o.verdict
+        parts.append(f"out of memory {_at(view, device, v.index, short=True)} "
+                     f"({VERDICT_NAMES.get(v.verdict, v.verdict)}, a {fmt_bytes(v.request_bytes)} request)")
+    inferred = False
+    if view.details.get(device):
+        instant = view.main(device)
+        index = instant.event_index
+        dt = view.timeline[device]
+        live = _live(view, device, index, top=2)
+        inferred = live.inferred
+        label = "peak" if instant.label == "peak 1" else f"at {instant.label},"
+        parts.append(f"{label} {fmt_bytes(dt.active_at(index))} active ({fmt_bytes(dt.reserved_at(index))} reserved) "
+                     f"{_at(view, device, index, short=True)}{_during(view, device, index)}: {live.text()}")
+    return f"{head}: " + "; ".join(parts) + ".", inferred
+
+
+def _engine_line(engine: Engine) -> str:
+    if engine.evidence is None:
+        if not engine.framed:
+            return ("Program: not recognised — the live blocks carry no frames; the advice is plain PyTorch's.")
+        return "Program: plain PyTorch (no vLLM, SGLang, transformers or training frame in the live stacks)."
+    if engine.blocks:
+        share = (f"all {engine.framed:,}" if engine.blocks == engine.framed else
+                 f"{engine.blocks:,} of the {engine.framed:,} ({fmt_share(engine.share)})")
+        return (f"Program: {engine.label}, recognised by {engine.evidence} in the stacks of {share} live blocks "
+                "with frames.")
+    return f"Program: {engine.label}, recognised by {engine.evidence}."
+
+
+def _refusals(view: RankView) -> list[str]:
+    """"Rank 0: request req-3 was refused by an admission limit (…), not by the allocator." per device."""
+    if view.oom is None:
+        return []
+    out = []
+    for item in view.oom.no_oom:
+        if not item.rejected_requests or item.device not in view.devices:
+            continue
+        names = _join([f"{r['name']}" + (f" ({r['reason']})" if r["reason"] else "") for r in item.rejected_requests])
+        many = len(item.rejected_requests) > 1
+        out.append(f"{_capital(view.where(item.device))}: request{'s' if many else ''} {names} "
+                   f"{'were' if many else 'was'} refused by an admission limit, not by the allocator.")
+    return out
+
+
+def _warnings(view: RankView) -> list[str]:
+    whose = "" if view.rank is None else f" of rank {view.rank.rank}"
+    lines = []
+    if view.snapshot.warnings:
+        more = len(view.snapshot.warnings) - 1
+        lines.append(f"Warning: the snapshot{whose} has inconsistencies the analysis worked around "
+                     f"({view.snapshot.warnings[0]}" + (f", and {more} more" if more else "")
+                     + "); see Snapshot facts.")
+    problems = view.timeline.check_invariants()
+    if problems:
+        lines.append(f"Warning: the replay{whose} does not match the end state ({problems[0]}"
+                     + (f", and {len(problems) - 1} more" if len(problems) > 1 else "") + "); see Snapshot facts.")
+    return lines
+
+
+def verdict_section(report: Report) -> Section | None:
+    """The verdict at the top of the report, read in ten seconds: one headline sentence — the first OOM when
+    an allocation failed (where, when, the request, why, what was live), else the highest peak (how much,
+    where, when, the category that made the difference: against the median rank for a run's outlier) —
+    then one short line per device of each rank (when there are several, or an OOM to set beside its peak),
+    refusals and warnings, the program (`engine_of`) and what would help in its words (`oom_text`). Its
+    `verdict` sentences — each device's peak in full, and once whether anything was live when the window
+    began — are folded below with the other sections' (see `html.render_report`)."""
+    ooms = _ooms(report)
+    pairs = [(view, device) for view in report.views for device in view.devices]
+    peaks = [(view, device) for view, device in pairs if view.details.get(device)]
+    inferred = False
+    if not pairs:
+        headline = "The snapshot holds no devices: no segments and no trace."
+        view, owner = report.views[0], None
+    elif ooms:
+        headline, inferred = _oom_headline(ooms[0])
+        view, owner = ooms[0].view, None
+    elif peaks:
+        view, device = max(peaks, key=lambda p: p[0].timeline[p[1]].active_at(p[0].main(p[1]).event_index))
+        headline, owner, inferred = _peak_headline(report, view, device)
+    else:
+        view, owner = pairs[0][0], None
+        headline = f"Nothing was attributed on {_join([v.where(d) for v, d in pairs])}."
+    lines: list[tuple[str, bool]] = []
+    if len(pairs) > 1 or ooms:
+        for v, device in pairs:
+            text, flag = _device_line(v, device, [o for o in ooms if o.view is v and o.device == device])
+            lines.append((text, False))
+            inferred = inferred or flag
+    lines += [(text, False) for v in report.views for text in _refusals(v)]
+    lines += [(text, True) for v in report.views for text in _warnings(v)]
+    engine = engine_of(view) if pairs else None
+    advice: list[str] = []
+    title = ""
+    if engine is not None and ooms:
+        advice, title = oom_text.advice(ooms[0].verdict, engine.name)[:2], "What would have helped"
+    elif engine is not None and peaks:
+        device_live = [r["category"] for v, d in peaks if v is view
+                       for r in category_rows(v, d, v.main(d).event_index) if r["bytes"] > 0]
+        advice, title = oom_text.peak_advice(owner, engine.name, device_live), "To lower the peak"
+    details: list[str] = []
+    for v, device in peaks:
+        details += peak_sentences(v, v.main(device))
+    empty = [v.where(d) for v, d in peaks if not v.timeline[d].baseline_active]
+    if empty:
+        details.append(f"Nothing was live when the trace window began on {_join(empty)}: the window holds every "
+                       "allocation.")
+    body = render("sections/verdict.html.j2", headline=headline,
+                  lines=[{"text": t, "warning": w} for t, w in lines],
+                  engine=_engine_line(engine) if engine is not None else None,
+                  advice=advice, advice_title=title, note=INFERRED_NOTE if inferred else None)
+    return Section(id="verdict", title="Verdict", body=body, verdict=tuple(details), order=ORDER["verdict"])
 
 
 def timelines_section(report: Report) -> Section | None:
@@ -303,7 +579,8 @@ def timelines_section(report: Report) -> Section | None:
 
 
 def categories_section(report: Report) -> Section | None:
-    """Live bytes per category at sampled instants, stacked, per device."""
+    """Live bytes per category at the instants where the live set changed most (and every peak and OOM),
+    stacked as steps, with the exact active curve over them, per device."""
     devices, figures = [], []
     for view in report.views:
         series = view.series
@@ -321,7 +598,7 @@ def categories_section(report: Report) -> Section | None:
             fig_id = f"fig-categories-{view.key(device)}"
             figures.append(FigureSpec(fig_id, plots.categories_figure(series, view.timeline, device, order, marks)))
             devices.append({"device": device, "heading": view.heading(device), "figure": fig_id,
-                            "instants": int(part["event_index"].nunique())})
+                            "instants": int(part["event_index"].nunique()), "events": len(view.timeline[device])})
     if not devices:
         return None
     body = render("sections/categories.html.j2", devices=devices)
@@ -332,6 +609,23 @@ def categories_section(report: Report) -> Section | None:
 def _labeller(redact: Callable[[tuple[str, int, str]], tuple[str, int, str]]) -> plots.FrameLabel:
     """An icicle frame label that shows the frame redacted (when the report redacts)."""
     return lambda frame: plots.frame_label(redact(frame))
+
+
+def segment_rows(view: RankView, device: int, index: int, fig_id: str) -> dict[str, Any] | None:
+    """The segment map laid out at (device, index) (`RankView.segment_maps`): its figure (`spec`) and the
+    numbers its template states, or None when none was laid out there."""
+    smap = view.segment_maps.get((device, index))
+    if smap is None or not len(smap.segments):
+        return None
+    free = smap.pieces[smap.pieces["state"] == "inactive"]
+    largest = smap.largest_free
+    figure = plots.segment_map_figure(smap)
+    return {"spec": FigureSpec(fig_id, figure), "figure": fig_id, "height": int(figure.layout.height or 380),
+            "segments": len(smap.segments), "reserved": smap.reserved_bytes,
+            "free": smap.free_bytes, "free_pieces": len(free), "largest": largest.size if largest is not None else None,
+            "largest_any": smap.largest_free_any_bytes, "request": smap.request_bytes,
+            "pending": int(smap.segments["pending_free_bytes"].sum()), "exact": smap.exact, "source": smap.source,
+            "shown": len({y for trace in figure.data for y in trace.y if not str(y).startswith("failed request")})}
 
 
 def instants_section(report: Report) -> Section | None:
@@ -346,6 +640,10 @@ def instants_section(report: Report) -> Section | None:
                 attribution = view.attribution(device, instant.event_index)
                 fig_id = f"fig-icicle-{view.key(device)}-{instant.slug}"
                 figures.append(FigureSpec(fig_id, plots.icicle_figure(attribution, device, label=_labeller(label))))
+                segments = segment_rows(view, device, instant.event_index,
+                                        f"fig-segments-{view.key(device)}-{instant.slug}")
+                if segments is not None:
+                    figures.append(segments["spec"])
                 instants.append({
                     "device": device, "heading": view.heading(device), "label": instant.label,
                     "anchor": f"instant-{view.key(device)}-{instant.slug}",
@@ -353,7 +651,7 @@ def instants_section(report: Report) -> Section | None:
                     "phase": phase_at(view, device, instant.event_index),
                     "active": dt.active_at(instant.event_index), "reserved": dt.reserved_at(instant.event_index),
                     "baseline": dt.baseline_active, "request": attribution.instants[device].request,
-                    "rows": category_rows(view, device, instant.event_index)})
+                    "rows": category_rows(view, device, instant.event_index), "segments": segments})
     if not instants:
         return None
     body = render("sections/instants.html.j2", instants=instants)
@@ -371,7 +669,7 @@ def _oom_numbers(o: dict[str, Any]) -> list[dict[str, Any]]:
         ("live (active)", o["active_bytes"], "Σ requested bytes of live blocks"),
         ("in blocks" + est, o["allocated_bytes"], "Σ sizes of blocks in use"),
         ("reserved", o["reserved_bytes"], "Σ segment sizes"),
-        ("reserved but free" + est, o["reserved_free_bytes"], f"in {o['free_blocks']:,} free block(s)"),
+        ("reserved but free" + est, o["reserved_free_bytes"], f"in {fmt_count(o['free_blocks'], 'free block')}"),
         ("largest usable free block" + est, o["largest_free_block_bytes"],
          f"same stream and pool; the largest of any: {fmt_bytes(o['largest_free_block_any_bytes'])}"),
         ("capacity", o["capacity_bytes"], o["capacity_source"] if o["capacity_bytes"] is not None else
@@ -395,20 +693,25 @@ def oom_section(report: Report) -> Section | None:
     the allocator), with its numbers, what was live and what would have helped — or, for a rank whose
     request was refused although nothing failed, the statement that an admission limit refused it."""
     entries, refusals, verdict = [], [], []
+    figures: list[FigureSpec] = []
     for view in report.views:
         if view.oom is None:
             continue
         for (_, row), oom in zip(view.oom.ooms.iterrows(), view.oom.verdicts):
             o = _plain_row(row)
             device, index = int(o["device"]), int(o["index"])
-            why, advice = oom_text.why(oom), oom_text.advice(oom)
+            why, advice = oom_text.why(oom), oom_text.advice(oom, engine_of(view).name)
             if device not in view.devices:
                 continue
             when = when_in_window(view, device, index)
             phase = phase_at(view, device, index)
             when += f", {phase}" if phase else ""
             free = o["device_free_bytes"]
+            segments = segment_rows(view, device, index, f"fig-segments-{view.key(device)}-oom-e{index}")
+            if segments is not None:
+                figures.append(segments["spec"])
             entries.append({
+                "segments": segments,
                 "device": device, "heading": view.heading(device), "when": when, "verdict": o["verdict"],
                 "verdict_name": VERDICT_NAMES.get(o["verdict"], o["verdict"]), "why": _capital(why),
                 "advice": advice, "numbers": _oom_numbers(o), "exact": bool(o["exact"]),
@@ -435,7 +738,8 @@ def oom_section(report: Report) -> Section | None:
     if not entries and not refusals:
         return None
     body = render("sections/oom.html.j2", entries=entries, refusals=refusals)
-    return Section(id="oom", title="Out of memory", body=body, verdict=tuple(verdict), order=ORDER["oom"])
+    return Section(id="oom", title="Out of memory", body=body, figures=tuple(figures), verdict=tuple(verdict),
+                   order=ORDER["oom"])
 
 
 def rules_section(report: Report) -> Section | None:
@@ -509,12 +813,15 @@ def ranks_section(report: Report) -> Section | None:
     for r in table.itertuples(index=False):
         rank, device = int(r.rank), int(r.device)
         view = views.get(rank)
+        at_peak = ({c["category"]: c["inferred"] for c in category_rows(view, device, int(r.event_index))}
+                   if view is not None and device in view.devices else {})
         rows.append({
             "rank": rank, "device": device, "active": int(r.active_bytes), "reserved": int(r.reserved_bytes),
             "nvml_used": None if pd.isna(r.nvml_used_bytes) else int(r.nvml_used_bytes),
             "measured": bool(r.nvml_used_measured),
             "outside": None if pd.isna(r.outside_bytes) else int(r.outside_bytes),
             "top": r.top_category, "top_bytes": None if pd.isna(r.top_category_bytes) else int(r.top_category_bytes),
+            "top_inferred": at_peak.get(r.top_category, 0),
             "difference": int(r.difference_bytes), "outlier": bool(r.outlier),
             "median": rank == comparison.median_rank and device == comparison.median_device,
             "phase": phase_at(view, device, int(r.event_index)) if view is not None else None,
