@@ -13,12 +13,14 @@ from conftest import ROOT
 
 from snapanalyze import load
 from snapanalyze.analyze.attribute import attribute
-from snapanalyze.analyze.capacity import capacity_contract, fit_bytes, fit_capacity
+from snapanalyze.analyze.capacity import Fit, capacity_contract, fit_bytes, fit_capacity
 from snapanalyze.analyze.sweep import CATEGORY_COLUMNS, Sweep, category_levels, label_window, measure_sweep
 from snapanalyze.errors import BadInputError, UsageError
 from snapanalyze.load.shapes import read_manifest, shape_from_filename
 from snapanalyze.plots_capacity import capacity_figure
 from snapanalyze.replay import replay
+from snapanalyze.report.compare_documents import capacity_document
+from snapanalyze.report.compare_terminal import render_capacity
 from snapanalyze.session import capacity, sweep_points
 
 REAL = [ROOT / "fixtures" / "real" / f"cs336-medium-ctx{n}-inference-t2.11.pickle" for n in (128, 256, 512, 1024)]
@@ -135,6 +137,11 @@ def test_fit_prefers_fewer_coefficients_unless_they_cut_the_error() -> None:
 def test_fit_never_uses_as_many_coefficients_as_points() -> None:
     f = fit_bytes([1.0, 2.0], [1.0, 4.0], [10.0, 50.0])
     assert f.coefficients == 1
+
+
+def test_a_fit_without_a_model_predicts_no_number() -> None:
+    assert np.isnan(Fit("insufficient", *[float("nan")] * 4, 2).predict([1.0, 2.0], [1.0, 4.0])).all()
+    assert np.isnan(Fit("none", 0.0, 0.0, 0.0, float("inf"), 0).predict(1.0, 1.0))
 
 
 def test_category_levels_track_baseline_and_window() -> None:
@@ -340,15 +347,22 @@ def test_tokens_times_concurrency_from_a_batch_sweep() -> None:
     f = cap.fit()
     assert cap.driver == "tokens" and f.model == "quadratic" and len(cap.jumps) == 0
     assert (f.intercept, f.linear, f.quadratic) == pytest.approx((1e6, 1000, 10), rel=1e-6)
-    budget = (10 << 30) + (4 << 30)
+    budget = (10 << 30) + (512 << 20)
     contract = capacity_contract(cap, budget_bytes=budget, margin=0.0, concurrency=(1, 4, 8))
     limits = {lim.concurrency: lim for lim in contract.limits}
     for c, lim in limits.items():
         x = lim.max_x
-        assert f.predict(c * x, c * x * x) <= 4 << 30 < f.predict(c * (x + 1), c * (x + 1) ** 2)
-        assert lim.max_total == c * x
-    assert not limits[4].extrapolated or limits[4].max_x > 4096
+        assert f.predict(c * x, c * x * x) <= 512 << 20 < f.predict(c * (x + 1), c * (x + 1) ** 2)
+        assert lim.max_total == c * x and not lim.bounded
+    assert limits[1].max_x > 4096 and limits[1].extrapolated     # past the largest measured length
+    assert limits[4].max_x < 4096 and not limits[4].extrapolated  # measured lengths and concurrency
     assert limits[8].extrapolated                              # concurrency 8 was never measured
+    # 4 GiB would let the model go past 2× the measured shapes: the answers stop there, labelled
+    roomy = capacity_contract(cap, budget_bytes=(10 << 30) + (4 << 30), margin=0.0, concurrency=(1, 8))
+    one, eight = roomy.limits
+    assert (one.max_x, one.bounded, one.extrapolated) == (8192, True, True)          # 2 × 4096 per sequence
+    assert (eight.max_total, eight.bounded) == (32768, True)                        # 2 × 4 × 4096 in all
+    assert any("answers stop at 2× the largest measured shape" in n for n in roomy.notes)
 
 
 def test_a_category_taking_over_its_family_is_no_jump_but_appearing_alone_is() -> None:
@@ -372,3 +386,114 @@ def test_a_category_taking_over_its_family_is_no_jump_but_appearing_alone_is() -
     jumps = fit_capacity(_synthetic(rows, cats)).jumps
     assert list(jumps["category"]) == ["fallback_kernel"] and list(jumps["how"]) == ["appears"]
     assert (jumps.iloc[0]["from_x"], jumps.iloc[0]["to_x"]) == (2048, 4096)
+
+
+# -- never extrapolate silently ------------------------------------------------------------------------------
+
+def _tokens_sweep(transients: dict[int, int], cats: dict[str, dict[int, int]] | None = None) -> Sweep:
+    """A synthetic sweep over prompt tokens: total transient per length, optional category transients."""
+    rows = [{"label": f"L{L}", "source": f"L{L}.pickle", "phase": None, "device": 0, "tokens": L,
+             "peak_event_index": 1, "baseline_bytes": 1 << 30, "peak_bytes": (1 << 30) + y, "transient_bytes": y,
+             "reserved_bytes": (1 << 30) + y, "max_reserved_bytes": (1 << 30) + y} for L, y in transients.items()]
+    per = cats or {"mlp": transients}
+    crows = [{"label": f"L{L}", "target": name, "kind": "category", "baseline_bytes": 0, "peak_bytes": y,
+              "transient_bytes": y, "max_bytes": y} for name, ys in per.items() for L, y in ys.items()]
+    return _synthetic(rows, crows)
+
+
+def test_threshold_contract_answers_stop_at_twice_the_measured_shapes(threshold) -> None:  # type: ignore[no-untyped-def]
+    contract = capacity_contract(threshold, budget_bytes=80 << 30)
+    answered = [lim for lim in contract.limits if lim.max_x is not None]
+    assert answered and all(lim.max_x <= 2 * 8192 and lim.max_total <= 2 * 8192 for lim in answered)
+    assert all(lim.extrapolated for lim in answered if lim.max_x > 8192 or lim.max_total > 8192)
+    bounded = {lim.concurrency: lim.max_x for lim in answered if lim.bounded}
+    assert bounded[2] == 8192 and bounded[64] == 256              # 2 × 8192 tokens across the sequences
+    assert not answered[0].bounded and 8192 < answered[0].max_x < 16384   # the budget binds first at 1
+    text = render_capacity(capacity_document(threshold, contract))
+    assert "8,192 (bound: 2× measured)" in text and "15,8" in text and "(extrapolated)" in text
+    assert "answers stop at 2× the largest measured shape (tokens 8192" in text
+
+
+def test_a_two_shape_sweep_is_insufficient_data_even_with_a_zero_residual() -> None:
+    cap = fit_capacity(_tokens_sweep({1024: 128 * 1024 ** 2, 2048: 128 * 2048 ** 2}))   # exactly quadratic
+    assert fit_bytes([1024.0, 2048], [1024.0 ** 2, 2048 ** 2], [128 * 1024 ** 2, 128 * 2048 ** 2]
+                     ).max_rel_residual < 1e-12                    # a one-term fit would claim 0 %
+    fits = cap.fits.set_index("target")
+    assert set(fits["model"]) == {"insufficient"}
+    assert fits[["intercept_bytes", "linear_bytes", "quadratic_bytes", "max_rel_residual"]].isna().all().all()
+    contract = capacity_contract(cap, budget_bytes=80 << 30)
+    assert len(contract.limits) == 1 and contract.limits[0].insufficient and contract.limits[0].max_x is None
+    assert contract.margin == 0.0 and any(n.startswith("insufficient data") for n in contract.notes)
+    r = contract.reserve                                           # the measured shape still sizes the reserve
+    assert r.predicted_bytes is None and r.measured_bytes == 128 * 2048 ** 2 == r.reserve_bytes and r.fits
+    doc = capacity_document(cap, contract)
+    json.dumps(doc, allow_nan=False)                               # no NaN / Infinity in the JSON
+    assert doc["fits"][0]["quadratic_bytes"] is None and doc["fits"][0]["model"] == "insufficient"
+    text = render_capacity(doc)
+    assert "insufficient data" in text and "0.0%" not in text.split("jumps")[0].split("fits")[-1]
+    assert capacity_contract(cap, transient_budget_bytes=1 << 30, target_x=1536).reserve.reserve_bytes is None
+
+
+def test_a_negative_transient_is_insufficient_data() -> None:
+    cap = fit_capacity(_tokens_sweep({1024: -(1 << 20), 2048: 2 << 20, 4096: 4 << 20}))
+    assert cap.fit().model == "insufficient" and np.isnan(cap.fit().predict(1024, 1024 ** 2))
+
+
+def test_a_jump_at_the_last_shape_leaves_a_regime_too_small_to_fit() -> None:
+    lengths = (1024, 2048, 4096, 8192)
+    ys = {L: 1000 * L for L in lengths[:3]} | {8192: 1000 * 8192 + (8 << 30)}
+    cap = fit_capacity(_tokens_sweep(ys, {"mlp": {L: 1000 * L for L in lengths},
+                                          "fallback_kernel": {8192: 8 << 30}}))
+    below, above = cap.regimes["total"]
+    assert below[2].model == "linear" and above[2].model == "insufficient" and above[0] == 8192
+    contract = capacity_contract(cap, budget_bytes=80 << 30, concurrency=(1,))
+    lim = contract.limits[0]
+    assert lim.max_x == 4096 and not lim.bounded                     # the last shape below the jump, no further
+    assert any("fewer than 3 to fit" in n for n in contract.notes)
+    assert contract.reserve.measured_bytes == ys[8192]              # measured: no model needed
+
+
+def test_a_reserve_target_is_bounded_and_labelled() -> None:
+    cap = fit_capacity(_tokens_sweep({L: 1000 * L for L in (1024, 2048, 4096)}))
+    with pytest.raises(UsageError, match="outside 0 … 2× the largest measured shape"):
+        capacity_contract(cap, budget_bytes=80 << 30, target_x=8193)
+    far = capacity_contract(cap, budget_bytes=80 << 30, target_x=8192)
+    r = far.reserve
+    assert r.extrapolated and r.predicted_bytes == 1000 * 8192 and r.measured_bytes is None
+    assert any("modelled, not measured (beyond the measured shapes)" in n for n in far.notes)
+    near = capacity_contract(cap, budget_bytes=80 << 30)
+    assert not near.reserve.extrapolated and near.reserve.measured_bytes == 1000 * 4096
+
+
+def test_fits_spell_their_units_per_token() -> None:
+    cap = fit_capacity(_tokens_sweep({L: 331 * L * L for L in (1024, 2048, 4096)},
+                                     {"attention": {L: 331 * L * L for L in (1024, 2048, 4096)},
+                                      "kv_cache": {L: 32768 * L for L in (1024, 2048, 4096)}}))
+    text = render_capacity(capacity_document(cap))
+    assert "331 bytes/token²" in text and "32.00 KiB/token" in text
+    assert "/tokens" not in text and " B/" not in text
+
+
+def test_capacity_figure_draws_measured_fits_solid_and_stops_at_the_bound(threshold) -> None:  # type: ignore[no-untyped-def]
+    contract = capacity_contract(threshold, budget_bytes=80 << 30)
+    fig = capacity_figure(threshold, contract)
+    solid = [t for t in fig.data if t.mode == "lines" and t.line.dash == "solid"]
+    dashed = [t for t in fig.data if t.mode == "lines" and t.line.dash == "dash"]
+    assert solid and max(float(np.max(t.x)) for t in solid) == 8192      # fits over the measured shapes only
+    assert len(dashed) == 1 and "extrapolated" in dashed[0].name
+    assert float(np.min(dashed[0].x)) == 8192 and float(np.max(dashed[0].x)) <= 2 * 8192
+    assert any("beyond the measured shapes" in (a.text or "") for a in fig.layout.annotations)
+    two = fit_capacity(_tokens_sweep({1024: 1 << 20, 2048: 4 << 20}))
+    fig = capacity_figure(two)
+    assert not [t for t in fig.data if t.mode == "lines"]
+    assert any("insufficient data to fit" in (t.name or "") for t in fig.data)
+
+
+def test_a_transient_that_never_reaches_the_budget_stops_at_the_bound() -> None:
+    cap = fit_capacity(_tokens_sweep({L: 64 << 20 for L in (1024, 2048, 4096)},
+                                     {"workspace": {L: 64 << 20 for L in (1024, 2048, 4096)}}))
+    assert cap.fit().model == "constant"
+    [lim] = capacity_contract(cap, budget_bytes=80 << 30, concurrency=(1,)).limits
+    assert (lim.max_x, lim.unbounded, lim.bounded, lim.extrapolated) == (8192, True, True, True)
+    text = render_capacity(capacity_document(cap, capacity_contract(cap, budget_bytes=80 << 30, concurrency=(1,))))
+    assert "8,192 (bound: 2× measured, model never reaches the budget)" in text

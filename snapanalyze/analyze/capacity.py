@@ -7,9 +7,13 @@ choosing the model by the worst relative residual plus FIT_PENALTY per coefficie
 consecutive shapes where a target grows more than JUMP_FACTOR × what the shapes before it predict (a category
 absent before counts as predicted 0), naming the category; a category that only takes over bytes of its own
 family (scores labelled `attention` at one length, `fallback_kernel` at the next) is not a jump. Fits start
-after a target's last jump. `capacity_contract(...)` solves the fits for a device budget: the largest driver
-value per concurrency that fits beside the baseline, the reserve to hold back, the observed points that fit.
-Fits and contracts are models and say so.
+after a target's last jump. A regime with fewer than MIN_FIT_SHAPES distinct shapes (or a negative measured
+transient) is not fitted: its model is "insufficient" and its coefficients and residual are NaN — two shapes
+fit any one-term model as well as another, so a 0 % residual there proves nothing. `capacity_contract(...)`
+solves the fits for a device budget: the largest driver value per concurrency that fits beside the baseline,
+the reserve to hold back, the observed points that fit. Fits and contracts are models and say so: an answer
+beyond the measured shapes is `extrapolated`, and none goes past EXTRAPOLATION_LIMIT × the largest measured
+shape (per-sequence x, and x × concurrency against the largest measured t) — there it is `bounded`.
 
 DataFrame columns:
 - `Capacity.points`: label, x, multiplier, t, q, then one column per target (transient bytes; "total" is
@@ -39,6 +43,8 @@ FIT_PENALTY = 0.02          # an extra coefficient must cut the worst relative r
 JUMP_FACTOR = 2.0           # grown past twice the prediction from the shapes before
 MATERIAL_MIN_BYTES = 1 << 20
 MATERIAL_SHARE = 0.05       # … and by at least 5 % of that shape's total transient (and ≥ 1 MiB)
+MIN_FIT_SHAPES = 3          # distinct shapes a regime needs before its fit is a model
+EXTRAPOLATION_LIMIT = 2.0   # answers stop at 2× the largest measured shape
 DRIVER_ORDER = ("tokens", "chunk", "images", "batch")
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 
@@ -55,17 +61,27 @@ DRIVER_COLUMNS = ["driver", "model", "max_rel_residual", "score", "chosen"]
 
 @dataclass(frozen=True)
 class Fit:
-    """bytes = intercept + linear·t + quadratic·q, all coefficients ≥ 0; `model` names the highest term."""
+    """bytes = intercept + linear·t + quadratic·q, all coefficients ≥ 0; `model` names the highest term, or
+    says why there is no model: "none" (no non-negative fit) or "insufficient" (too few shapes: see
+    `fit_capacity`); those predict NaN."""
 
-    model: str                  # "constant" | "linear" | "quadratic" | "none" (no points)
+    model: str                  # "constant" | "linear" | "quadratic" | "none" | "insufficient"
     intercept: float
     linear: float
     quadratic: float
     max_rel_residual: float     # max |fit − y| / y over the fitted points (y floored, see `fit_bytes`)
     points: int
 
+    @property
+    def usable(self) -> bool:
+        """Whether this is a model one may evaluate (not "none" nor "insufficient")."""
+        return self.model in ("constant", "linear", "quadratic")
+
     def predict(self, t: Any, q: Any) -> np.ndarray:
-        return self.intercept + self.linear * np.asarray(t, dtype=float) + self.quadratic * np.asarray(q, dtype=float)
+        tt, qq = np.asarray(t, dtype=float), np.asarray(q, dtype=float)
+        if not self.usable:
+            return np.full(np.broadcast(tt, qq).shape, np.nan)
+        return self.intercept + self.linear * tt + self.quadratic * qq
 
     @property
     def coefficients(self) -> int:
@@ -295,6 +311,16 @@ def _jump_rows(c: _Curves, labels: np.ndarray, material: np.ndarray) -> list[dic
     return rows
 
 
+def _regime_fit(t: np.ndarray, q: np.ndarray, y: np.ndarray) -> Fit:
+    """The fit of one regime, or "insufficient" below MIN_FIT_SHAPES distinct shapes or with a negative
+    measured transient (a window that freed more than it allocated has no transient to model)."""
+    distinct = len({(a, b) for a, b in zip(t.tolist(), q.tolist())})
+    if distinct < MIN_FIT_SHAPES or np.any(y < 0):
+        nan = float("nan")
+        return Fit("insufficient", nan, nan, nan, nan, len(y))
+    return fit_bytes(t, q, y)
+
+
 def _regimes(c: _Curves, material: np.ndarray) -> tuple[dict[str, list[tuple[float, float, Fit]]],
                                                          list[dict[str, Any]]]:
     """Each target's fits per regime (between its jumps, from where it is present) and its last fit's row."""
@@ -310,8 +336,7 @@ def _regimes(c: _Curves, material: np.ndarray) -> tuple[dict[str, list[tuple[flo
         regs = []
         for lo, hi in zip(starts, bounds):
             idx = np.flatnonzero((x >= lo) & (x < hi))
-            f = fit_bytes(t[idx], q[idx], y[idx])
-            regs.append((lo, float(x[idx].max()) if len(idx) else lo, f))
+            regs.append((lo, float(x[idx].max()) if len(idx) else lo, _regime_fit(t[idx], q[idx], y[idx])))
         regimes[target] = regs
         lo, hi, f = regs[-1]
         fit_rows.append({"target": target, "kind": kind, "model": f.model, "intercept_bytes": f.intercept,
@@ -366,21 +391,26 @@ def _solve(f: Fit, m: float, available: float) -> float | None:
 
 @dataclass(frozen=True)
 class DriverLimit:
-    """The largest driver value whose modelled total transient fits (None: nothing fits, or — `unbounded` —
-    the last regime never reaches the budget), from which regime, what it predicts there, whether that lies
-    beyond the measured shapes."""
+    """The largest driver value whose modelled total transient fits, from which regime, what it predicts
+    there, whether that lies beyond the measured shapes (`extrapolated`), whether the model would allow more
+    than the trusted range and max_x is that bound (`bounded`; `unbounded` too when the model never reaches
+    the budget). max_x None: nothing fits, nothing within the trusted range (`bounded`), or no regime has
+    enough shapes to fit (`insufficient`)."""
 
     max_x: int | None
     regime_from_x: float | None
     predicted_bytes: float | None
     extrapolated: bool
     unbounded: bool
+    bounded: bool = False
+    insufficient: bool = False
 
 
 @dataclass(frozen=True)
 class ContractLimit:
     """At one concurrency: the largest driver value that fits, driver × concurrency, the modelled transient
-    there, whether it extrapolates beyond the measured shapes (or concurrencies)."""
+    there, whether it extrapolates beyond the measured shapes (or concurrencies), whether it is the trusted
+    bound rather than the budget's answer (`bounded`), whether there was too little data (`insufficient`)."""
 
     concurrency: int
     max_x: int | None
@@ -388,20 +418,25 @@ class ContractLimit:
     predicted_bytes: int | None
     extrapolated: bool
     unbounded: bool
+    bounded: bool = False
+    insufficient: bool = False
 
 
 @dataclass(frozen=True)
 class Reserve:
-    """The transient to hold back for the target shape `x` (with its multiplier): modelled, measured, the
-    reserve with the margin, whether baseline + reserve fits and the headroom left."""
+    """The transient to hold back for the target shape `x` (with its multiplier): modelled (None: its regime
+    has no model), measured (None: not a measured shape), the reserve with the margin, whether baseline +
+    reserve fits and the headroom left (all None when neither a model nor a measurement gives a number), and
+    whether the number is extrapolated (modelled past the measured shapes or across a jump's gap)."""
 
     x: float
     multiplier: float
-    predicted_bytes: int
-    measured_bytes: int
-    reserve_bytes: int
-    fits: bool
-    headroom_bytes: int
+    predicted_bytes: int | None
+    measured_bytes: int | None
+    reserve_bytes: int | None
+    fits: bool | None
+    headroom_bytes: int | None
+    extrapolated: bool = False
 
 
 @dataclass(frozen=True)
@@ -429,28 +464,77 @@ class Contract:
     notes: tuple[str, ...]
 
 
+def trusted_bound(cap: Capacity, multiplier: float = 1.0) -> float:
+    """The largest driver value an answer may give at `multiplier` sequences: EXTRAPOLATION_LIMIT × the
+    largest measured x, and EXTRAPOLATION_LIMIT × the largest measured t (= sequences × x) over `multiplier`."""
+    pts = cap.points
+    return EXTRAPOLATION_LIMIT * min(float(pts["x"].max()), float(pts["t"].max()) / multiplier)
+
+
 def max_driver_value(cap: Capacity, available: float, multiplier: float = 1.0) -> DriverLimit:
     """The largest driver value whose modelled total transient fits in `available` bytes, across regimes:
     a regime below a jump is only trusted up to its last measured shape (the threshold lies somewhere after
-    it)."""
+    it), the last one up to `trusted_bound`, and a regime without a model ("insufficient") not at all."""
     regs = cap.regimes["total"]
-    observed = cap.points["x"].to_numpy()
+    pts = cap.points
+    x_seen, t_max = pts["x"].to_numpy(), float(pts["t"].max())
+    bound = trusted_bound(cap, multiplier)
+    modelled = bounded_out = False
     for r in range(len(regs) - 1, -1, -1):
         lo, last, f = regs[r]
+        if not f.usable:
+            continue
+        modelled = True
+        final = r == len(regs) - 1
         x_star = _solve(f, multiplier, available)
         floor = 0.0 if r == 0 else lo
         if x_star is None or x_star < floor:
             continue
-        cap_x = math.inf if r == len(regs) - 1 else last
-        best = min(x_star, cap_x)
-        if math.isinf(best):
-            return DriverLimit(None, lo, float(f.predict(0, 0)), True, True)
-        best = math.floor(best)
+        model_x = min(x_star, math.inf if final else last)
+        bounded = model_x > bound
+        best = math.floor(min(model_x, bound))
         if best < floor or best < 1:
+            bounded_out = bounded_out or bounded
             continue
+        beyond = best > x_seen.max() or best < x_seen.min() or multiplier * best > t_max
         return DriverLimit(int(best), lo, float(f.predict(multiplier * best, multiplier * best * best)),
-                           bool(best > observed.max() or best < observed.min()), False)
-    return DriverLimit(None, None, None, False, False)
+                           bool(beyond or bounded), bool(final and math.isinf(x_star)), bool(bounded))
+    return DriverLimit(None, None, None, False, False, bounded=bounded_out, insufficient=not modelled)
+
+
+def _reserve(cap: Capacity, target_x: float | None, margin: float, available: float) -> tuple[Reserve, list[str]]:
+    """The reserve for the target shape (default the largest measured) and the notes it needs."""
+    pts, driver = cap.points, cap.driver
+    x_seen = pts["x"].to_numpy()
+    tx = float(x_seen.max()) if target_x is None else float(target_x)
+    if tx < 0 or tx > EXTRAPOLATION_LIMIT * x_seen.max():
+        raise UsageError(f"capacity: the target {driver} {tx:g} is outside 0 … {EXTRAPOLATION_LIMIT:g}× the "
+                         f"largest measured shape ({x_seen.max():g}): the fits are not trusted that far; measure a "
+                         "larger shape")
+    at_target = pts[pts["x"] == tx]
+    m_target = float(at_target["multiplier"].max()) if len(at_target) else 1.0
+    regs = cap.regimes["total"]
+    r = next((k for k in range(len(regs) - 1, -1, -1) if tx >= regs[k][0]), 0)
+    fit = regs[r][2]
+    predicted = float(fit.predict(m_target * tx, m_target * tx * tx)) if fit.usable else None
+    measured = float(at_target["total"].max()) if len(at_target) else None
+    notes = []
+    in_gap = r < len(regs) - 1 and tx > regs[r][1]          # after a regime's last shape, before the jump's regime
+    extrapolated = measured is None and (tx > x_seen.max() or tx < x_seen.min() or in_gap)
+    if measured is None and predicted is not None:
+        where = (f"between {driver} {regs[r][1]:g} and {regs[r + 1][0]:g}, where the transient jumps" if in_gap
+                 else "beyond the measured shapes" if extrapolated else "between measured shapes")
+        notes.append(f"the reserve for {driver} {tx:g} is modelled, not measured ({where})")
+    basis = max((v for v in (predicted, measured) if v is not None), default=None)
+    if basis is None:
+        notes.append(f"insufficient data to size the reserve for {driver} {tx:g}: it was not measured and its regime "
+                     f"has fewer than {MIN_FIT_SHAPES} shapes to fit")
+        return Reserve(tx, m_target, None, None, None, None, None, False), notes
+    reserve = int(math.ceil(basis * (1.0 + margin)))
+    return Reserve(x=tx, multiplier=m_target, predicted_bytes=None if predicted is None else int(round(predicted)),
+                   measured_bytes=None if measured is None else int(measured), reserve_bytes=reserve,
+                   fits=bool(reserve <= available), headroom_bytes=int(available - reserve),
+                   extrapolated=bool(extrapolated)), notes
 
 
 def capacity_contract(cap: Capacity, budget_bytes: int | None = None, transient_budget_bytes: int | None = None,
@@ -459,10 +543,12 @@ def capacity_contract(cap: Capacity, budget_bytes: int | None = None, transient_
     """Solve the fitted sweep for a device budget (active bytes beside the baseline) and/or a transient budget.
 
     The `Contract`: driver; budget_bytes; baseline_bytes (the largest measured baseline: weights, KV cache,
-    buffers); transient_budget_bytes (what the transient may use); margin (the fraction added to every
-    modelled transient, default the worst relative residual of the total's fits); limits (per concurrency,
-    `ContractLimit`); reserve (the transient to hold back for the target shape, default the largest
-    measured, with the margin: `Reserve`); observed (each measured point's peak against the budget); notes."""
+    buffers); transient_budget_bytes (what the transient may use; negative when the baseline alone exceeds
+    the budget); margin (the fraction added to every modelled transient, default the worst relative residual
+    of the total's fits); limits (per concurrency, `ContractLimit`, stopping at the first without an answer);
+    reserve (the transient to hold back for the target shape, default the largest measured, with the margin:
+    `Reserve`; a target past EXTRAPOLATION_LIMIT × the largest measured is a UsageError); observed (each
+    measured point's peak against the budget); notes (what is extrapolated, bounded or lacks data)."""
     if budget_bytes is None and transient_budget_bytes is None:
         raise UsageError("capacity contract: give a device budget and/or a transient budget")
     shapes = cap.sweep.shapes
@@ -470,50 +556,56 @@ def capacity_contract(cap: Capacity, budget_bytes: int | None = None, transient_
     limits = [b for b in ((budget_bytes - baseline) if budget_bytes is not None else None, transient_budget_bytes)
               if b is not None]
     available = min(limits)
-    fits = [f for _, _, f in cap.regimes["total"]]
+    regs = cap.regimes["total"]
     if margin is None:
-        margin = max((f.max_rel_residual for f in fits if math.isfinite(f.max_rel_residual)), default=0.0)
+        margin = max((f.max_rel_residual for _, _, f in regs if f.usable and math.isfinite(f.max_rel_residual)),
+                     default=0.0)
     if margin < 0:
         raise UsageError("capacity contract: the margin must be ≥ 0")
     effective = available / (1.0 + margin)
     notes = []
     rows: list[ContractLimit] = []
-    seen_m = cap.points["multiplier"].to_numpy()
+    pts = cap.points
+    seen_m = pts["multiplier"].to_numpy()
+    driver = cap.driver
     if available <= 0:
         notes.append(f"the baseline ({baseline:,} bytes) already exceeds the budget: nothing fits")
     else:
         for c in concurrency:
             found = max_driver_value(cap, effective, float(c))
-            if found.max_x is None and not found.unbounded:
-                rows.append(ContractLimit(int(c), None, None, None, False, False))
-                break
+            measured_c = bool(seen_m.min() <= c <= seen_m.max())
             rows.append(ContractLimit(
                 concurrency=int(c), max_x=found.max_x,
                 max_total=None if found.max_x is None else int(found.max_x * c),
                 predicted_bytes=None if found.predicted_bytes is None else int(round(found.predicted_bytes)),
-                extrapolated=bool(found.extrapolated or not seen_m.min() <= c <= seen_m.max()),
-                unbounded=found.unbounded))
-    pts = cap.points
-    tx = float(pts["x"].max()) if target_x is None else float(target_x)
-    at_target = pts[pts["x"] == tx]
-    m_target = float(at_target["multiplier"].max()) if len(at_target) else 1.0
-    regs = cap.regimes["total"]
-    reg = next((f for lo, _, f in reversed(regs) if tx >= lo), regs[0][2])
-    predicted = float(reg.predict(m_target * tx, m_target * tx * tx))
-    measured = float(at_target["total"].max()) if len(at_target) else 0.0
-    reserve = int(math.ceil(max(predicted, measured) * (1.0 + margin)))
-    if cap.jumps is not None and len(cap.jumps):
-        last = cap.jumps.iloc[-1]
-        notes.append(f"{last['category']} jumps between {cap.driver} {last['from_x']:g} and {last['to_x']:g}: "
+                extrapolated=bool(found.max_x is not None and (found.extrapolated or not measured_c)),
+                unbounded=found.unbounded, bounded=found.bounded, insufficient=found.insufficient))
+            if found.max_x is None:
+                break
+    usable = [(lo, f) for lo, _, f in regs if f.usable]
+    if not usable:
+        notes.append(f"insufficient data: no regime of the total transient has {MIN_FIT_SHAPES} or more shapes to "
+                     f"fit ({len(pts)} measured); measure more shapes")
+    elif not regs[-1][2].usable:
+        lo, _, f = regs[-1]
+        notes.append(f"the total's last regime (from {driver} {lo:g}) has {f.points} measured shape(s), fewer than "
+                     f"{MIN_FIT_SHAPES} to fit: the contract stops at the last shape before it")
+    if any(lim.bounded for lim in rows):
+        x_max, t_max = float(pts["x"].max()), float(pts["t"].max())
+        largest = f"{driver} {x_max:g}" + ("" if t_max == x_max else f" per sequence, {t_max:g} across sequences")
+        notes.append(f"answers stop at {EXTRAPOLATION_LIMIT:g}× the largest measured shape ({largest}, also "
+                     "across concurrent sequences): the fits are not trusted further; measure larger shapes to go "
+                     "further")
+    total_jumps = cap.jumps[[("total" in list(t)) for t in cap.jumps["targets"]]] if len(cap.jumps) else cap.jumps
+    if len(total_jumps):
+        last = total_jumps.iloc[-1]
+        notes.append(f"{last['category']} jumps between {driver} {last['from_x']:g} and {last['to_x']:g}: "
                      "below the jump the contract trusts each regime only up to its last measured shape")
-    if target_x is not None and (tx > pts["x"].max() or tx < pts["x"].min()):
-        notes.append(f"the reserve for {cap.driver} {tx:g} extrapolates beyond the measured shapes")
+    reserve, reserve_notes = _reserve(cap, target_x, margin, available)
+    notes.extend(reserve_notes)
     observed = tuple(ObservedPoint(r.label, float(px), int(r.peak_bytes),
                                    None if budget_bytes is None else bool(r.peak_bytes <= budget_bytes))
-                     for r, px in zip(shapes.itertuples(), _driver_x(shapes, cap.driver)[0]))  # type: ignore[index]
-    return Contract(driver=cap.driver, budget_bytes=budget_bytes, baseline_bytes=baseline,
+                     for r, px in zip(shapes.itertuples(), _driver_x(shapes, driver)[0]))  # type: ignore[index]
+    return Contract(driver=driver, budget_bytes=budget_bytes, baseline_bytes=baseline,
                     transient_budget_bytes=int(available), margin=float(margin), limits=tuple(rows),
-                    reserve=Reserve(x=tx, multiplier=m_target, predicted_bytes=int(round(predicted)),
-                                    measured_bytes=int(measured), reserve_bytes=reserve,
-                                    fits=bool(reserve <= available), headroom_bytes=int(available - reserve)),
-                    observed=observed, notes=tuple(notes))
+                    reserve=reserve, observed=observed, notes=tuple(notes))
