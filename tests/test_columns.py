@@ -409,3 +409,134 @@ def test_the_xpu_layout_loads_like_cuda() -> None:
     assert s.format.entry_keys == ("action", "addr", "size", "stream", "time_us", "frames")
     assert s.allocator_settings == {"PYTORCH_ALLOC_CONF": "", "expandable_segments": False}
     assert s.trace(0).user_metadata is None and s.trace(0).details.pool_id is None and s.host is None
+
+
+# -- many segments: columns are built a column at a time, and still name the first bad entry ---------------
+
+POOLS: list[Any] = [(0, 0), [0, 1], None, "graph-7", (3, 4)]
+STATES = ["active_allocated", "inactive", "active_pending_free", None]
+
+
+def _many_segments(n: int = 300) -> dict[str, Any]:
+    """`n` segments of 0–3 blocks each, pool ids as tuples, lists, None and strings (the layouts torch and the
+    viewer write), blocks with and without frames."""
+    segments = []
+    for i in range(n):
+        address = BASE + i * 4 * MiB
+        sizes = [512 * (1 + (i + j) % 7) for j in range(i % 4)]
+        blocks, offset = [], address
+        for j, size in enumerate(sizes):
+            blocks.append({"address": offset, "size": size, "requested_size": size - j, "state": STATES[(i + j) % 4],
+                           "frames": frames_for(f"f{i % 5}") if j % 2 == 0 else []})
+            offset += size
+        segments.append({"device": 0, "address": address, "total_size": 4 * MiB, "allocated_size": sum(sizes),
+                         "active_size": sum(sizes), "requested_size": sum(sizes) - 1, "stream": i % 3,
+                         "segment_type": "small" if i % 2 else "large", "segment_pool_id": POOLS[i % 5],
+                         "is_expandable": i % 7 == 0, "frames": [], "blocks": blocks})
+    return {"segments": segments, "device_traces": [[]]}
+
+
+def test_many_segments_columns_match_their_raw_rows() -> None:
+    raw = _many_segments()
+    s = to_snapshot(copy.deepcopy(raw), "many", "pickle")
+    segs = raw["segments"]
+    pool_text = {0: "0,0", 1: "0,1", 2: "0,0", 3: "graph-7", 4: "3,4"}
+    assert s.segment_columns["address"].tolist() == [g["address"] for g in segs]
+    assert s.segment_columns["stream"].tolist() == [g["stream"] for g in segs]
+    assert s.segment_columns["pool_id"].tolist() == [pool_text[i % 5] for i in range(len(segs))]
+    assert s.segment_columns["is_expandable"].tolist() == [g["is_expandable"] for g in segs]
+    rows = [(i, g, b) for i, g in enumerate(segs) for b in g["blocks"]]
+    blocks = s.block_columns
+    assert len(blocks["address"]) == len(rows) == len(s.block_frames)
+    assert blocks["address"].tolist() == [b["address"] for _, _, b in rows]
+    assert blocks["requested_size"].tolist() == [b["requested_size"] for _, _, b in rows]
+    assert blocks["state"].tolist() == [b["state"] or "" for _, _, b in rows]
+    assert blocks["segment_address"].tolist() == [g["address"] for _, g, _ in rows]
+    assert blocks["pool_id"].tolist() == [pool_text[i % 5] for i, _, _ in rows]
+    assert blocks["segment_type"].tolist() == [g["segment_type"] for _, g, _ in rows]
+    assert blocks["stream"].tolist() == [g["stream"] for _, g, _ in rows]
+    assert blocks["is_expandable"].tolist() == [g["is_expandable"] for _, g, _ in rows]
+    assert [f == b["frames"] for f, (_, _, b) in zip(s.block_frames, rows)] == [True] * len(rows)
+    # Interned: one string object per distinct state and pool id, however many rows hold it.
+    assert len({id(v) for v in blocks["state"]}) == len(set(blocks["state"]))
+    assert len({id(v) for v in s.segment_columns["pool_id"]}) == 4
+
+
+BAD_ENTRIES: dict[str, tuple[Any, str]] = {
+    "block size": (lambda r: r["segments"][137]["blocks"].__setitem__(
+        0, {**r["segments"][137]["blocks"][0], "size": "big"}),
+        "segments[137].blocks[0].size is the string 'big', expected an integer"),
+    "block requested_size": (lambda r: r["segments"][203]["blocks"][2].__setitem__("requested_size", 1.5),
+                             "segments[203].blocks[2].requested_size is 1.5, expected an integer"),
+    "block state": (lambda r: r["segments"][298]["blocks"][1].__setitem__("state", ["active"]),
+                    "segments[298].blocks[1].state is a list, expected a string"),
+    "block not a dict": (lambda r: r["segments"][42]["blocks"].__setitem__(1, 7),
+                         "segments[42].blocks[1] is 7, expected a block dict"),
+    "blocks not a list": (lambda r: r["segments"][41].__setitem__("blocks", "xyz"),
+                          "segments[41].blocks is the string 'xyz', expected a list of blocks"),
+    "segment not a dict": (lambda r: r["segments"].__setitem__(250, [1, 2]),
+                           "segments[250] is a list, expected a segment dict"),
+    "segment stream": (lambda r: r["segments"][77].__setitem__("stream", "7"),
+                       "segments[77].stream is the string '7', expected an integer"),
+    "nested pool id": (lambda r: r["segments"][150].__setitem__("segment_pool_id", ((1, 2), 3)),
+                       "segments[150].segment_pool_id is a tuple of 2 items, expected a pair of integers"),
+    "segment type": (lambda r: r["segments"][9].__setitem__("segment_type", 5),
+                     "segments[9].segment_type is 5, expected a string"),
+    "address past 64 bits": (lambda r: r["segments"][11]["blocks"][0].__setitem__("address", 1 << 70),
+                             "segments hold an address or size that does not fit 64 bits"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ENTRIES))
+def test_a_bad_value_among_many_segments_is_named(tmp_path: Path, case: str) -> None:
+    spoil, message = BAD_ENTRIES[case]
+    raw = _many_segments()
+    spoil(raw)
+    with pytest.raises(BadInputError) as info:
+        load(write_pickle(tmp_path / "bad.pickle", raw))
+    assert message in info.value.problem
+
+
+def test_integral_floats_and_bools_still_count_as_integers() -> None:
+    raw = _many_segments(20)
+    raw["segments"][3]["total_size"] = float(4 * MiB)
+    raw["segments"][5]["blocks"][0]["size"] = 1024.0
+    raw["segments"][6]["device"] = False
+    s = to_snapshot(raw, "floats", "pickle")
+    assert int(s.segment_columns["total_size"][3]) == 4 * MiB and s.segment_columns["device"].dtype == np.int64
+    assert 1024 in s.block_columns["size"].tolist()
+
+
+def test_legacy_blocks_mixed_with_addressed_ones_take_the_running_sum() -> None:
+    raw = _many_segments(12)
+    seg = raw["segments"][7]                     # three blocks: drop the address of the last two
+    for b in seg["blocks"][1:]:
+        del b["address"]
+    s = to_snapshot(copy.deepcopy(raw), "legacy", "pickle")
+    assert s.format.legacy_block_history
+    rows = [b for g in raw["segments"] for b in g["blocks"]]
+    at = sum(len(g["blocks"]) for g in raw["segments"][:7])
+    sizes = [b["size"] for b in seg["blocks"]]
+    assert s.block_columns["address"][at:at + 3].tolist() == [seg["address"], seg["address"] + sizes[0],
+                                                             seg["address"] + sizes[0] + sizes[1]]
+    assert len(s.block_columns["address"]) == len(rows)
+
+
+def test_consume_empties_the_raw_lists_and_changes_nothing_else(tmp_path: Path) -> None:
+    raw = two_block_snapshot()
+    kept = to_snapshot(copy.deepcopy(raw), "x", "pickle")
+    used = to_snapshot(raw, "x", "pickle", consume=True)
+    assert facts(used) == facts(kept)
+    assert raw["segments"] == [] and raw["device_traces"] == [[]]
+    assert used.format == kept.format
+
+
+def test_without_frames_every_event_and_block_is_frameless_and_the_rest_is_the_same() -> None:
+    raw = _many_segments(40)
+    raw["device_traces"] = two_block_snapshot()["device_traces"]
+    full = to_snapshot(copy.deepcopy(raw), "x", "pickle")
+    bare = to_snapshot(raw, "x", "pickle", frames=False)
+    assert facts(bare) == facts(full)
+    assert any(full.trace(0).frames) and not any(bare.trace(0).frames)
+    assert any(full.block_frames) and not any(bare.block_frames)
+    assert len(bare.trace(0).frames) == len(full.trace(0).frames)

@@ -21,7 +21,7 @@ from conftest import BASE, REAL_FILES, SnapshotBuilder, write_gzip, write_json, 
 
 from snapanalyze.errors import BadInputError, UnsafePickleError
 from snapanalyze.load import load
-from snapanalyze.load.safe_pickle import read_raw
+from snapanalyze.load.safe_pickle import Limits, read_raw
 
 MiB = 1 << 20
 
@@ -397,6 +397,17 @@ def test_a_pickle_that_explodes_into_objects_is_refused_early(tmp_path: Path) ->
     path.write_bytes(b"\x80\x04](" + b"]" * 30_000_000 + b"e.")     # 30 MB → 30 M lists, about 2 GB
     _one_line(_cli("summary", str(path), timeout=30), "took more than 0.25 GiB of memory")
     _one_line(_cli("--max-memory", "64MiB", "summary", str(path), timeout=30), "took more than 0.06 GiB")
+
+
+def test_a_known_stream_size_lets_a_segment_heavy_head_grow_but_never_past_the_bound_at_its_end() -> None:
+    # 250k segment dicts take ~12x their pickled bytes over the first ~40 MiB of a 270 MiB snapshot: the floor
+    # of 3x the whole stream lets them; no point of the read may allow more than the end of the stream does.
+    limits, whole = Limits(), 270 * MiB
+    assert limits.growth_cap(25 * MiB) == 300 * MiB                 # size not known: 12x what was read
+    assert limits.growth_cap(25 * MiB, whole) == 3 * whole
+    assert all(limits.growth_cap(read, whole) <= limits.growth_cap(whole) for read in range(0, whole, 7 * MiB))
+    assert limits.growth_cap(MiB, 30 * MiB) == 256 * MiB             # small files keep the 256 MiB floor
+    assert Limits(max_memory_bytes=64 * MiB).growth_cap(25 * MiB, whole) == 64 * MiB
 
 
 def test_shared_references_repeated_are_refused(tmp_path: Path) -> None:

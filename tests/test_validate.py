@@ -223,6 +223,8 @@ def _mutate(raw: Any, paths: list[tuple[Any, ...]], pick: int, kind: str, odd: A
         parent[key]
     except (KeyError, IndexError, TypeError):
         return
+    if not isinstance(parent, (dict, list)):      # a string that replaced a container indexes, but is immutable
+        return
     value = parent[key]
     number = isinstance(value, int) and not isinstance(value, bool)
     if kind == "delete":

@@ -16,32 +16,34 @@ from pathlib import Path
 
 from ..errors import InputWarning
 from ..model import Snapshot
-from .parquet import read_tables
 from .runs import resolve
 from .safe_pickle import Limits
 from .validate import validate
 
 
 def load(path: str | Path, rank: int | None = None, tag: str | None = None,
-         limits: Limits | None = None) -> Snapshot:
-    """Load a snapshot: pickle (plain or gzip), torch.save zip, JSON, or one snapshot of a run directory."""
-    snapshot = validate(_read(path, rank, tag, limits))
+         limits: Limits | None = None, frames: bool = True) -> Snapshot:
+    """Load a snapshot: pickle (plain or gzip), torch.save zip, JSON, or one snapshot of a run directory.
+    `frames=False` (for analyses that never look at stacks, like peaks) keeps no frames from a file, whose
+    frames lists are then freed as soon as the columns exist."""
+    snapshot = validate(_read(path, rank, tag, limits, frames))
     for text in snapshot.warnings:
         warnings.warn(f"{snapshot.source}: {text}", InputWarning, stacklevel=2)
     return snapshot
 
 
-def _read(path: str | Path, rank: int | None, tag: str | None, limits: Limits | None) -> Snapshot:
+def _read(path: str | Path, rank: int | None, tag: str | None, limits: Limits | None, frames: bool) -> Snapshot:
     if os.path.isdir(path):      # never raises: a name too long is then read as a file, which says so
         chosen = resolve(path, rank, tag)
         if chosen.is_dir():
+            from .parquet import read_tables  # pyarrow only for a converted run
             return read_tables(chosen)
         path = chosen
     from .columns import to_snapshot  # the pickle path (and pandas, for its annotations) only when needed
     from .safe_pickle import read_raw
 
     raw = read_raw(path, limits)
-    return to_snapshot(raw.data, str(path), raw.container, raw.stream_bytes)
+    return to_snapshot(raw.data, str(path), raw.container, raw.stream_bytes, consume=True, frames=frames)
 
 
 __all__ = ["load", "Limits"]

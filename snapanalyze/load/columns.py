@@ -1,26 +1,33 @@
 """Turn the raw builtins of a snapshot into the columnar Snapshot; the only code that reads raw dicts.
 
-Contract: `to_snapshot(raw, source, container, stream_bytes=None)` accepts every layout PyTorch has written —
-the dict of 2.0–2.14 (`segments`, `device_traces`, `allocator_settings`, `external_annotations`, …), the bare
-list of segments of `torch.cuda.memory_snapshot()`, 2.0 blocks with `history` instead of addresses — ignores
-unknown keys, and raises BadInputError for anything else, naming the file, the field with the index of its first
-bad entry (`device_traces[0][41].size`) and what was expected. Pinned host memory (`host_segments`,
-`host_traces`, torch ≥ 2.14) becomes `Snapshot.host`, a Snapshot of its own on device HOST_DEVICE (−1, as torch
+Contract: `to_snapshot(raw, source, container, stream_bytes=None, consume=False, frames=True)` accepts every
+layout PyTorch has written — the dict of 2.0–2.14 (`segments`, `device_traces`, `allocator_settings`,
+`external_annotations`, …), the bare list of segments of `torch.cuda.memory_snapshot()`, 2.0 blocks with
+`history` instead of addresses — ignores unknown keys, and raises BadInputError for anything else, naming the
+file, the field with the index of its first bad entry (`device_traces[0][41].size`,
+`segments[3].blocks[2].size`) and what was expected. Pinned host memory (`host_segments`, `host_traces`,
+torch ≥ 2.14) becomes `Snapshot.host`, a Snapshot of its own on device HOST_DEVICE (−1, as torch
 writes it). The raw objects are untrusted: every value is type-checked before it is hashed, converted or printed
 (no str() of a nested object, no hashing of a deep tuple), strings go through `clean_text`, and `stream_bytes`
 (the size of the pickle stream) bounds the rows: more segments, blocks and entries than half the stream's bytes
-can only come from shared references repeated (a blow-up), and is refused. Per-event work is one list
-comprehension per column over the trace, run once; frames are kept as references to the unpickled lists and
-interned later, only where an analysis needs them. Whether the values make sense together is `validate`'s job.
+can only come from shared references repeated (a blow-up), and is refused. Events, segments and blocks alike
+are built a column at a time — one pass over the raw lists per column, a block row taking its segment's fields
+by index — never a Python call per row: a column's types are checked at once (the set of its types), and only
+a column that fails is scanned value by value, to name its first bad entry; texts (actions, segment types,
+states, pool ids, user metadata) are interned, one object per distinct value. Frames are kept as references
+to the unpickled lists and interned later, only where an analysis needs them (`frames=False`: not kept at
+all); with `consume`, each raw list is emptied once its columns exist. Whether the values make sense together
+is `validate`'s job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from itertools import accumulate, chain
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from ..errors import BadInputError
 from ..model import (
@@ -34,13 +41,16 @@ from ..model import (
     Format,
     Snapshot,
     TraceDetails,
-    columns_from_rows,
 )
 from ..stacks import clean_text
 from .safe_pickle import gc_paused
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 MAX_SETTINGS_DEPTH = 4          # allocator_settings nest a dict or two; deeper parts are not settings
 MAX_SETTINGS_ITEMS = 1000
+_MISSING = object()             # a key the raw dict does not have (None is a value)
 
 
 class Malformed(Exception):
@@ -89,26 +99,80 @@ def _pool_text(pool: Any, where: str) -> str:
     raise Malformed(where, f"is {described(pool)}{items}, expected a pair of integers")
 
 
+def _first(values: list[Any], bad: Callable[[Any], bool]) -> int:
+    """The index of the first value `bad` holds for (only called once a column is known to hold one)."""
+    return next(i for i, v in enumerate(values) if bad(v))
+
+
+def _pool_keys(values: list[Any], where: Callable[[int], str]) -> tuple[list[Any], dict[Any, str]]:
+    """Hashable keys for pool ids (a list becomes its tuple) and the text of each distinct one. Whole columns
+    are checked to be None, short strings or flat tuples/lists of 1–4 ints before anything is hashed (a deep
+    tuple would recurse in hash); only a column that fails is scanned per value, to name the first bad one."""
+    types = set(map(type, values))
+    seqs = [v for v in values if type(v) is tuple or type(v) is list] if types & {tuple, list} else []
+    strs = [v for v in values if type(v) is str] if str in types else []
+    fast = (types <= {tuple, list, str, type(None)} and set(map(len, seqs)) <= {1, 2, 3, 4}
+            and set(map(type, chain.from_iterable(seqs))) <= {int} and max(map(len, strs), default=0) <= 64)
+    if not fast:                     # rare: floats or bools in pool ids, or a bad value to name
+        texts = [_pool_text(v, where(i)) for i, v in enumerate(values)]
+        return texts, {t: t for t in dict.fromkeys(texts)}
+    keys = [tuple(v) if type(v) is list else v for v in values] if list in types else values
+    shared: dict[str, str] = {}      # None and (0, 0) are both "0,0": one string
+    return keys, {k: shared.setdefault(t := _pool_text(k, ""), t) for k in dict.fromkeys(keys)}
+
+
 def _pool_codes(values: list[Any], where: Callable[[int], str]) -> tuple[np.ndarray, tuple[str, ...]]:
-    """Codes into a table of pool id texts, one per event. Values are checked to be flat pairs of ints before
-    any is hashed (a deep tuple would recurse in hash)."""
+    """Codes into a table of distinct pool id texts, one per event (see _pool_keys)."""
+    keys, names = _pool_keys(values, where)
+    table = {t: i for i, t in enumerate(dict.fromkeys(names.values()))}
+    code = {k: table[t] for k, t in names.items()}
+    return np.fromiter(map(code.__getitem__, keys), dtype=np.int32, count=len(keys)), tuple(table)
+
+
+def _pool_column(values: list[Any], where: Callable[[int], str]) -> np.ndarray:
+    """The pool id texts as an object column; each distinct text is one shared string."""
+    keys, names = _pool_keys(values, where)
+    return _objects(list(map(names.__getitem__, keys)))
+
+
+def _objects(values: list[Any]) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+def _strings(values: list[Any], where: Callable[[int], str]) -> tuple[list[Any], dict[Any, str]]:
+    """`values` checked, as a whole column, to be strings or None (the first other value is Malformed), and
+    the cleaned text of each distinct one (None is "")."""
+    if not set(map(type, values)) <= {str, type(None)}:
+        i = _first(values, lambda v: v is not None and type(v) is not str)
+        raise Malformed(where(i), f"is {described(values[i])}, expected a string")
+    return values, {v: "" if v is None else clean_text(v) for v in dict.fromkeys(values)}
+
+
+def _text_column(values: list[Any], where: Callable[[int], str]) -> np.ndarray:
+    """Strings (or None: "") as an object column of cleaned, shared strings."""
+    values, texts = _strings(values, where)
+    return _objects(list(map(texts.__getitem__, values)))
+
+
+def _int_column(values: list[Any], dtype: Any, where: Callable[[int], str], whole: str) -> np.ndarray:
+    """Integers (bools and integral floats count, as `_integer` takes them) as a numpy column of `dtype`. The
+    whole column's types are checked at once; only a column holding something else is scanned per value, to
+    name the first offender. A value that does not fit is Malformed for the `whole` table."""
+    types = set(map(type, values))
+    if not types <= {int}:
+        if not types <= {int, bool, float} or float in types:
+            values = [_integer(v, where(i)) for i, v in enumerate(values)]
     try:
-        flat = all(v is None or (type(v) in (tuple, list) and len(v) == 2 and type(v[0]) is int and type(v[1]) is int)
-                   for v in values)
-    except TypeError:
-        flat = False
-    if not flat:
-        for i, v in enumerate(values):
-            _pool_text(v, where(i))
-    table: dict[Any, int] = {}
-    codes = [table.setdefault(v if type(v) is not list else tuple(v), len(table)) for v in values]
-    names = tuple(_pool_text(v, "") for v in table)
-    return np.array(codes, dtype=np.int32), names
+        return np.array(values, dtype=dtype) if values else np.zeros(0, dtype=dtype)
+    except OverflowError:
+        raise Malformed(whole, "hold an address or size that does not fit 64 bits") from None
 
 
 def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list[Any]:
     try:
-        return [e[key] for e in entries]
+        return list(map(itemgetter(key), entries))
     except KeyError:
         return [e.get(key, default) for e in entries]
 
@@ -133,27 +197,26 @@ def _numbers(values: list[Any], dtype: Any, where: Callable[[int], str]) -> np.n
 
 
 def _interned(values: list[Any], where: Callable[[int], str]) -> tuple[np.ndarray, tuple[str, ...]]:
-    for i, v in enumerate(values):              # type first: hashing an untrusted object could recurse
-        if v is not None and not isinstance(v, str):
-            raise Malformed(where(i), f"is {described(v)}, expected a string")
-    table: dict[Any, int] = {}
-    codes = [table.setdefault(v, len(table)) for v in values]
-    return np.array(codes, dtype=np.int32), tuple("" if v is None else clean_text(v) for v in table)
+    values, texts = _strings(values, where)     # types first: hashing an untrusted object could recurse
+    index = {v: i for i, v in enumerate(texts)}
+    return np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values)), tuple(texts.values())
 
 
-def _trace(device: int, entries: list[dict[str, Any]], name: str | None = None) -> DeviceTrace:
+def _trace(device: int, entries: list[dict[str, Any]], name: str | None = None, frames: bool = True) -> DeviceTrace:
     name = name or f"device_traces[{device}]"
 
     def at(key: str) -> Callable[[int], str]:
         return lambda i: f"{name}[{i}].{key}"
 
-    names = [e["action"] for e in entries]
-    for i, a in enumerate(names):
-        if not isinstance(a, str):
-            raise Malformed(at("action")(i), f"is {described(a)}, expected a string")
+    names = list(map(itemgetter("action"), entries))
+    if not set(map(type, names)) <= {str}:
+        i = _first(names, lambda a: type(a) is not str)
+        raise Malformed(at("action")(i), f"is {described(names[i])}, expected a string")
     table: dict[str, int] = dict(ACTION_CODE)
-    codes = [table.setdefault(a, len(table)) for a in names]
-    action = np.array(codes, dtype=np.int16) if codes else np.zeros(0, dtype=np.int16)
+    for a in dict.fromkeys(names):
+        table.setdefault(a, len(table))
+    action = np.fromiter(map(table.__getitem__, names), dtype=np.int16, count=len(names))
+    del names
     first = entries[0] if entries else {}
     times = None
     if any("time_us" in e for e in (first, entries[-1] if entries else {})):
@@ -179,7 +242,7 @@ def _trace(device: int, entries: list[dict[str, Any]], name: str | None = None) 
         size=_numbers(_column(entries, "size", 0), np.int64, at("size")),
         stream=_numbers(_column(entries, "stream", 0), np.int64, at("stream")),
         time_us=times,
-        frames=_column(entries, "frames", None),
+        frames=_column(entries, "frames", None) if frames else [None] * len(entries),
         action_names=tuple(clean_text(a) for a in table),
         details_source=TraceDetails(user_metadata=user_metadata, user_metadata_names=um_names,
                                     compile_context=compile_context, compile_context_names=cc_names,
@@ -187,65 +250,107 @@ def _trace(device: int, entries: list[dict[str, Any]], name: str | None = None) 
     )
 
 
-def _segments(segments: list[dict[str, Any]], name: str = "segments",
+def _blocks_of(segments: list[Any], name: str) -> list[list[Any]]:
+    """Each segment's list of blocks (none: []), every segment checked to be a dict and every `blocks` a list."""
+    if not set(map(type, segments)) <= {dict}:
+        i = _first(segments, lambda s: type(s) is not dict)
+        raise Malformed(f"{name}[{i}]", f"is {described(segments[i])}, expected a segment dict")
+    blocks = [s.get("blocks") or [] for s in segments]
+    if not set(map(type, blocks)) <= {list}:
+        i = _first(blocks, lambda b: type(b) is not list)
+        raise Malformed(f"{name}[{i}].blocks", f"is {described(blocks[i])}, expected a list of blocks")
+    return blocks
+
+
+def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str = "segments", keep_frames: bool = True,
               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Any], bool]:
-    seg_rows: list[tuple[Any, ...]] = []
-    block_rows: list[tuple[Any, ...]] = []
-    block_frames: list[Any] = []
-    legacy = False
-    for i, seg in enumerate(segments):
-        where = f"{name}[{i}]"
-        if not isinstance(seg, dict):
-            raise Malformed(where, f"is {described(seg)}, expected a segment dict")
-        device = _integer(seg.get("device", 0), f"{where}.device")
-        address = _integer(seg["address"], f"{where}.address")
-        pool = _pool_text(seg.get("segment_pool_id"), f"{where}.segment_pool_id")
-        stream = _integer(seg.get("stream", 0), f"{where}.stream")
-        kind = _text(seg.get("segment_type", ""), f"{where}.segment_type")
-        expandable = seg.get("is_expandable", False) is True
-        blocks = seg.get("blocks") or []
-        if not isinstance(blocks, list):
-            raise Malformed(f"{where}.blocks", f"is {described(blocks)}, expected a list of blocks")
-        seg_rows.append((device, address, *(_integer(seg.get(k, 0), f"{where}.{k}") for k in
-                                            ("total_size", "allocated_size", "active_size", "requested_size")),
-                         stream, kind, pool, expandable))
-        offset = address
-        for j, block in enumerate(blocks):
-            here = f"{where}.blocks[{j}]"
-            if not isinstance(block, dict):
-                raise Malformed(here, f"is {described(block)}, expected a block dict")
-            size = _integer(block["size"], f"{here}.size")
-            history = block.get("history")
-            if "address" in block:
-                block_address = _integer(block["address"], f"{here}.address")
-            else:
-                legacy = True
-                block_address = offset
-            requested = block.get("requested_size")
-            frames = block.get("frames")
-            if history:
-                if not isinstance(history, list) or not isinstance(history[-1], dict):
-                    raise Malformed(f"{here}.history", f"is {described(history)}, expected a list of dicts")
-                legacy = legacy or "address" not in block
-                last = history[-1]
-                if requested is None:
-                    requested = last.get("real_size", size)
-                if frames is None:
-                    frames = last.get("frames")
-            state = _text(block.get("state", "inactive"), f"{here}.state")
-            block_rows.append((device, address, block_address, size,
-                               _integer(requested if requested is not None else 0, f"{here}.requested_size"),
-                               state, stream, pool, kind, expandable))
-            block_frames.append(frames)
-            offset += size
+    """The segment and block columns, built a column at a time over the raw lists (`blocks` from _blocks_of);
+    block rows repeat their segment's device, address, stream, pool, type and expandable flag."""
+
+    def at(key: str) -> Callable[[int], str]:
+        return lambda i: f"{name}[{i}].{key}"
+
+    def get(key: str, default: Any) -> list[Any]:
+        return _column(segments, key, default)
+
+    seg = {
+        "device": _int_column(get("device", 0), np.int64, at("device"), name),
+        "address": _int_column(list(map(itemgetter("address"), segments)), np.uint64, at("address"), name),
+        **{k: _int_column(get(k, 0), np.int64, at(k), name)
+           for k in ("total_size", "allocated_size", "active_size", "requested_size")},
+        "stream": _int_column(get("stream", 0), np.int64, at("stream"), name),
+        "segment_type": _text_column(get("segment_type", ""), at("segment_type")),
+        "pool_id": _pool_column(get("segment_pool_id", None), at("segment_pool_id")),
+        "is_expandable": np.array([v is True for v in get("is_expandable", False)], dtype=np.bool_),
+    }
+    counts = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
+    owner = np.repeat(np.arange(len(blocks)), counts)        # each block's segment
+    starts = np.cumsum(counts) - counts                      # each segment's first block
+
+    def block_at(key: str) -> Callable[[int], str]:
+        return lambda k: f"{name}[{owner[k]}].blocks[{k - starts[owner[k]]}]" + (f".{key}" if key else "")
+
+    flat = list(chain.from_iterable(blocks))
+    if not set(map(type, flat)) <= {dict}:
+        k = _first(flat, lambda b: type(b) is not dict)
+        raise Malformed(block_at("")(k), f"is {described(flat[k])}, expected a block dict")
+    sizes = list(map(itemgetter("size"), flat))
+    size = _int_column(sizes, np.int64, block_at("size"), name)
+    addresses = _column(flat, "address", _MISSING)
+    legacy = _MISSING in addresses   # compares by identity first: no value's __eq__ can match the sentinel
+    if legacy:                       # torch 2.0: a block without an address starts where the one before ends
+        missing = np.array([a is _MISSING for a in addresses], dtype=np.bool_)
+        addresses = [0 if a is _MISSING else a for a in addresses]
+    address = _int_column(addresses, np.uint64, block_at("address"), name)
+    del addresses
+    if legacy:
+        address = np.where(missing, _running_addresses(seg["address"], size, owner, starts, name), address)
+    requested = _column(flat, "requested_size", None)
+    frames = _column(flat, "frames", None) if keep_frames else [None] * len(flat)
+    history = _column(flat, "history", None)
+    if any(history):                 # torch 2.0: the last history entry holds the requested size and frames
+        rows = [k for k, h in enumerate(history) if h]
+        bad = [k for k in rows if type(history[k]) is not list or type(history[k][-1]) is not dict]
+        if bad:
+            raise Malformed(block_at("history")(bad[0]), f"is {described(history[bad[0]])}, expected a list of dicts")
+        sizes = size.tolist()
+        for k in rows:
+            last = history[k][-1]
+            if requested[k] is None:
+                requested[k] = last.get("real_size", sizes[k])
+            if frames[k] is None:
+                frames[k] = last.get("frames")
+    del history, sizes
+    if None in requested:
+        requested = [0 if r is None else r for r in requested]
+    if not keep_frames:              # a history's frames were filled in above
+        frames = [None] * len(flat)
+    block = {
+        "device": seg["device"][owner], "segment_address": seg["address"][owner], "address": address,
+        "size": size, "requested_size": _int_column(requested, np.int64, block_at("requested_size"), name),
+        "state": _text_column(_column(flat, "state", "inactive"), block_at("state")),
+        "stream": seg["stream"][owner], "pool_id": seg["pool_id"][owner], "segment_type": seg["segment_type"][owner],
+        "is_expandable": seg["is_expandable"][owner],
+    }
+    return ({k: seg[k] for k in SEGMENT_COLUMNS}, {k: block[k] for k in BLOCK_COLUMNS}, frames, legacy)
+
+
+def _running_addresses(seg_address: np.ndarray, size: np.ndarray, owner: np.ndarray, starts: np.ndarray,
+                       name: str) -> np.ndarray:
+    """Each block's segment address plus the sizes of the blocks before it in its segment, in exact integers
+    (a sum past 64 bits is Malformed, never wrapped)."""
+    before = np.array(list(accumulate(size.tolist(), initial=0))[:-1], dtype=object)
+    if not len(before):
+        return np.zeros(0, dtype=np.uint64)
+    running = seg_address.astype(object)[owner] + before - before[starts[owner]]
     try:
-        return (columns_from_rows(seg_rows, SEGMENT_COLUMNS), columns_from_rows(block_rows, BLOCK_COLUMNS),
-                block_frames, legacy)
+        return np.array(running.tolist(), dtype=np.uint64)
     except OverflowError:
         raise Malformed(name, "hold an address or size that does not fit 64 bits") from None
 
 
-def _annotations(items: Any) -> pd.DataFrame:
+def _annotations(items: Any) -> Callable[[], pd.DataFrame]:
+    """The annotation rows, checked now; their DataFrame is made on first use (peaks never imports pandas)."""
     rows = []
     for i, a in enumerate(items if isinstance(items, list) else []):
         if isinstance(a, dict):
@@ -254,9 +359,13 @@ def _annotations(items: Any) -> pd.DataFrame:
             rows.append((_integer(a.get("device", 0), f"{where}.device"), _text(a.get("name", ""), f"{where}.name"),
                          _text(a.get("stage", ""), f"{where}.stage"),
                          None if time_us is None else _integer(time_us, f"{where}.time_us")))
-    df = pd.DataFrame(rows, columns=["device", "name", "stage", "time_us"])
-    df["time_us"] = df["time_us"].astype("Int64")
-    return df
+
+    def frame() -> pd.DataFrame:
+        import pandas as pd
+        df = pd.DataFrame(rows, columns=["device", "name", "stage", "time_us"])
+        df["time_us"] = df["time_us"].astype("Int64")
+        return df
+    return frame
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
@@ -285,11 +394,16 @@ def _keys(items: Any, pick: Callable[[Any], Any] = lambda x: x, limit: int = 200
     return tuple(seen)
 
 
-def to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None = None) -> Snapshot:
-    """Build the columnar Snapshot from what the file held (see module docstring)."""
+def to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None = None,
+                consume: bool = False, frames: bool = True) -> Snapshot:
+    """Build the columnar Snapshot from what the file held (see module docstring). With `consume`, each raw
+    list is emptied as soon as its columns exist, so its objects are freed while the rest is built (the
+    caller must not use `raw` afterwards). `frames=False` keeps no frames (every event and block reads as
+    frameless), for an analysis that never looks at stacks: the frames lists, most of a snapshot's memory,
+    are then freed with the rest."""
     try:
         with gc_paused():
-            return _to_snapshot(raw, source, container, stream_bytes)
+            return _to_snapshot(raw, source, container, stream_bytes, consume, frames)
     except BadInputError:
         raise
     except Malformed as exc:
@@ -305,12 +419,12 @@ def to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None 
         raise BadInputError(source, "ran out of memory building the snapshot's tables") from None
 
 
-def _row_count(segments: list[Any], traces: list[Any]) -> int:
-    blocks = sum(len(b) for s in segments if isinstance(s, dict) and isinstance(b := s.get("blocks"), list))
-    return len(segments) + blocks + sum(len(e) for e in traces if isinstance(e, list))
+def _row_count(segments: list[Any], blocks: list[list[Any]], traces: list[Any]) -> int:
+    return len(segments) + sum(map(len, blocks)) + sum(len(e) for e in traces if isinstance(e, list))
 
 
-def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None) -> Snapshot:
+def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None, consume: bool,
+                 keep_frames: bool) -> Snapshot:
     if isinstance(raw, list):
         if raw and not all(isinstance(s, dict) and "address" in s for s in raw):
             raise BadInputError(source, "not a PyTorch memory snapshot: a list whose items are not segments")
@@ -335,7 +449,9 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
                             f"({described(raw)}), expected a dict with 'segments' or a list of segments")
     if traces_raw is not None and not isinstance(traces_raw, list):
         raise BadInputError(source, "not a PyTorch memory snapshot: 'device_traces' is not a list")
-    if stream_bytes is not None and (rows := _row_count(segments, traces_raw or [])) > max(stream_bytes // 2, 1000):
+    blocks = _blocks_of(segments, "segments")
+    rows = _row_count(segments, blocks, traces_raw or [])
+    if stream_bytes is not None and rows > max(stream_bytes // 2, 1000):
         raise BadInputError(source, f"refused to load: {rows:,} segments, blocks and trace entries from a "
                             f"{stream_bytes:,}-byte pickle: shared references repeated to exhaust the reader "
                             "(a blow-up), not a snapshot")
@@ -344,22 +460,28 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
     for device, entries in enumerate(traces_raw or []):
         if not isinstance(entries, list):
             raise Malformed(f"device_traces[{device}]", f"is {described(entries)}, expected a list of trace entries")
-        for i, e in enumerate(entries):
-            if not isinstance(e, dict):
-                raise Malformed(f"device_traces[{device}][{i}]", f"is {described(e)}, expected a trace entry dict")
+        if not set(map(type, entries)) <= {dict}:
+            i = _first(entries, lambda e: type(e) is not dict)
+            raise Malformed(f"device_traces[{device}][{i}]", f"is {described(entries[i])}, expected a trace entry dict")
         if entries:
-            traces[device] = _trace(device, entries)
+            traces[device] = _trace(device, entries, frames=keep_frames)
             for k in _keys(entries) + _keys(entries[-50:]):
                 entry_keys.setdefault(k, None)
-    seg_columns, block_columns, block_frames, legacy = _segments(segments)
+            if consume:
+                entries.clear()
+    seg_columns, block_columns, block_frames, legacy = _segments(segments, blocks, keep_frames=keep_frames)
+    segment_keys, block_keys = _keys(segments), _keys(list(chain.from_iterable(blocks[:200])))
+    del blocks
+    if consume:
+        segments.clear()
     host = _host(raw, source, container) if isinstance(raw, dict) else None
     fmt = Format(
         container=container,
         layout=layout,
         top_level_keys=top,
         entry_keys=tuple(entry_keys),
-        segment_keys=_keys(segments),
-        block_keys=_keys([b for s in segments[:200] for b in (s.get("blocks") or [])]),
+        segment_keys=segment_keys,
+        block_keys=block_keys,
         legacy_block_history=legacy,
         trace_included=traces_raw is not None,
         trace_devices=len(traces_raw or []),
@@ -389,10 +511,11 @@ def _host(raw: dict[str, Any], source: str, container: str) -> Snapshot | None:
     segments, entries = segments or [], entries or []
     if not segments and not entries:
         return None
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            raise Malformed(f"host_traces[{i}]", f"is {described(e)}, expected a trace entry dict")
-    seg_columns, block_columns, block_frames, _ = _segments(segments, "host_segments")
+    if not set(map(type, entries)) <= {dict}:
+        i = _first(entries, lambda e: type(e) is not dict)
+        raise Malformed(f"host_traces[{i}]", f"is {described(entries[i])}, expected a trace entry dict")
+    seg_columns, block_columns, block_frames, _ = _segments(segments, _blocks_of(segments, "host_segments"),
+                                                            "host_segments")
     traces = {HOST_DEVICE: _trace(HOST_DEVICE, entries, "host_traces")} if entries else {}
     return Snapshot(
         source=source, traces=traces, segment_columns=seg_columns, block_columns=block_columns,

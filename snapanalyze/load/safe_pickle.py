@@ -10,10 +10,13 @@ holding `data.pkl` (stored or deflated, not encrypted), and JSON as accepted by 
 Bounds (`Limits`): only regular files are read — a FIFO, a device or a socket is refused before it is
 opened, so nothing blocks; a compressed payload that expands past `expanded_cap` (the larger of 64 × the
 file and 64 MiB; real snapshots compress 4–33×) is refused as soon as it does; while unpickling, the
-process may grow by at most `growth_cap` (the larger of 12 × the stream read so far and 256 MiB; a real
-snapshot takes about 3 × its pickle), measured from the resident set as the stream is read, so a pickle
-built to explode into objects is refused before it exhausts the machine; `max_memory_bytes` (`--max-memory`)
-caps both. Tuples and
+process may grow by at most `growth_cap` (the largest of 12 × the stream read so far, 256 MiB, and, where
+the whole stream's size is known before reading — a plain pickle file, a stored zip member — 3 × that size),
+measured from the resident set as the stream is read, so a pickle built to explode into objects is refused
+before it exhausts the machine; `max_memory_bytes` (`--max-memory`) caps both. A real snapshot takes about
+3–4.5 × its pickle, but up to 12 × over its first tens of MiB when it holds a quarter of a million segments
+(the segment dicts come first and weigh more per pickled byte than trace entries); the 3 × floor lets such a
+file load without letting any file grow the process past what the 12 × bound allows at its end. Tuples and
 frozensets can nest no deeper than the pickle has opcodes that build them (counted as the bytes stream in,
 refused past MAX_NESTING), and the unpickler runs on a thread with a 1 GiB stack, so hashing the deepest
 allowed key cannot overflow the C stack (a segfault, not an exception). An OSError, a zlib or zip error,
@@ -67,9 +70,10 @@ class Limits:
         """Bytes a compressed payload may expand to."""
         return self._capped(max(64 * file_bytes, 64 * MiB))
 
-    def growth_cap(self, stream_bytes: int) -> int:
-        """Bytes the process may grow by while unpickling `stream_bytes` of pickle."""
-        return self._capped(max(12 * stream_bytes, 256 * MiB))
+    def growth_cap(self, stream_bytes: int, whole_stream: int | None = None) -> int:
+        """Bytes the process may grow by once `stream_bytes` of a pickle of `whole_stream` bytes (None: not known
+        before it is read) have been read."""
+        return self._capped(max(12 * stream_bytes, 3 * (whole_stream or 0), 256 * MiB))
 
 
 _LIMITS: ContextVar[Limits | None] = ContextVar("snapanalyze_limits", default=None)   # None: Limits()
@@ -83,6 +87,11 @@ def limits_in_effect(limits: Limits) -> Iterator[None]:
         yield
     finally:
         _LIMITS.reset(token)
+
+
+def limits_now() -> Limits | None:
+    """The limits `limits_in_effect` set here (None: the defaults), for work handed to another process."""
+    return _LIMITS.get()
 
 
 class Raw(NamedTuple):
@@ -136,8 +145,9 @@ class _Guard(io.RawIOBase):
     can nest hashable containers (refused past MAX_NESTING; a data byte may count too, which only makes the
     bound safer), and how much the process has grown since it began (refused past `limits.growth_cap`)."""
 
-    def __init__(self, inner: IO[bytes], cap: int | None, what: str, limits: Limits) -> None:
-        self.inner, self.cap, self.what, self.limits = inner, cap, what, limits
+    def __init__(self, inner: IO[bytes], cap: int | None, what: str, limits: Limits,
+                 whole: int | None = None) -> None:
+        self.inner, self.cap, self.what, self.limits, self.whole = inner, cap, what, limits, whole
         self.total = 0
         self.nesting = 0
         self.start_rss = _resident_bytes()
@@ -155,7 +165,7 @@ class _Guard(io.RawIOBase):
             raise _Refused(f"the pickle nests tuples deeper than this reader allows ({MAX_NESTING:,} tuple opcodes): "
                            "not a snapshot, or one built to exhaust the reader")
         now = _resident_bytes() if self.start_rss is not None else None
-        if now is not None and now - self.start_rss > (allowed := self.limits.growth_cap(self.total)):  # type: ignore[operator]
+        if now is not None and now - self.start_rss > (allowed := self.limits.growth_cap(self.total, self.whole)):  # type: ignore[operator]
             raise _Refused(f"unpickling {self.total / MiB:,.1f} MiB of pickle took more than {allowed / GiB:.2f} GiB "
                            "of memory: a pickle built to explode into objects, or a snapshot larger than "
                            "--max-memory allows")
@@ -169,13 +179,17 @@ class _Guard(io.RawIOBase):
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building large acyclic structures."""
+    """Pause the cyclic garbage collector while building large acyclic structures. On the way out, what was
+    built moves straight to the oldest generation (`gc.freeze` then `gc.unfreeze`, two list splices), so the
+    first allocations after the pause do not walk millions of young objects through the younger generations."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 
@@ -209,9 +223,9 @@ def _on_big_stack(work: Callable[[], Any]) -> Any:
 
 
 def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = None,
-              what: str = "pickle") -> tuple[Any, int]:
-    """The unpickled object and the bytes of pickle it took."""
-    guard = _Guard(stream, cap, what, limits)
+              what: str = "pickle", whole: int | None = None) -> tuple[Any, int]:
+    """The unpickled object and the bytes of pickle it took (`whole`: the stream's size, where it is known)."""
+    guard = _Guard(stream, cap, what, limits, whole)
     guarded = io.BufferedReader(guard, 1 << 20)     # peek lets the unpickler read ahead
     try:
         with gc_paused():
@@ -264,8 +278,10 @@ def _from_zip(file: Path, path: str, limits: Limits, cap: int) -> tuple[Any, int
             if info.compress_type not in _ZIP_METHODS:
                 raise BadInputError(path, f"the zip's data.pkl uses compression method {info.compress_type}, "
                                     f"which this reader does not open ({', '.join(_ZIP_METHODS.values())} only)")
+            # A stored member's size is bounded by the file's, so it is known; a deflated one's is only declared.
+            whole = min(info.file_size, file.stat().st_size) if info.compress_type == zipfile.ZIP_STORED else None
             with archive.open(info) as member:
-                return _unpickle(member, path, limits, cap, "zip member")  # type: ignore[arg-type]
+                return _unpickle(member, path, limits, cap, "zip member", whole)  # type: ignore[arg-type]
     except zipfile.BadZipFile as exc:
         raise BadInputError(path, f"damaged zip file ({exc})") from None
     except (NotImplementedError, RuntimeError, zlib.error, EOFError, OSError) as exc:
@@ -323,7 +339,7 @@ def read_raw(path: str | Path, limits: Limits | None = None) -> Raw:
             if _sniff(head) == "json":
                 text = _read_capped(stream, limits._capped(info.st_size), name, "file")
                 return Raw(_from_json(text, name), "json", len(text))
-            return Raw(*_with("pickle", _unpickle(stream, name, limits)))
+            return Raw(*_with("pickle", _unpickle(stream, name, limits, whole=info.st_size)))
     except BadInputError:
         raise
     except OSError as exc:
