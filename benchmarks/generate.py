@@ -1,10 +1,13 @@
 """Generate a large, realistic, self-consistent CUDA allocator snapshot pickle for benchmarks.
 
-Contract: ``python benchmarks/generate.py --events N -o PATH [--seed S] [--force]`` writes one pickle
+Contract: ``python benchmarks/generate.py --events N [--segments K] -o PATH [--seed S] [--force]`` writes one pickle
 (protocol 4, builtins only) shaped like what ``torch.cuda.memory._snapshot()`` returns on torch 2.11 for an
 eager vLLM-style LLM serving run on one GPU: ``segments``, ``device_traces`` (one trace, device 0, exactly
-N entries), ``allocator_settings`` and ``external_annotations``.  The output is a pure function of
-(N, seed): the same arguments give byte-identical files.  An existing PATH is never overwritten unless
+N entries), ``allocator_settings`` and ``external_annotations``.  ``--segments K`` makes the segment-heavy
+shape of the same run: before the window, K small tensors are each allocated in a fresh 2 MiB segment and
+kept (a long run that never called ``empty_cache()``), so the end state holds K more segments (a pinned
+block and the cached rest, which the window's small tensors then use).  The output is a pure function of
+(N, K, seed): the same arguments give byte-identical files.  An existing PATH is never overwritten unless
 ``--force`` is given, and the file appears atomically (written to a temporary name, then renamed).
 
 How it is made: a small model of the CUDA caching allocator (2 MiB small-pool segments for requests
@@ -911,11 +914,12 @@ class Allocator:
         self.events.append(("segment_alloc", addr, seg_size))
         return addr
 
-    def malloc(self, requested: int) -> int:
+    def malloc(self, requested: int, fresh: bool = False) -> int:
+        """Best fit from the cache, else a new segment (always a new one when ``fresh``)."""
         rounded = round_size(requested)
         small = rounded <= MiB
         lst = self.free_small if small else self.free_large
-        i = bisect_left(lst, rounded << ADDR_BITS)
+        i = len(lst) if fresh else bisect_left(lst, rounded << ADDR_BITS)
         if i < len(lst):
             key = lst.pop(i)
             block = key & ((1 << ADDR_BITS) - 1)
@@ -1006,11 +1010,12 @@ Tensor = tuple[int, int]  # (address, requested bytes)
 class Recorder:
     """Drives the allocator and writes the trace entries (only while ``recording``)."""
 
-    def __init__(self, target: int, rng: random.Random, stacks: StackLibrary) -> None:
+    def __init__(self, target: int, rng: random.Random, stacks: StackLibrary,
+                 capacity: int = DEVICE_CAPACITY) -> None:
         self.target = target
         self.rng = rng
         self.stacks = stacks
-        self.alloc = Allocator(DEVICE_CAPACITY)
+        self.alloc = Allocator(capacity)
         self.trace: list[Entry] = []
         self.recording = False
         self.t = START_TIME_US
@@ -1026,10 +1031,10 @@ class Recorder:
         self.t += us
 
     # -- the two primitives --------------------------------------------------------------------------------
-    def A(self, site: str, size: int) -> Tensor:
+    def A(self, site: str, size: int, fresh: bool = False) -> Tensor:
         """Allocate ``size`` bytes from ``site`` (one alloc entry, plus any segment entries it causes)."""
         if not self.recording:
-            addr = self.alloc.malloc(size)
+            addr = self.alloc.malloc(size, fresh)
             self.alloc.events.clear()
             self.frames_of[addr] = []
             return addr, size
@@ -1147,9 +1152,11 @@ class Recorder:
 class ServingRun:
     """Tensor-level model of the serving loop; see the module docstring."""
 
-    def __init__(self, rec: Recorder, rng: random.Random) -> None:
+    def __init__(self, rec: Recorder, rng: random.Random, pinned_segments: int = 0) -> None:
         self.rec = rec
         self.rng = rng
+        self.pinned_segments = pinned_segments
+        self.pinned: list[Tensor] = []
         self.weights: list[Tensor] = []
         self.leftovers: list[Tensor] = []
         self.persistent: dict[str, Tensor] = {}
@@ -1205,6 +1212,11 @@ class ServingRun:
             self.leftovers.append(A("misc2", size))
         for batch in (1, 8, 64, 256):
             self.step(prefill_tokens=0, seqs=batch)
+        # The segment-heavy shape: a long run that never called empty_cache() and left one small long-lived
+        # tensor (a cached index, a handle) in each of many segments, every one of them a fresh segment.
+        sizes = (512, 4096, 12_288, 65_536)
+        for i in range(self.pinned_segments):
+            self.pinned.append(A(f"misc{3 + i % N_MISC_SITES}", sizes[self.rng.randrange(len(sizes))], fresh=True))
 
     def run(self) -> None:
         rng = self.rng
@@ -1400,14 +1412,20 @@ def build_segments(rec: Recorder) -> list[dict[str, Any]]:
     return segments
 
 
-def generate(events: int, seed: int) -> tuple[dict[str, Any], dict[str, int]]:
-    """Build the snapshot dict for a trace of ``events`` entries. Returns (snapshot, stats)."""
+def generate(events: int, seed: int, segments: int = 0) -> tuple[dict[str, Any], dict[str, int]]:
+    """Build the snapshot dict for a trace of ``events`` entries, with ``segments`` pinned small segments
+    added before the window (the segment-heavy shape; 0: the serving run's own ~180). Returns (snapshot,
+    stats)."""
     if events < 100:
         raise ValueError("--events must be at least 100")
+    if segments < 0:
+        raise ValueError("--segments must not be negative")
     rng = random.Random(seed)
     stacks = StackLibrary()
-    rec = Recorder(events, rng, stacks)
-    run = ServingRun(rec, rng)
+    # Room for the pinned 2 MiB segments beside the serving run's ~140 GiB (more than one GPU holds: the
+    # shape is about the loader's cost per segment, not about a device).
+    rec = Recorder(events, rng, stacks, DEVICE_CAPACITY + segments * 2 * MiB)
+    run = ServingRun(rec, rng, segments)
     run.load()
     run.run()
     segments = build_segments(rec)
@@ -1428,12 +1446,17 @@ def generate(events: int, seed: int) -> tuple[dict[str, Any], dict[str, int]]:
     return snapshot, stats
 
 
-def default_name(events: int) -> str:
-    if events % 1_000_000 == 0:
-        return f"large-{events // 1_000_000}m.pickle"
-    if events % 1000 == 0:
-        return f"large-{events // 1000}k.pickle"
-    return f"large-{events}.pickle"
+def _count(n: int) -> str:
+    if n and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}m"
+    if n and n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)
+
+
+def default_name(events: int, segments: int = 0) -> str:
+    """``large-1m.pickle``; ``large-1m-250kseg.pickle`` with 250k pinned segments."""
+    return f"large-{_count(events)}{f'-{_count(segments)}seg' if segments else ''}.pickle"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1448,20 +1471,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="output pickle (default benchmarks/data/large-<N>.pickle)",
     )
+    parser.add_argument(
+        "--segments", type=int, default=0,
+        help="the segment-heavy shape: add N small segments, each pinned by one long-lived tensor allocated "
+             "in a fresh segment before the window (default 0: the run's own ~180 segments)",
+    )
     parser.add_argument("--seed", type=int, default=20251130, help="random seed (default 20251130)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
     args = parser.parse_args(argv)
 
-    out: Path = args.output or Path(__file__).resolve().parent / "data" / default_name(args.events)
+    out: Path = args.output or Path(__file__).resolve().parent / "data" / default_name(args.events, args.segments)
     if args.events < 100:
         parser.error("--events must be at least 100")
+    if args.segments < 0:
+        parser.error("--segments must not be negative")
     if out.exists() and not args.force:
         print(f"generate: {out} exists; pass --force to overwrite", file=sys.stderr)
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    snapshot, stats = generate(args.events, args.seed)
+    snapshot, stats = generate(args.events, args.seed, args.segments)
     t1 = time.perf_counter()
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:

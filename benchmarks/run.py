@@ -1,10 +1,12 @@
 """Benchmark snapanalyze against a bare ``pickle.load`` of a large generated snapshot.
 
-Contract: ``python benchmarks/run.py [--events N | --quick] [--repeat R] [--check-goals]`` makes sure
-``benchmarks/data/large-<N>.pickle`` exists (running ``benchmarks/generate.py`` when it does not), then
-runs each command below R times, round-robin, each run its own subprocess, measuring wall time
+Contract: ``python benchmarks/run.py [--events N | --quick] [--segments K] [--data DIR] [--repeat R]
+[--check-goals]`` makes sure two files of N events exist in DIR (default ``benchmarks/data``; made by
+``benchmarks/generate.py`` when missing): ``large-<N>.pickle`` (the serving run's own ~180 segments) and the
+segment-heavy ``large-<N>-<K>seg.pickle`` (K more segments, default N / 4; ``--segments 0`` skips it). On each
+it runs the commands below R times, round-robin, each run its own subprocess, measuring wall time
 (``time.perf_counter`` around the child) and peak resident memory (``ru_maxrss`` from ``os.wait4``, KiB on
-Linux):
+Linux); the Parquet-run, startup and in-process rows are measured on the few-segment file only:
 
   pickle.load  ``python -c "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))" FILE`` (the baseline)
   peaks        ``snapanalyze peaks FILE --format json``
@@ -20,11 +22,12 @@ is >= 10x, missed goals are listed in ``goals_missed``)
 and, in process on the converted run, ``phase_table`` with the categories of 2,000 back-to-back request
 marker spans (a serving run's markers; each span's peak is attributed), reported without a goal.
 
-It prints a table (median wall time, the largest max RSS of the repeats, both as ratios to the baseline, and
-the goals: peaks <= 1.25x time and <= 1.5x RSS, attribute <= 1.5x time) and writes the same results as JSON to
-``benchmarks/results/latest.json``.  ``--quick`` means ``--events 100000``.  Exit status: 0; 1 when a
-command failed (its stderr tail is printed) or printed something other than JSON, or, with
-``--check-goals``, when a goal was missed; 2 for usage errors or when the file cannot be generated.
+It prints a table per file (median wall time; the time ratio is the median of the per-round ratios to the
+baseline run just before it, so a slow spell of a shared machine divides out; the largest max RSS of the repeats
+over the baseline's; the goals: peaks <= 1.0x time and <= 1.15x RSS, attribute <= 1.1x time, on both files) and
+writes the same results as JSON to ``benchmarks/results/latest.json``.  ``--quick`` means ``--events 100000``.
+Exit status: 0; 1 when a command failed (its stderr tail is printed) or printed something other than JSON, or,
+with ``--check-goals``, when a goal was missed; 2 for usage errors or when the file cannot be generated.
 snapanalyze is run as ``python -m snapanalyze`` when that works, else through the ``snapanalyze`` console
 script, else by calling ``snapanalyze.cli.main`` from ``python -c``; children run in the repository root.
 """
@@ -54,6 +57,8 @@ from generate import default_name  # noqa: E402
 
 PICKLE_LOAD = "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))"
 QUICK_EVENTS = 100_000
+PEAKS_GOAL = (1.0, 1.15)          # time and peak RSS, as multiples of the bare pickle.load's
+ATTRIBUTE_GOAL = (1.1, None)
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Result:
     status: str = "ok"  # ok | failed | not available
     note: str = ""
     runs: list[Run] = field(default_factory=list)
+    baseline_s: list[float] = field(default_factory=list)   # the pickle.load run just before each run
     wall_s_median: float | None = None
     max_rss_mib: float | None = None
     time_ratio: float | None = None
@@ -133,11 +139,12 @@ def snapanalyze_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from snapanalyze.cli import main; sys.exit(main())"]
 
 
-def ensure_file(events: int) -> Path:
-    path = BENCH / "data" / default_name(events)
+def ensure_file(events: int, segments: int, data: Path) -> Path:
+    path = data / default_name(events, segments)
     if not path.exists():
-        print(f"generating {path.relative_to(REPO)} ({events:,} events) ...", flush=True)
-        cmd = [sys.executable, str(BENCH / "generate.py"), "--events", str(events), "-o", str(path)]
+        print(f"generating {path} ({events:,} events, {segments:,} pinned segments) ...", flush=True)
+        cmd = [sys.executable, str(BENCH / "generate.py"), "--events", str(events), "--segments", str(segments),
+               "-o", str(path)]
         if subprocess.run(cmd, cwd=REPO).returncode != 0 or not path.exists():
             raise SystemExit(f"run: could not generate {path}")
     return path
@@ -147,7 +154,7 @@ def ensure_run(path: Path, cli: list[str]) -> Path:
     """The snapshot converted to a Parquet run directory next to it (made once, not timed)."""
     run = path.with_suffix(".run")
     if not (run / "rank=0" / "tag=final" / "snapshot.json").exists():
-        print(f"converting {path.relative_to(REPO)} to {run.relative_to(REPO)} ...", flush=True)
+        print(f"converting {path} to {run} ...", flush=True)
         cmd = [*cli, "convert", str(path), "-o", str(run), "--tag", "final", "--force"]
         if subprocess.run(cmd, cwd=REPO).returncode != 0:
             raise SystemExit(f"run: could not convert {path}")
@@ -239,7 +246,10 @@ def compare(result: Result, base: Result) -> None:
     if result.wall_s_median is None or base.wall_s_median is None or base.max_rss_mib is None:
         return
     assert result.max_rss_mib is not None
-    result.time_ratio = result.wall_s_median / base.wall_s_median
+    # The median of paired ratios: each run of the command follows a run of the baseline, so a slow spell of
+    # a shared machine divides out.
+    pairs = zip(result.runs, result.baseline_s or [b.wall_s for b in base.runs])
+    result.time_ratio = statistics.median(r.wall_s / b for r, b in pairs)
     result.rss_ratio = result.max_rss_mib / base.max_rss_mib
     goal = result.goal
     if goal.time_ratio is None and goal.rss_ratio is None:
@@ -278,11 +288,49 @@ def print_table(results: list[Result]) -> None:
             print("  ".join("-" * w for w in widths[:6]))
 
 
+def measure_shape(label: str, path: Path, cli: list[str], repeat: int, timeout: float,
+                  extra: list[Result]) -> list[Result]:
+    """pickle.load, peaks, attribute (and `extra`) on one file, round-robin, compared with the baseline."""
+    file_arg = str(path)
+    results = [
+        Result("pickle.load", [sys.executable, "-c", PICKLE_LOAD, file_arg], Goal()),
+        Result("peaks", [*cli, "peaks", file_arg, "--format", "json"], Goal(*PEAKS_GOAL)),
+        Result("attribute", [*cli, "attribute", file_arg, "--format", "json"], Goal(*ATTRIBUTE_GOAL)),
+        *extra,
+    ]
+    warm_page_cache(path)
+    size_mib = path.stat().st_size / 2**20
+    print(f"\n{label}: {path} ({size_mib:.0f} MiB); {repeat} runs each")
+    # Round-robin over the commands, each right after a run of the baseline, so that a slow spell of the
+    # machine hits a command and its baseline alike.
+    base = results[0]
+    for i in range(repeat):
+        print(f"  round {i + 1}/{repeat}:", end="", flush=True)
+        for result in results[1:]:
+            if result.status == "ok" and base.status == "ok":
+                run_once(base, timeout, check_json=False)
+                run_once(result, timeout, check_json=result.name != "startup")
+                result.baseline_s.append(base.runs[-1].wall_s)
+                print(f" {result.name} {result.runs[-1].wall_s:.2f} s ({base.runs[-1].wall_s:.2f})", end="", flush=True)
+        print()
+    for result in results:
+        summarize(result)
+    for result in results[1:]:
+        compare(result, results[0])
+    print()
+    print_table(results)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--events", type=int, default=1_000_000, help="trace entries in the file (default 1M)")
     size.add_argument("--quick", action="store_true", help=f"use {QUICK_EVENTS:,} events")
+    parser.add_argument("--segments", type=int, default=None,
+                        help="pinned segments of the segment-heavy file (default: a quarter of --events; "
+                             "0: measure the few-segment file only)")
+    parser.add_argument("--data", type=Path, default=BENCH / "data", help="where the generated files live")
     parser.add_argument("--repeat", type=int, default=3, help="runs per command; the median time is used")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
     parser.add_argument("--check-goals", action="store_true", help="exit 1 when a goal is missed")
@@ -293,41 +341,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     events = QUICK_EVENTS if args.quick else args.events
+    segments = events // 4 if args.segments is None else args.segments
+    if segments < 0:
+        parser.error("--segments must not be negative")
 
-    path = ensure_file(events)
-    warm_page_cache(path)
+    path = ensure_file(events, 0, args.data)
+    heavy = ensure_file(events, segments, args.data) if segments else None
     # An installed package has bytecode; without it (PYTHONDONTWRITEBYTECODE is set on some machines) every
     # run would recompile snapanalyze and time the compiler.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "snapanalyze")], check=True)
     cli = snapanalyze_command()
-    file_arg = str(path)
-    results = [
-        Result("pickle.load", [sys.executable, "-c", PICKLE_LOAD, file_arg], Goal()),
-        Result("peaks", [*cli, "peaks", file_arg, "--format", "json"], Goal(1.25, 1.5)),
-        Result("attribute", [*cli, "attribute", file_arg, "--format", "json"], Goal(1.5, None)),
+    results = measure_shape(f"few segments ({events:,} events)", path, cli, args.repeat, args.timeout, [
         Result("peaks (run)", [*cli, "peaks", str(ensure_run(path, cli)), "--format", "json"], Goal()),
         Result("startup", [*cli, "--version"], Goal()),
-    ]
-    size_mib = path.stat().st_size / 2**20
-    print(f"file: {path.relative_to(REPO)} ({size_mib:.0f} MiB, {events:,} events); {args.repeat} runs each")
-    # Round-robin over the commands, so that a slow spell of the machine hits every command alike.
-    for i in range(args.repeat):
-        print(f"  round {i + 1}/{args.repeat}:", end="", flush=True)
-        for result in results:
-            if result.status == "ok":
-                run_once(result, args.timeout, check_json=result.name not in ("pickle.load", "startup"))
-                print(f" {result.name} {result.runs[-1].wall_s:.2f} s", end="", flush=True)
-        print()
-    for result in results:
-        summarize(result)
-    base = results[0]
-    for result in results[1:]:
-        compare(result, base)
-
+    ])
+    heavy_results = (measure_shape(f"segment-heavy ({events:,} events, {segments:,} more segments)", heavy, cli,
+                                   args.repeat, args.timeout, []) if heavy else [])
     print()
-    print_table(results)
+    for label, shape in (("few segments", results), ("segment-heavy", heavy_results)):
+        for r in shape[1:3]:
+            if r.time_ratio is not None:
+                print(f"{label:14s} {r.name:9s}  {r.time_ratio:.2f}x pickle.load's time (paired median of "
+                      f"{len(r.runs)}), {r.rss_ratio:.2f}x its peak RSS  "
+                      f"{'ok' if r.meets_goal else 'MISSED'} ({r.goal.describe()})")
     failed = False
-    for r in results:
+    for r in results + heavy_results:
         if r.status == "not available":
             print(f"\n{r.note}")
         elif r.status == "failed":
@@ -336,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             if r.runs and r.runs[-1].stderr_tail:
                 print(r.runs[-1].stderr_tail)
     missed = [r.name for r in results if r.meets_goal is False]
+    missed += [f"{r.name} (segment-heavy)" for r in heavy_results if r.meets_goal is False]
     speedup = beyond = None
     pickle_peaks, run_peaks, startup = results[1], results[3], results[4]
     if pickle_peaks.wall_s_median and run_peaks.wall_s_median and startup.wall_s_median:
@@ -344,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         beyond = (pickle_peaks.wall_s_median - floor) / max(run_peaks.wall_s_median - floor, 1e-3)
         print(f"\npeaks from the Parquet run: {run_peaks.wall_s_median:.2f} s vs {pickle_peaks.wall_s_median:.2f} s "
               f"from the pickle: {speedup:.1f}x faster for the whole command; {beyond:.1f}x beyond the "
-              f"{floor:.2f} s every command pays (`snapanalyze --version`: Python, numpy, pyarrow, click)")
+              f"{floor:.2f} s every command pays (`snapanalyze --version`: Python, numpy, click)")
     library = inprocess_times(path, Path(run_peaks.argv[-3]), args.repeat)
     library_speedup = library["pickle"] / library["run"]
     verdict = "ok" if library_speedup >= 10 else "MISSED"
@@ -355,14 +394,19 @@ def main(argv: list[str] | None = None) -> int:
     phases_s = phases_time(Path(run_peaks.argv[-3]), args.repeat)
     print(f"phase_table with categories over {PHASE_SPANS:,} request spans (run, in process): {phases_s:.2f} s")
 
+    def describe(p: Path, n_segments: int) -> dict[str, Any]:
+        return {"path": str(p), "bytes": p.stat().st_size, "events": events, "pinned_segments": n_segments}
+
     doc: dict[str, Any] = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "file": {"path": str(path.relative_to(REPO)), "bytes": path.stat().st_size, "events": events},
+        "file": describe(path, 0),
         "repeat": args.repeat,
         "results": [asdict(r) for r in results],
+        "segment_heavy": {"file": describe(heavy, segments), "results": [asdict(r) for r in heavy_results]}
+        if heavy else None,
         "failed": failed,
         "goals_missed": missed,
         "parquet_speedup": speedup,
