@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help install test lint bench fixtures check-fixtures fuzz
+.PHONY: help install test lint bench fixtures check-fixtures fuzz bench-fleet
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -20,8 +20,11 @@ lint: ## ruff + mypy
 	$(PYTHON) -m ruff check snapanalyze tests benchmarks fixtures
 	$(PYTHON) -m mypy snapanalyze
 
-bench: ## Time `snapanalyze peaks`/`attribute` against a bare pickle.load on a generated 1M-event snapshot
-	$(PYTHON) benchmarks/run.py --events 1000000
+bench: ## peaks/attribute vs a bare pickle.load (time and peak RSS, paired runs) on 1M-event snapshots: few segments and 250k segments
+	$(PYTHON) benchmarks/run.py --events 1000000 --segments 250000
+
+bench-fleet: ## Time `snapanalyze ranks` over 32 generated ranks x 100k events: --jobs 1, --jobs 2, a 2-worker Dask cluster
+	$(PYTHON) benchmarks/fleet.py --ranks 32 --events 100000 --workers 2
 
 fixtures: ## Regenerate the scenario, run and sweep fixtures and their expected answers
 	$(PYTHON) fixtures/generate.py --out fixtures/scenarios

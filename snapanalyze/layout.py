@@ -60,6 +60,7 @@ FINAL_TAG = "final"
 OOM_TAG_PREFIX = "oom-"
 TAG_PREFIX = "tag="
 TABLES_META = "snapshot.json"
+PEAK_TABLE = "peak_categories.parquet"   # convert's answer beside the tables: categories at each device's peak
 
 MAX_WORLD_SIZE = 1_000_000
 """Ranks are 0 … MAX_WORLD_SIZE - 1: a name or a meta.json past it is damaged, not a larger job."""

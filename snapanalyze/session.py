@@ -9,12 +9,19 @@ prefer_oom)` picks one snapshot per rank (`load.samples.choose_snapshots`) as `R
 snapshot and timeline, its NVML rows and markers — plus the problems (ranks without a snapshot, missing
 NVML parts), which are reported, not fatal. The path-level entry points: `compare_ranks(run, …)`
 (`analyze.ranks`), `explain_path(path, …)` (`analyze.oom`), `sweep_points(inputs, …)` and `capacity(inputs,
-…)` (`analyze.sweep`, `analyze.capacity`).
+…)` (`analyze.sweep`, `analyze.capacity`), `convert_file(job)` (one snapshot's tables and its
+`layout.PEAK_TABLE`). The per-rank work of `compare_ranks` and `convert` is a module-level function of
+picklable inputs (`measure_task` of a `RankTask`, `convert_file`) returning a small result, so that an
+`executor=` (a process pool, Dask's, Ray's) can run it; `parallel.map_ranks` keeps the rank order and turns
+a rank that fails on its input into a problem naming it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import functools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -26,15 +33,34 @@ from . import layout
 from .analyze import ranks as rank_analysis
 from .analyze.capacity import Capacity, fit_capacity
 from .analyze.oom import SnapshotOoms, explain_oom
-from .analyze.rules import RuleSet
-from .analyze.sweep import SweepPoint, measure_sweep, order_points, points_from_phases
+from .analyze.rules import RuleSet, load_rules
+from .analyze.sweep import (
+    MeasuredPoint,
+    Sweep,
+    SweepPoint,
+    assemble_sweep,
+    measure_points,
+    measure_sweep,
+    order_points,
+    points_from_phases,
+)
 from .errors import BadInputError, UsageError
 from .load import load
 from .load.runs import RunEntry
 from .load.runs import entries as run_entries
-from .load.samples import RunSamples, choose_snapshots, markers_for, rank_directories, rank_of, rank_path, read_run
+from .load.samples import (
+    RunSamples,
+    choose_snapshots,
+    empty_nvml,
+    markers_for,
+    rank_directories,
+    rank_of,
+    rank_path,
+    read_run,
+)
 from .load.shapes import SHAPE_KEYS, read_manifest, shape_from_filename
 from .model import Snapshot
+from .parallel import map_ranks
 from .replay import Timeline, replay
 
 
@@ -125,24 +151,140 @@ def is_run_path(path: str | Path) -> bool:
 
 # -- ranks ----------------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True, eq=False)
+class RankTask:
+    """One rank's snapshot as a worker process reads it: its path, tag and NVML rows and markers, which pickle;
+    the snapshot is loaded and replayed in the process that asks, once (an `analyze.ranks.RankInput`)."""
+
+    rank: int
+    tag: str
+    path: Path
+    nvml: pd.DataFrame
+    markers: pd.DataFrame
+
+    @cached_property
+    def _loaded(self) -> tuple[Snapshot, Timeline]:
+        snapshot = load(self.path)
+        return snapshot, replay(snapshot)
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._loaded[0]
+
+    @property
+    def timeline(self) -> Timeline:
+        return self._loaded[1]
+
+
+def rank_task(data: RankData) -> RankTask:
+    """What a worker needs to read `data`'s rank on its own."""
+    return RankTask(data.rank, data.tag, data.path, data.nvml, data.markers)
+
+
+def measure_task(task: RankTask, rules: RuleSet) -> rank_analysis.RankMeasure:
+    """`analyze.ranks.measure_rank` of one rank, loaded here (the per-rank work of `compare_ranks`)."""
+    return rank_analysis.measure_rank(task, rules)
+
+
 def compare_ranks(run: str | Path | Run, tag: str | None = None, rules: RuleSet | None = None,
                   threshold: float = 0.02, min_bytes: int = 256 << 20,
-                  keep: Callable[[int], bool] = lambda rank: False) -> rank_analysis.RankComparison:
+                  keep: Callable[[int], bool] = lambda rank: False, executor: Executor | None = None,
+                  progress: Callable[[str], None] | None = None) -> rank_analysis.RankComparison:
     """`analyze.ranks.compare_ranks` over one snapshot per rank of `run` (tag ``final`` unless told). Each
-    rank is loaded once; ranks `keep` does not name are dropped once compared, so one is held at a time."""
+    rank is loaded once; ranks `keep` does not name are dropped once compared, so one is held at a time.
+    With an `executor` (a process pool, Dask's, …) each rank is measured in a worker (`measure_task`) and
+    only its rows come back (`keep` then keeps nothing here); the result is the same. A rank whose snapshot
+    cannot be read is a problem naming it, and the others are still compared (`parallel.map_ranks`)."""
     opened = run if isinstance(run, Run) else open_run(run)
     chosen, problems = opened.ranks(tag=tag)
     if not chosen:
         raise BadInputError(opened.given, "no rank has a snapshot to compare: " + "; ".join(problems))
+    rules = rules or load_rules()
 
-    def each() -> Iterator[RankData]:
-        for data in chosen:
-            yield data
+    def here(data: RankData) -> rank_analysis.RankMeasure:
+        try:
+            return rank_analysis.measure_rank(data, rules)
+        finally:
             if not keep(data.rank):
                 opened.forget(data.entry)
 
-    return rank_analysis.compare_ranks(each(), rules=rules, threshold=threshold, min_bytes=min_bytes,
-                                       problems=problems, run=opened.path, samples=opened.samples)
+    outcomes = map_ranks(here, chosen, progress=progress) if executor is None else \
+        map_ranks(functools.partial(measure_task, rules=rules), [rank_task(d) for d in chosen], executor, progress)
+    measures = []
+    for data, outcome in zip(chosen, outcomes):
+        if outcome.result is not None:
+            measures.append(outcome.result)
+        else:
+            problems.append(f"rank {data.rank}: {outcome.error}")
+    if not measures:
+        raise BadInputError(opened.given, "no rank could be compared: " + "; ".join(problems))
+    return rank_analysis.combine_ranks(measures, threshold=threshold, min_bytes=min_bytes, problems=problems,
+                                       run=opened.path, samples=opened.samples)
+
+
+# -- convert ----------------------------------------------------------------------------------------------------
+
+PEAK_COLUMNS = ["device", "event_index", "time_us", "active_bytes", "reserved_bytes", "category", "bytes", "share"]
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What converting one snapshot wrote (for the command's line about it)."""
+
+    events: int
+    stacks: int
+    seconds: float
+
+
+@dataclass(frozen=True, eq=False)
+class _Loaded:
+    """A snapshot already in memory, as `analyze.ranks.measure_rank` reads a rank (no NVML)."""
+
+    rank: int
+    tag: str
+    path: Path
+    snapshot: Snapshot
+    timeline: Timeline
+    markers: pd.DataFrame
+    nvml: pd.DataFrame = field(default_factory=empty_nvml)
+
+
+def peak_table(snapshot: Snapshot, source: str | Path, rules: RuleSet | None = None,
+               markers: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The categories at each device's peak (`analyze.ranks.measure_rank`, as `ranks` finds them), one row per
+    device and category with the peak's event, time and active/reserved bytes: PEAK_COLUMNS."""
+    timeline = replay(snapshot)
+    m = rank_analysis.measure_rank(_Loaded(0, "", Path(source), snapshot, timeline,
+                                           markers if markers is not None else markers_for(source)), rules)
+    peaks = pd.DataFrame(list(m.rows), columns=["device", "event_index", "time_us", "active_bytes", "reserved_bytes"])
+    if not len(peaks):
+        return pd.DataFrame({c: pd.Series(dtype="int64" if c not in ("category", "share") else
+                                          "object" if c == "category" else "float64") for c in PEAK_COLUMNS})
+    table = peaks.merge(m.categories.drop(columns="rank"), on="device", how="left", sort=False)
+    return table.astype({"time_us": "Int64", "category": "object", "bytes": "Int64"})[PEAK_COLUMNS]
+
+
+def convert_file(job: tuple[Path, Path], force: bool = False, rules: RuleSet | None = None) -> Converted:
+    """Convert one snapshot (`load.convert.convert_plan`'s (source, target) pair): its tables
+    (`load.parquet.write_tables`), then `layout.PEAK_TABLE` beside them (`peak_table`, written atomically),
+    so that SQL over the run directory can ask what was live at each rank's peak. The per-file work of
+    `convert`, for `parallel.map_ranks`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .atomic import write_atomic
+    from .load.parquet import write_tables
+
+    started = time.perf_counter()
+    source, target = job
+    snapshot = load(source)
+    write_tables(snapshot, target, force=force)
+    table = pa.Table.from_pandas(peak_table(snapshot, source, rules), preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"producer": b"snapanalyze",
+                                           b"schema_version": str(layout.SCHEMA_VERSION).encode()})
+    write_atomic(target / layout.PEAK_TABLE, lambda f: pq.write_table(table, f))
+    return Converted(sum(len(t) for t in snapshot.traces.values()), len(snapshot.interner.stacks),
+                     time.perf_counter() - started)
 
 
 # -- OOMs -----------------------------------------------------------------------------------------------------
@@ -186,43 +328,98 @@ def _explain(snapshot: Snapshot, rank: int, tag: str | None, path: Path, samples
 
 # -- sweeps ---------------------------------------------------------------------------------------------------
 
-def sweep_points(inputs: Sequence[str], shape_from: str = "filename", rank: int | None = None,
-                 tag: str | None = None) -> list[SweepPoint]:
-    """Load the sweep: `shape_from` is "filename", "markers" (phase spans of each run's markers files, whose
-    attrs carry the shape; for a file or a run without markers, `record_function` spans whose names carry
-    it, e.g. `prefill tokens=4096`) or the path of a manifest CSV (with no inputs, every file it lists).
-    Points come back sorted by shape. Raises UsageError when a shape is missing or there are no points."""
-    points: list[SweepPoint] = []
+@dataclass(frozen=True)
+class SweepInput:
+    """One input of a sweep, before it is loaded: its path, its label, and its shape (None: its phases give
+    the shapes, `--shape-from markers`)."""
+
+    path: str
+    label: str
+    shape: dict[str, Any] | None
+    rank: int | None = None
+    tag: str | None = None
+
+
+def sweep_inputs(inputs: Sequence[str], shape_from: str = "filename", rank: int | None = None,
+                 tag: str | None = None) -> list[SweepInput]:
+    """The inputs of a sweep and their shapes, read from names or the manifest without loading a snapshot
+    (see `sweep_points`). Raises UsageError when a shape is missing or there is no input."""
     if shape_from == "filename":
         if not inputs:
             raise UsageError("capacity: give the snapshot files or runs of the sweep")
+        found = []
         for p in inputs:
             name = Path(p).name if not Path(p).is_dir() or not tag else f"{Path(p).name}-{tag}"
             shape = shape_from_filename(name)
             if not shape:
                 raise UsageError(f"{p}: no shape in the file name (expected e.g. ctx1024, tokens=32768, bs4, "
                                  "chunk=2048, images=8); use --shape-from manifest.csv or markers")
-            points.append(SweepPoint(Path(p).name, p, shape, load(p, rank, tag)))
-    elif shape_from == "markers":
+            found.append(SweepInput(p, Path(p).name, shape, rank, tag))
+        return found
+    if shape_from == "markers":
         if not inputs:
             raise UsageError("capacity: give the runs (or snapshot files) whose phases make the sweep")
-        for p in inputs:
-            found = points_from_phases(Path(p).name, p, load(p, rank, tag), markers_for(p, rank, tag))
-            if not found:
-                raise UsageError(f"{p}: no phase with a shape (markers.parquet phases need attrs such as "
-                                 "tokens=…; record_function spans need it in their name, e.g. 'prefill tokens=4096')")
-            points.extend(found)
-    elif shape_from.lower().endswith(".csv"):
-        points = _manifest_points(inputs, shape_from, rank, tag)
-    else:
-        raise UsageError(f"--shape-from {shape_from}: expected filename, markers or a manifest .csv")
+        return [SweepInput(p, Path(p).name, None, rank, tag) for p in inputs]
+    if shape_from.lower().endswith(".csv"):
+        return _manifest_inputs(inputs, shape_from, rank, tag)
+    raise UsageError(f"--shape-from {shape_from}: expected filename, markers or a manifest .csv")
+
+
+def input_points(item: SweepInput) -> list[SweepPoint]:
+    """The points of one input, loaded: the input itself with its shape, or its shaped phases."""
+    snapshot = load(item.path, item.rank, item.tag)
+    if item.shape is not None:
+        return [SweepPoint(item.label, item.path, item.shape, snapshot)]
+    found = points_from_phases(item.label, item.path, snapshot, markers_for(item.path, item.rank, item.tag))
+    if not found:
+        raise UsageError(f"{item.path}: no phase with a shape (markers.parquet phases need attrs such as "
+                         "tokens=…; record_function spans need it in their name, e.g. 'prefill tokens=4096')")
+    return found
+
+
+def measure_input(item: SweepInput, rules: RuleSet | None = None, device: int | None = None) -> list[MeasuredPoint]:
+    """One input's points, loaded and measured here (the per-input work of `measure_sweep_inputs`)."""
+    return measure_points(input_points(item), rules, device)
+
+
+def sweep_points(inputs: Sequence[str], shape_from: str = "filename", rank: int | None = None,
+                 tag: str | None = None) -> list[SweepPoint]:
+    """Load the sweep: `shape_from` is "filename", "markers" (phase spans of each run's markers files, whose
+    attrs carry the shape; for a file or a run without markers, `record_function` spans whose names carry
+    it, e.g. `prefill tokens=4096`) or the path of a manifest CSV (with no inputs, every file it lists).
+    Points come back sorted by shape. Raises UsageError when a shape is missing or there are no points."""
+    points = [pt for item in sweep_inputs(inputs, shape_from, rank, tag) for pt in input_points(item)]
     if not points:
         raise UsageError("capacity: the sweep has no points")
     return order_points(points)
 
 
-def _manifest_points(inputs: Sequence[str], manifest_path: str, rank: int | None, tag: str | None
-                     ) -> list[SweepPoint]:
+def measure_sweep_inputs(inputs: Sequence[str], shape_from: str = "filename", rank: int | None = None,
+                         tag: str | None = None, rules: RuleSet | None = None, device: int | None = None,
+                         executor: Executor | None = None, progress: Callable[[str], None] | None = None) -> Sweep:
+    """`measure_sweep(sweep_points(...))`, each input loaded and measured on its own (`measure_input`: on
+    `executor` when given, where only its rows come back) — the same Sweep, but for `Sweep.points`, which
+    are then `MeasuredPoint`s. An input that cannot be read or placed fails the sweep once the others are
+    done, with every such input named."""
+    items = sweep_inputs(inputs, shape_from, rank, tag)
+    rules = rules or load_rules()
+    work = functools.partial(measure_input, rules=rules, device=device)
+    measured: list[MeasuredPoint] = []
+    failed = []
+    for outcome in map_ranks(work, items, executor, progress, unit="inputs"):
+        if outcome.result is None:
+            failed.append(outcome)
+        else:
+            measured.extend(outcome.result)
+    if failed:
+        error = UsageError("; ".join(str(o.error) for o in failed))
+        error.exit_code = failed[0].exit_code
+        raise error
+    return assemble_sweep(order_points(measured))
+
+
+def _manifest_inputs(inputs: Sequence[str], manifest_path: str, rank: int | None, tag: str | None
+                     ) -> list[SweepInput]:
     manifest = read_manifest(manifest_path)
     by_path = {row["path"]: row for row in manifest.to_dict("records")}
     by_name: dict[str, list[dict[str, Any]]] = {}
@@ -240,17 +437,20 @@ def _manifest_points(inputs: Sequence[str], manifest_path: str, rank: int | None
                                  f"{p}: its name matches several rows of {manifest_path}; list it by path")
             row = rows[0]
         chosen.append((p, row))
-    points = []
+    found = []
     for p, row in chosen:
         shape = {k: (int(v) if k in SHAPE_KEYS else v) for k, v in row.items()
                  if k not in ("path", "file") and not (k in SHAPE_KEYS and pd.isna(v))}
-        points.append(SweepPoint(Path(p).name, str(p), shape, load(p, rank, tag)))
-    return points
+        found.append(SweepInput(str(p), Path(p).name, shape, rank, tag))
+    return found
 
 
 def capacity(inputs: Iterable[str], shape_from: str = "filename", rules: RuleSet | None = None,
              device: int | None = None, rank: int | None = None, tag: str | None = None,
-             driver: str | None = None) -> Capacity:
-    """Load, measure and fit a sweep in one call (`sweep_points` → `measure_sweep` → `fit_capacity`)."""
+             driver: str | None = None, executor: Executor | None = None) -> Capacity:
+    """Load, measure and fit a sweep in one call (`sweep_points` → `measure_sweep` → `fit_capacity`); with an
+    `executor`, each input is loaded and measured there (`measure_sweep_inputs`)."""
+    if executor is not None:
+        return fit_capacity(measure_sweep_inputs(list(inputs), shape_from, rank, tag, rules, device, executor), driver)
     points = sweep_points(list(inputs), shape_from, rank, tag)
     return fit_capacity(measure_sweep(points, rules, device), driver)

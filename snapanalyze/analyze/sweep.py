@@ -15,13 +15,17 @@ DataFrame columns:
   transient_bytes, reserved_bytes (at the peak), max_reserved_bytes (over the window).
 - `Sweep.categories`: label, target, kind ("category" | "family"), baseline_bytes, peak_bytes,
   transient_bytes (in-window high-water), max_bytes (high-water of everything live, baseline included).
+
+`measure_sweep` is `measure_points` (each point's rows, a `MeasuredPoint`: small, no snapshot, so a worker
+process can measure the points of its input and send them back) then `assemble_sweep` (the tables, in the
+order of the points given, each row labelled with its point's label).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -56,6 +60,9 @@ class SweepPoint:
     window: tuple[int | None, int | None] = (None, None)
     phase: str | None = None
 
+
+
+P = TypeVar("P", SweepPoint, "MeasuredPoint")
 
 
 def _phase_keys(names: Sequence[str]) -> list[str]:
@@ -93,11 +100,12 @@ def points_from_phases(label: str, source: str, snapshot: Snapshot, markers: pd.
     return points
 
 
-def order_points(points: Sequence[SweepPoint]) -> list[SweepPoint]:
-    """Points sorted by shape (unknown last), then label; labels made unique by source when two collide."""
+def order_points(points: Sequence[P]) -> list[P]:
+    """Points sorted by shape (unknown last), then label; labels made unique by source when two collide.
+    (SweepPoints, or MeasuredPoints: the same points measured in workers.)"""
     import dataclasses
 
-    def order(pt: SweepPoint) -> tuple[Any, ...]:
+    def order(pt: P) -> tuple[Any, ...]:
         return tuple((pt.shape.get(k) is None, pt.shape.get(k) or 0) for k in SHAPE_KEYS) + (pt.label,)
 
     labels = [pt.label for pt in points]
@@ -175,7 +183,7 @@ def category_levels(labelled: pd.DataFrame, first: int, last: int, groups: dict[
 class Sweep:
     """The measured sweep: one row per point (`shapes`) and per point × target (`categories`)."""
 
-    points: tuple[SweepPoint, ...]
+    points: tuple[SweepPoint, ...] | tuple[MeasuredPoint, ...]   # MeasuredPoint: measured in a worker
     shapes: pd.DataFrame
     categories: pd.DataFrame
     notes: tuple[str, ...] = ()
@@ -194,18 +202,28 @@ def _pick_device(timeline: Timeline, device: int | None, source: str) -> int:
     return max(sorted(timeline.devices), key=peak)
 
 
-def measure_sweep(points: Sequence[SweepPoint], rules: RuleSet | None = None, device: int | None = None) -> Sweep:
-    """Baseline, peak, transient and per-category bytes of every point (see the module docstring)."""
-    if not points:
-        raise UsageError("capacity: the sweep has no points")
+@dataclass(frozen=True, eq=False)
+class MeasuredPoint:
+    """A point measured where its snapshot was (a worker process): the point without its snapshot, and its
+    rows — `row` for `Sweep.shapes`, `categories` for `Sweep.categories` (labels are set when assembled)."""
+
+    label: str
+    source: str
+    shape: dict[str, Any]
+    window: tuple[int | None, int | None]
+    phase: str | None
+    row: dict[str, Any]
+    categories: tuple[dict[str, Any], ...]
+
+
+def measure_points(points: Sequence[SweepPoint], rules: RuleSet | None = None, device: int | None = None
+                   ) -> list[MeasuredPoint]:
+    """Each point measured (see the module docstring), in order; points of one snapshot share its replay."""
     rules = rules or load_rules()
     replays: dict[int, Timeline] = {}
     labels: dict[tuple[int, int, int, int], pd.DataFrame] = {}
     family_of = {c: fam for fam, members in FAMILIES.items() for c in members}
-    extra_keys = list(dict.fromkeys(k for pt in points for k in pt.shape if k not in SHAPE_KEYS))
-    shape_rows: list[dict[str, Any]] = []
-    cat_rows: list[dict[str, Any]] = []
-    notes: list[str] = []
+    out = []
     for pt in points:
         snap = pt.snapshot
         timeline = replays.get(id(snap))
@@ -224,14 +242,14 @@ def measure_sweep(points: Sequence[SweepPoint], rules: RuleSet | None = None, de
         levels = category_levels(labels[key], first, last)
         fam_levels = category_levels(labels[key], first, last, family_of)
         reserved = dt.reserved[first:last + 1] if last >= first else np.zeros(0, dtype=np.int64)
-        shape_rows.append({
-            "label": pt.label, "source": pt.source, "phase": pt.phase, "device": d,
-            **{k: pt.shape.get(k) for k in SHAPE_KEYS}, **{k: pt.shape.get(k) for k in extra_keys},
+        row = {                                     # the shape goes in when assembled
+            "source": pt.source, "phase": pt.phase, "device": d,
             "first_index": first, "last_index": last, "peak_event_index": index, "peak_time_us": peak["time_us"],
             "baseline_bytes": peak["baseline_active_bytes"], "peak_bytes": peak["active_bytes"],
             "transient_bytes": peak["transient_bytes"], "reserved_bytes": peak["reserved_bytes"],
             "max_reserved_bytes": int(max(np.max(reserved, initial=0), dt.reserved_at(first - 1))),
-        })
+        }
+        cat_rows = []
         seen = set()
         for kind, table in (("category", levels), ("family", fam_levels)):
             for r in table.itertuples():
@@ -245,10 +263,32 @@ def measure_sweep(points: Sequence[SweepPoint], rules: RuleSet | None = None, de
             if category not in seen:
                 cat_rows.append({"label": pt.label, "target": category, "kind": "category", "baseline_bytes": 0,
                                  "peak_bytes": int(nbytes), "transient_bytes": 0, "max_bytes": int(nbytes)})
+        out.append(MeasuredPoint(pt.label, pt.source, dict(pt.shape), pt.window, pt.phase, row, tuple(cat_rows)))
+    return out
+
+
+def assemble_sweep(measured: Sequence[MeasuredPoint], points: Sequence[SweepPoint] | None = None) -> Sweep:
+    """The Sweep of points measured (in the order given, each row labelled with its point's label, which
+    `order_points` may have made unique); `points`: the same points with their snapshots, when here."""
+    if not measured:
+        raise UsageError("capacity: the sweep has no points")
+    extra_keys = list(dict.fromkeys(k for m in measured for k in m.shape if k not in SHAPE_KEYS))
+    place = ("source", "phase", "device")
+    shape_rows = [{"label": m.label, **{k: m.row[k] for k in place}, **{k: m.shape.get(k) for k in SHAPE_KEYS},
+                   **{k: m.shape.get(k) for k in extra_keys}, **{k: m.row[k] for k in MEASURE_COLUMNS}}
+                  for m in measured]
+    cat_rows = [{**r, "label": m.label} for m in measured for r in m.categories]
     shapes = pd.DataFrame(shape_rows, columns=SHAPE_COLUMNS + extra_keys + MEASURE_COLUMNS)
     for k in SHAPE_KEYS:
         shapes[k] = shapes[k].astype("Int64")
     shapes["peak_time_us"] = shapes["peak_time_us"].astype("Int64")
-    return Sweep(points=tuple(points), shapes=shapes, categories=pd.DataFrame(cat_rows, columns=CATEGORY_COLUMNS),
-                 notes=tuple(notes))
+    kept: tuple[SweepPoint, ...] | tuple[MeasuredPoint, ...] = tuple(points) if points is not None else tuple(measured)
+    return Sweep(points=kept, shapes=shapes,
+                 categories=pd.DataFrame(cat_rows, columns=CATEGORY_COLUMNS), notes=())
 
+
+def measure_sweep(points: Sequence[SweepPoint], rules: RuleSet | None = None, device: int | None = None) -> Sweep:
+    """Baseline, peak, transient and per-category bytes of every point (see the module docstring)."""
+    if not points:
+        raise UsageError("capacity: the sweep has no points")
+    return assemble_sweep(measure_points(points, rules, device), points)

@@ -1,0 +1,217 @@
+"""Per-rank work on several processes or a Dask cluster: the same bytes out as one rank at a time, a damaged
+rank named while the others complete, and dask imported only when --scheduler asks for it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from snapanalyze.cli import main
+from snapanalyze.errors import BadInputError, InputWarning
+from snapanalyze.load.safe_pickle import Limits, limits_in_effect, limits_now
+from snapanalyze.parallel import bar, map_ranks, open_executor
+from snapanalyze.session import compare_ranks
+
+RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
+FIXTURES = sorted(p for p in RUNS.iterdir() if p.is_dir())
+TP2 = RUNS / "tp2_vision_encoder"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Five ranks from the run fixtures (one without a `final` snapshot, ranks past meta.json's world size)."""
+    root = tmp_path_factory.mktemp("fleet")
+    ranks = [TP2 / "rank=0", TP2 / "rank=1", *(p / "rank=0" for p in FIXTURES if p != TP2)]
+    for i, src in enumerate(ranks):
+        shutil.copytree(src, root / f"rank={i}")
+    return root
+
+
+def _cli(*args: object) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+COMMANDS = {
+    "ranks": lambda run: ["ranks", run],
+    "ranks-json": lambda run: ["ranks", run, "--format", "json"],
+    "peaks": lambda run: ["peaks", run, "--format", "json"],
+    "summary": lambda run: ["summary", run],
+    "attribute": lambda run: ["attribute", run, "--format", "json"],
+    "phases": lambda run: ["phases", run, "--no-categories"],
+    "diff": lambda run: ["diff", run, run, "--format", "json"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("run", [*FIXTURES, "fleet"], ids=lambda p: p if isinstance(p, str) else p.name)
+def test_jobs_2_gives_the_bytes_of_jobs_1(command: str, run: Path | str, fleet: Path) -> None:
+    path = fleet if run == "fleet" else run
+    args = COMMANDS[command](path)
+    one, two = _cli(*args, "--jobs", "1"), _cli(*args, "--jobs", "2")
+    assert one[0] == 0, one[2]
+    assert two == one
+
+
+def test_report_and_convert_with_jobs_2_write_what_jobs_1_writes(fleet: Path, tmp_path: Path) -> None:
+    pages = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"report-{jobs}.html"
+        code, _, err = _cli("report", fleet, "-o", out, "--jobs", jobs, "--samples", "4")
+        assert code == 0, err
+        pages.append(out.read_bytes())
+    assert pages[0] == pages[1]
+    written = []
+    for jobs in ("1", "2"):
+        run = shutil.copytree(fleet, tmp_path / f"run-{jobs}")
+        code, out, err = _cli("convert", run, "--jobs", jobs)
+        assert code == 0, err
+        lines = [re.sub(r"[\d.]+ s\)$", "T s)", line).replace(str(run), "RUN") for line in out.splitlines()]
+        files = {str(p.relative_to(run)): p.read_bytes().replace(str(run).encode(), b"RUN")
+                 for p in sorted(run.rglob("tag=*/*"))}
+        written.append((lines, files))
+    assert len(written[0][0]) == 5 and written[0][1] and written[0] == written[1]
+
+
+def test_the_report_of_many_ranks_compares_them_on_the_workers(fleet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the detailed ranks, the comparison reads every rank on the executor: the same report."""
+    import snapanalyze.report.context as context
+    from snapanalyze.report.context import build_path_context
+
+    monkeypatch.setattr(context, "MAX_DETAILED_RANKS", 2)
+    monkeypatch.setattr(context.detail_ranks, "__defaults__", (2,))
+    here = build_path_context(fleet, samples=4)
+    with open_executor(2) as pool:
+        there = build_path_context(fleet, samples=4, executor=pool)
+    assert here.run is not None and there.run is not None
+    pd.testing.assert_frame_equal(here.run.comparison.table, there.run.comparison.table)
+    assert [v.rank.rank for v in here.views] == [v.rank.rank for v in there.views] and len(here.views) == 2
+    assert here.run.omitted == there.run.omitted and len(here.run.omitted) == 3
+
+
+def test_ranks_on_a_dask_local_cluster_equal_the_local_result(fleet: Path) -> None:
+    distributed = pytest.importorskip("distributed")
+    local = compare_ranks(fleet)
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) \
+            as cluster, distributed.Client(cluster) as client:
+        remote = compare_ranks(fleet, executor=client.get_executor())
+        assert len({w["host"] + str(w["id"]) for w in client.scheduler_info()["workers"].values()}) == 2
+        flags = _cli("ranks", fleet, "--format", "json", "--scheduler", cluster.scheduler_address)
+    for name in ("table", "categories", "differences"):
+        pd.testing.assert_frame_equal(getattr(local, name), getattr(remote, name))
+    assert remote.problems == local.problems and remote.median_rank == local.median_rank
+    assert flags == _cli("ranks", fleet, "--format", "json", "--jobs", "1")
+
+
+SWEEPS = RUNS.parent / "sweeps"
+SWEEP_INPUTS = {                                 # --shape-from → the inputs
+    "filename": lambda: [str(p) for p in sorted(SWEEPS.glob("attention_threshold/*.pickle"))],
+    str(SWEEPS / "chunked_prefill" / "manifest.csv"): lambda: [],
+    "markers": lambda: [str(SWEEPS / "phase_markers" / "run")],
+}
+
+
+@pytest.mark.parametrize("shape_from", sorted(SWEEP_INPUTS), ids=lambda s: Path(s).name)
+def test_capacity_with_jobs_2_gives_the_bytes_of_jobs_1_and_of_one_process(shape_from: str) -> None:
+    """Each input of the sweep is measured in a worker; the fit is the same as measuring all in one place."""
+    from snapanalyze.analyze.capacity import fit_capacity
+    from snapanalyze.analyze.sweep import measure_sweep
+    from snapanalyze.session import measure_sweep_inputs, sweep_points
+
+    inputs = SWEEP_INPUTS[shape_from]()
+    one, two = (_cli("capacity", *inputs, "--shape-from", shape_from, "--format", "json", "--jobs", jobs)
+                for jobs in ("1", "2"))
+    assert one[0] == 0, one[2]
+    assert two == one and json.loads(one[1])["points"]
+    old = measure_sweep(sweep_points(inputs, shape_from))
+    with open_executor(2) as pool:
+        new = measure_sweep_inputs(inputs, shape_from, executor=pool)
+    assert len(new.shapes) == len(old.shapes) > 1
+    pd.testing.assert_frame_equal(old.shapes, new.shapes)
+    pd.testing.assert_frame_equal(old.categories, new.categories)
+    pd.testing.assert_frame_equal(fit_capacity(old).points, fit_capacity(new).points)
+
+
+@pytest.fixture()
+def damaged(fleet: Path, tmp_path: Path) -> Path:
+    run = Path(shutil.copytree(fleet, tmp_path / "run"))
+    pickle = run / "rank=1" / "snapshot-final.pickle"
+    pickle.write_bytes(pickle.read_bytes()[:200])
+    return run
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_damaged_rank_is_named_and_the_others_complete(damaged: Path, jobs: str) -> None:
+    code, out, err = _cli("ranks", damaged, "--format", "json", "--jobs", jobs)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [r["rank"] for r in doc["ranks"]] == [0, 2, 3, 4]
+    named = [p for p in doc["problems"] if p.startswith("rank 1: ")]
+    assert len(named) == 1 and "rank=1/snapshot-final.pickle" in named[0]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_convert_names_the_damaged_rank_after_converting_the_others(damaged: Path, jobs: str) -> None:
+    code, out, err = _cli("convert", damaged, "--jobs", jobs)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "1 of 5 not converted" in err and "rank=1/snapshot-final" in err
+    assert sorted(p.parent.parent.name for p in damaged.glob("rank=*/tag=*/snapshot.json")) == \
+        ["rank=0", "rank=2", "rank=3", "rank=4"]
+    assert len(out.splitlines()) == 4
+
+
+def test_a_run_form_names_the_damaged_rank_in_one_line(damaged: Path) -> None:
+    results = [_cli("peaks", damaged, "--jobs", jobs) for jobs in ("1", "2")]
+    assert results[0] == results[1]
+    code, _, err = results[0]
+    assert code == 2 and err.startswith("snapanalyze: error: rank 1: ") and len(err.strip().splitlines()) == 1
+
+
+def _slow(item: int) -> int:
+    time.sleep(0.05 * (3 - item))                  # the first item finishes last
+    warnings.warn(f"item {item}", InputWarning, stacklevel=1)
+    if item == 1:
+        raise BadInputError(f"file{item}", "damaged")
+    limits = limits_now()
+    return item * 10 + (0 if limits is None else limits.max_memory_bytes or 0)
+
+
+def test_map_ranks_keeps_order_warnings_and_limits_and_names_a_failure() -> None:
+    seen: list[str] = []
+    with ThreadPoolExecutor(3) as pool, limits_in_effect(Limits(max_memory_bytes=5)), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcomes = list(map_ranks(_slow, [0, 1, 2], pool, seen.append))
+    assert [o.result for o in outcomes] == [5, None, 25]
+    assert outcomes[1].error == "file1: damaged" and outcomes[1].exit_code == 2
+    assert [str(w.message) for w in caught] == ["item 0", "item 1", "item 2"]
+    assert seen[0] == bar(0, 3) and seen[-1] == bar(3, 3) == "[####################] 3/3 ranks"
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        inline = list(map_ranks(_slow, [0, 1, 2]))
+    assert [o.result for o in inline] == [0, None, 20]
+
+
+def test_plain_commands_never_import_dask() -> None:
+    code = ("import sys; from snapanalyze.cli import main\n"
+            "try:\n"
+            f"    main(['ranks', {str(TP2)!r}, '--jobs', '2'], standalone_mode=False)\n"
+            f"    main(['peaks', {str(TP2)!r}], standalone_mode=False)\n"
+            "finally:\n"
+            "    print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
