@@ -29,10 +29,16 @@ from conftest import (
 )
 
 from snapanalyze.cli import main
-from snapanalyze.units import fmt_bytes
+from snapanalyze.units import fmt_bytes, fmt_time_us
 
 MiB = 1024 * 1024
 EXACT_FILE = next(p for p in REAL_FILES if p.name == "cs336-step-user-metadata-t2.11.pickle")
+
+
+@pytest.fixture(autouse=True)
+def _no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A $COLUMNS of the shell running the tests would fit the text to it: these tests read it unfitted."""
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 def run(*args: str) -> Result:
@@ -313,3 +319,69 @@ def test_attribute_with_the_programs_source(tmp_path: Path) -> None:
     assert "would resolve their frames" in run("attribute", str(path)).stdout
     missing = run("attribute", str(path), "--source", str(tmp_path / "nope"))
     assert missing.exit_code == 2 and "not a directory" in missing.stderr and missing.stderr.count("\n") == 1
+
+
+# -- attribute --at time: -----------------------------------------------------------------------------------
+
+TP2 = Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
+
+
+def test_at_time_accepts_what_the_outputs_print_offsets_and_epoch_us() -> None:
+    peak = json.loads(run("peaks", TP2, "--rank", "1", "--format", "json").stdout)["devices"][0]
+    t, first = peak["peak"]["time_us"], peak["first_time_us"]
+    printed = fmt_time_us(t)                                    # "2026-01-21 12:53:23.497459 UTC", as shown
+    assert printed in run("peaks", TP2, "--rank", "1").stdout
+    offset_ms = f"+{(t - first) / 1000:.3f}ms"
+    offset_s = f"+{(t - first) / 1e6:.6f}s"
+    iso = printed.replace(" UTC", "Z").replace(" ", "T")
+    for spec in (printed, iso, iso[:-1], offset_ms, offset_s, f"+{t - first}us", str(t)):
+        doc = json.loads(run("attribute", TP2, "--rank", "1", "--at", f"time:{spec}", "--format", "json").stdout)
+        d = doc["devices"][0]
+        assert (d["peak"]["event_index"], d["peak"]["time_us"]) == (peak["peak"]["event_index"], t), spec
+        assert d["instant"] == f"time {printed}"
+    before = json.loads(run("attribute", TP2, "--rank", "1", "--at", "time:+0us", "--format", "json").stdout)
+    assert before["devices"][0]["peak"]["event_index"] == 0                 # the window's first event
+    bad = run("attribute", TP2, "--rank", "1", "--at", "time:yesterday")
+    assert bad.exit_code == 2 and "2026-04-18 02:34:01.223438 UTC" in bad.stderr and "+2.38ms" in bad.stderr
+
+
+# -- progress: on a terminal only, on stderr ------------------------------------------------------------------
+
+def test_progress_on_a_terminal_names_each_rank_and_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    import snapanalyze.cli.analyze as cli_analyze
+    from snapanalyze.cli.progress import Progress
+
+    class OnTerminal(Progress):
+        def __init__(self) -> None:
+            super().__init__(enabled=True)
+
+    assert run("attribute", TP2, "--format", "json").stderr == ""          # captured: not a terminal
+    monkeypatch.setattr(cli_analyze, "Progress", OnTerminal)
+    result = run("attribute", TP2, "--format", "json", "--jobs", "1")     # ranks here: each one's steps
+    assert result.exit_code == 0, result.output
+    for step in ("rank 0: loading…", "rank 0: attributing…", "rank 1: loading…", "rank 1: attributing…"):
+        assert f"snapanalyze: {step}" in result.stderr
+    pooled = run("attribute", TP2, "--format", "json", "--jobs", "2")     # ranks on workers: a bar counts them
+    assert "snapanalyze: [####################] 2/2 ranks…" in pooled.stderr and pooled.stdout == result.stdout
+    assert result.stderr.endswith("\r\033[K")
+    assert json.loads(result.stdout)["ranks"]                                 # stdout stays clean JSON
+
+
+def test_progress_redraws_a_long_step_and_stops() -> None:
+    import io
+    import time
+
+    from snapanalyze.cli.progress import TICK_S, Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    with Progress(stream=stream) as p:
+        p.step("replaying")
+        time.sleep(TICK_S * 2.5)
+    text = stream.getvalue()
+    assert text.count("snapanalyze: replaying…") >= 2 and text.endswith("\r\033[K")
+    time.sleep(TICK_S * 1.5)
+    assert stream.getvalue() == text                                          # nothing drawn after done()

@@ -100,7 +100,7 @@ def test_capacity_completes_the_oom_verdict_of_a_lone_snapshot(tmp_path: Path) -
     assert "23.52 GiB capacity, 771.48 MiB of it outside the allocator" in page
     assert "given (--capacity)" in page and "unknown: no NVML samples or meta.json" not in page
     bad = run("report", path, "-o", tmp_path / "c.html", "--capacity", "lots")
-    assert bad.exit_code == 2 and bad.stderr.startswith("snapanalyze: error: --capacity: not a size: 'lots'")
+    assert bad.exit_code == 2 and "Invalid value for '--capacity': not a size: 'lots'" in bad.stderr
     assert not (tmp_path / "c.html").exists()
 
 
@@ -138,7 +138,7 @@ def test_a_run_with_nvml_and_markers(tmp_path: Path) -> None:
     result = run("report", RUNS / "tp2_vision_encoder", "-o", out, "--top", "1")
     assert result.exit_code == 0, result.output
     page = out.read_text(encoding="utf-8")
-    assert "The peak on rank 1 was 59.41 GiB active" in page and "during prefill #1" in page
+    assert "The peak on rank 1 was 59.41 GiB active" in page and "during prefill#1" in page
     assert 'id="fig-timeline-r0-d0"' in page and 'id="fig-outside"' in page
 
 

@@ -47,15 +47,15 @@ def test_peaks_on_a_converted_run_never_imports_pandas(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import json, sys
         from snapanalyze.cli import main
-        main(["peaks", sys.argv[1], "--format", "json"], standalone_mode=False)
+        main([sys.argv[2], sys.argv[1], "--format", "json"], standalone_mode=False)
         print(json.dumps(sorted(m for m in ("pandas", "plotly", "jinja2") if m in sys.modules)))
     """)
-    done = subprocess.run([sys.executable, "-c", script, str(run)], capture_output=True, text=True, cwd=ROOT,
-                          check=True)
+    done = subprocess.run([sys.executable, "-c", script, str(run), "peaks"], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
     *document, loaded = done.stdout.strip().splitlines()
     assert json.loads("\n".join(document))["devices"][0]["peak"]["active_bytes"] > 0
     assert json.loads(loaded) == []
-    # Control: the same check on the pickle does see pandas (its loader builds DataFrames), so it can fail.
-    done = subprocess.run([sys.executable, "-c", script, str(REAL)], capture_output=True, text=True, cwd=ROOT,
-                          check=True)
+    # Control: the same check on `attribute` (which builds DataFrames) does see pandas, so it can fail.
+    done = subprocess.run([sys.executable, "-c", script, str(run), "attribute"], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["pandas"]

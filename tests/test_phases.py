@@ -11,7 +11,7 @@ import pytest
 from conftest import SnapshotBuilder
 
 from snapanalyze import attribute, load, replay
-from snapanalyze.analyze.phases import PHASE_COLUMNS, attribute_phase, phase_instant, phase_table, spans
+from snapanalyze.analyze.phases import PHASE_COLUMNS, attribute_phase, find_phase, phase_instant, phase_table, spans
 from snapanalyze.errors import UsageError
 from snapanalyze.load.columns import to_snapshot
 from snapanalyze.load.samples import empty_markers, read_run
@@ -128,7 +128,7 @@ def test_phase_instant_picks_the_highest_occurrence_or_the_one_asked_for() -> No
     result = attribute_phase(snap, "prefill#2", timeline, markers)
     plain = attribute(snap, at=f"event:{index2}", timeline=timeline, device=0)
     assert result.summary.equals(plain.summary)
-    assert result.instants[0].label == "peak of phase 'prefill' #2" and result.instants[0].event_index == 502
+    assert result.instants[0].label == "peak of phase prefill#2" and result.instants[0].event_index == 502
     with pytest.raises(UsageError, match=r"no phase 'prefil' inside the trace window \(phases: decode, "):
         phase_instant(snap, "prefil", timeline, markers)
     with pytest.raises(UsageError, match="no phase 'prefill#3'"):
@@ -182,3 +182,34 @@ def test_attribute_largest_keeps_every_span_and_attributes_the_largest() -> None
     assert sorted(attributed["transient_bytes"]) == sorted(biggest["transient_bytes"])
     assert attributed["top_categories"].tolist() == \
         full.loc[attributed.index, "top_categories"].tolist()
+
+
+def test_labels_name_each_span_once_and_find_phase_reads_them_back() -> None:
+    snap, timeline, markers = rank_inputs("tp2_vision_encoder", 0)
+    t = phase_table(snap, timeline, markers, categories=False)
+    prefills = t[(t["phase"] == "prefill") & (t["kind"] == "phase")]
+    assert list(prefills["label"]) == ["prefill#1", "prefill#2"]                 # repeated: NAME#K
+    assert list(t[t["phase"] == "load_model"]["label"]) == ["load_model"]        # once: the bare name
+    assert list(find_phase(t, "prefill")["label"]) == ["prefill#1", "prefill#2"]  # a bare name: every occurrence
+    for name in ("prefill#2", "prefill #2", "prefill# 2"):
+        assert list(find_phase(t, name)["label"]) == ["prefill#2"], name
+    with pytest.raises(UsageError, match=r"no phase 'prefill#9'.*\(phases: decode, initialize_kv_cache"):
+        find_phase(t, "prefill#9", "x")
+
+
+def test_a_name_with_a_hash_is_its_own_label_and_numbering_is_per_device() -> None:
+    b = SnapshotBuilder()
+    for _ in range(2):
+        for device in (0, 1):
+            b.alloc(0x7F0000000000 + device * 2**30, 1 << 20, device=device)
+            b.free(0x7F0000000000 + device * 2**30, 1 << 20, device=device)
+    raw = b.build()
+    raw["external_annotations"] = [
+        {"name": "layer#3", "stage": stage, "device": device, "time_us": e["time_us"] + (-1 if stage == "START" else 1)}
+        for device in (0, 1) for e, stage in zip(
+            [raw["device_traces"][device][k] for k in (0, 2, 3, 5)], ["START", "END", "START", "END"])]
+    t = spans(to_snapshot(raw, "hash.pickle", "pickle"))
+    assert sorted(zip(t["device"], t["label"])) == [(0, "layer#3#1"), (0, "layer#3#2"), (1, "layer#3#1"),
+                                                    (1, "layer#3#2")]       # counted per device
+    assert len(find_phase(t, "layer#3")) == 4                  # the name itself, not occurrence 3 of "layer"
+    assert set(find_phase(t, "layer#3#2")["device"]) == {0, 1}

@@ -1,17 +1,17 @@
 """Gate a snapshot against memory limits, for CI: a device budget, per-category maxima, a transient maximum.
 
 Contract: `check(snapshot, budget=…, max_category={…}, max_transient=…)` returns a CheckResult with one row
-per limit and device: the budget against the peak of active bytes (or, with `metric="reserved"`, the
-highest reserved bytes); the transient (global peak − baseline) against `max_transient`; and each named
-category's highest live bytes anywhere in the trace (every block lifetime labelled as `attribute` labels
-it; never less than its bytes at the peak) against its maximum. `passed` is False when any row is over its
-limit, and `BudgetExceeded` (exit code 1, unlike the other errors' 2) is what the CLI raises then, after
-printing the result. `parse_bytes` reads sizes such as 70GiB, 512MiB, 1.5GB, 4096 (binary units are
-powers of 1024, decimal ones of 1000); `parse_limits` reads `category=size` pairs.
+per limit and device: the budget against the peak of active bytes (or, with `metric="reserved"`, the highest
+reserved bytes); the transient (global peak − baseline) against `max_transient`; and each named category's
+highest live bytes anywhere in the trace (every block lifetime labelled as `attribute` labels it; never less
+than its bytes at the peak) against its maximum. `passed` is False when any row is over its limit; the CLI
+prints each limit's result and exits 1 then (`BudgetExceeded`, exit code 1 unlike the other errors' 2, is
+for a library caller that wants to raise it). `parse_bytes` reads sizes such as 70GiB, 512MiB, 1.5GB, 4096
+(binary units are powers of 1024, decimal ones of 1000); `parse_limits` reads `category=size` pairs.
 
 `CheckResult.rows` columns: device, check ("budget" | "transient" | "category"), subject (what was measured,
-e.g. "peak active bytes" or the category), limit_bytes, actual_bytes, headroom_bytes (limit − actual),
-ok, at_peak_bytes (the subject's bytes at the global peak), event_index (of the global peak).
+e.g. "peak active bytes" or the category), limit_bytes, actual_bytes, headroom_bytes (limit − actual), ok,
+at_peak_bytes (the subject's bytes at the global peak), event_index (of the global peak).
 """
 
 from __future__ import annotations

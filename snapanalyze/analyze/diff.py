@@ -2,16 +2,18 @@
 
 Contract: `diff(a, b)` attributes both snapshots at the same kind of instant — the global peak of each
 device both share, or, with `phase=NAME`, the peak inside that phase span of each — and compares them.
-Peaks are aligned globally and, for every phase both snapshots have (phases are `record_function`
-START/END spans from `Snapshot.annotations`; a name used n times becomes `name#1` … `name#n`), per phase.
+Peaks are aligned globally and, for every phase both snapshots have, per phase; with `phase=NAME` only that
+phase's peaks are listed. Phases are `phases.phase_table`'s spans (record_function annotations,
+user_metadata values and, given each side's `markers`, the collector's phases and requests), named by their
+label as `snapanalyze phases` prints it (a name used n times becomes `name#1` … `name#n`).
 Per category and per stack it gives the bytes live at the instant in A and B, split into baseline (allocated
 before the window — the trace, or the phase — began) and transient (allocated inside it). A stack's identity
 across two files is the tuple of its frames' (filename, function) — line numbers are ignored, so an edit
 that only moves code changes nothing — never the stack id. Rows whose bytes are equal are "same"; `Diff`
 exposes only changed rows in `changes()`, so a snapshot diffed with itself has none.
 
-Phases: `phases.phase_spans(snapshot)` names the `record_function` spans so both sides line up; windows are
-measured with `phases.window_bounds` / `phases.window_peak`.
+Phases: `phases.phase_table` labels the spans so both sides line up (`phases.find_phase` resolves `phase`);
+windows are measured with `phases.window_peak`.
 
 DataFrame columns:
 - `Diff.peaks`: device, scope ("global" | "phase"), phase, event_index_a/_b, active_bytes_a/_b,
@@ -40,7 +42,7 @@ from ..replay import DeviceTimeline, Timeline, replay
 from ..stacks import is_python_frame, short_path
 from .attribute import Attribution, SourceRoots, attribute, bind_source
 from .peaks import global_peak_index
-from .phases import phase_spans, window_bounds, window_peak
+from .phases import find_phase, phase_table, window_peak
 from .rules import RuleSet, load_rules
 
 PEAK_COLUMNS = ["device", "scope", "phase", "event_index_a", "event_index_b", "active_bytes_a", "active_bytes_b",
@@ -103,18 +105,15 @@ def _python_frames(identity: tuple[tuple[str, str], ...], rules: RuleSet) -> lis
     return out[:MAX_FRAMES] if out else ["(no Python frames)" if identity else "(no frames)"]
 
 
-def _phase_first(timeline: Timeline, snapshot: Snapshot, device: int, phase: str | None) -> tuple[int, int]:
-    """(instant event index, first event of its window) for the global peak or a phase's peak."""
+def _phase_first(timeline: Timeline, snapshot: Snapshot, device: int, phase: str | None,
+                 table: pd.DataFrame) -> tuple[int, int]:
+    """(instant event index, first event of its window) for the global peak or a phase's peak (the highest of
+    its occurrences when `phase` names several)."""
     dt = timeline[device]
     if phase is None:
         return global_peak_index(dt), 0
-    spans = phase_spans(snapshot, device)
-    row = spans[spans["phase"] == phase]
-    if len(row) == 0:
-        raise UsageError(f"{snapshot.source}: no phase {phase!r} (phases: {', '.join(spans['phase']) or 'none'})")
-    start, end = row.iloc[0]["start_us"], row.iloc[0]["end_us"]
-    first, last = window_bounds(dt, None if pd.isna(start) else int(start), None if pd.isna(end) else int(end))
-    return window_peak(dt, first, last)["event_index"], first
+    peak = _window(dt, find_phase(table, phase, snapshot.source))
+    return peak["event_index"], peak["first_index"]
 
 
 def _side(att: Attribution, device: int, first: int) -> pd.DataFrame:
@@ -188,9 +187,10 @@ def _peak_row(device: int, scope: str, phase: str | None, pa: dict[str, Any], pb
 
 
 def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None = None,
-         rules: RuleSet | None = None, source: SourceRoots = None) -> Diff:
+         rules: RuleSet | None = None, source: SourceRoots = None,
+         markers: tuple[pd.DataFrame | None, pd.DataFrame | None] = (None, None)) -> Diff:
     """Compare `b` against `a` at the global peak (or the peak of `phase`) of each shared device; `source`:
-    the program's checkout (see `attribute`)."""
+    the program's checkout (see `attribute`); `markers`: each side's run markers (their phases and requests)."""
     rules = bind_source(rules or load_rules(), source)
     ta, tb = replay(a), replay(b)
     shared = sorted(set(ta.devices) & set(tb.devices))
@@ -206,23 +206,27 @@ def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None 
     peak_rows, cat_rows, stack_rows = [], [], []
     instants_a, instants_b = {}, {}
     for d in shared:
-        ia, fa = _phase_first(ta, a, d, phase)
-        ib, fb = _phase_first(tb, b, d, phase)
+        sa, sb = (phase_table(s, t, m, rules=rules, categories=False, device=d)
+                  for s, t, m in ((a, ta, markers[0]), (b, tb, markers[1])))
+        ia, fa = _phase_first(ta, a, d, phase, sa)
+        ib, fb = _phase_first(tb, b, d, phase, sb)
         instants_a[d], instants_b[d] = (ia, fa), (ib, fb)
-        whole_a, whole_b = window_peak(ta[d], 0, len(ta[d]) - 1), window_peak(tb[d], 0, len(tb[d]) - 1)
-        peak_rows.append(_peak_row(d, "global", None, whole_a, whole_b))
-        sa, sb = phase_spans(a, d), phase_spans(b, d)
-        names_a, names_b = list(sa["phase"]), list(sb["phase"])
-        common = [p for p in names_a if p in set(names_b)]
-        if names_a != names_b and (names_a or names_b):
-            only_a = [p for p in names_a if p not in set(names_b)]
-            only_b = [p for p in names_b if p not in set(names_a)]
-            notes.append(f"device {d}: the phases differ (only in A: {', '.join(only_a) or '–'}; only in B: "
-                         f"{', '.join(only_b) or '–'}); aligned the {len(common)} both have")
-        for p in common:
-            wa = _window(ta[d], sa[sa["phase"] == p].iloc[0])
-            wb = _window(tb[d], sb[sb["phase"] == p].iloc[0])
-            peak_rows.append(_peak_row(d, "phase", p, wa, wb))
+        names_a, names_b = list(dict.fromkeys(sa["label"])), list(dict.fromkeys(sb["label"]))
+        if phase is None:
+            whole_a, whole_b = window_peak(ta[d], 0, len(ta[d]) - 1), window_peak(tb[d], 0, len(tb[d]) - 1)
+            peak_rows.append(_peak_row(d, "global", None, whole_a, whole_b))
+            common = [p for p in names_a if p in set(names_b)]
+            if names_a != names_b and (names_a or names_b):
+                only_a = [p for p in names_a if p not in set(names_b)]
+                only_b = [p for p in names_b if p not in set(names_a)]
+                notes.append(f"device {d}: the phases differ (only in A: {', '.join(only_a) or '–'}; only in B: "
+                             f"{', '.join(only_b) or '–'}); aligned the {len(common)} both have")
+            for p in common:
+                peak_rows.append(_peak_row(d, "phase", p, _window(ta[d], sa[sa["label"] == p]),
+                                           _window(tb[d], sb[sb["label"] == p])))
+        else:                                   # only the phase asked for, at the instants compared
+            peak_rows.append(_peak_row(d, "phase", phase, _window(ta[d], find_phase(sa, phase)),
+                                       _window(tb[d], find_phase(sb, phase))))
     att_a = _attribute_at(a, ta, instants_a, rules)
     att_b = _attribute_at(b, tb, instants_b, rules)
     for d in shared:
@@ -236,10 +240,11 @@ def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None 
                 stacks=pd.DataFrame(stack_rows, columns=STACK_COLUMNS), notes=tuple(notes))
 
 
-def _window(dt: DeviceTimeline, span: pd.Series) -> dict[str, Any]:
-    start, end = span["start_us"], span["end_us"]
-    first, last = window_bounds(dt, None if pd.isna(start) else int(start), None if pd.isna(end) else int(end))
-    return window_peak(dt, first, last)
+def _window(dt: DeviceTimeline, rows: pd.DataFrame) -> dict[str, Any]:
+    """The peak inside the span of `rows` (phase table rows) whose peak is highest, with its first event."""
+    row = rows.loc[rows["peak_bytes"].idxmax()]
+    first = int(row["start_index"])
+    return {**window_peak(dt, first, int(row["end_index"])), "first_index": first}
 
 
 def _attribute_at(snapshot: Snapshot, timeline: Timeline, instants: dict[int, tuple[int, int]],

@@ -11,15 +11,18 @@ its top categories: the bytes allocated inside the span and still live at its pe
 began before the trace window's first event is `clipped` (its before is the window's start: the ring buffer
 may have dropped its first events); one without an end (still running when the markers were written, e.g.
 a process killed by its OOM) is `open` and runs to the last event.
+Names: every span has one `label`, the name `phases` prints and every `--phase` accepts (`attribute`,
+`diff`, the report): its name when that name occurs once among the spans of its kind on its device (the
+rank's, for markers), else ``NAME#K`` for its K-th occurrence (`phase_label`). `find_phase(table, name)`
+resolves what a user wrote: a label, a bare name (all its occurrences), or NAME#K / "NAME #K".
 `phase_instant` picks the instant `attribute --phase NAME` attributes: the highest active bytes inside the
-named phase (across its occurrences, or the one chosen with NAME#K). `phase_spans(snapshot)` names the
-`record_function` spans so that two snapshots' line up (a repeated name becomes "name#k"; columns
-PHASE_SPAN_COLUMNS, used by diff and the sweep).
+phase (across its occurrences, or the one named). `phase_spans(snapshot)` names the `record_function`
+spans of one snapshot alone for the sweep (a repeated name becomes "name#k"; PHASE_SPAN_COLUMNS).
 
-`spans` columns: phase, occurrence (1-based, per phase name and kind), kind ("phase" | "request" |
-"annotation" | "metadata"), source ("markers" | "annotations" | "user_metadata"), device (nullable: markers
-span every device of the rank), start_us, end_us (nullable: open, or before the window), depth, attrs.
-`phase_table` columns: PHASE_COLUMNS.
+`spans` columns: phase, occurrence (1-based, per phase name, kind and device), label, kind ("phase" |
+"request" | "annotation" | "metadata"), source ("markers" | "annotations" | "user_metadata"), device
+(nullable: markers span every device of the rank), start_us, end_us (nullable: open, or before the window),
+depth, attrs. `phase_table` columns: PHASE_COLUMNS.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ from .attribute import Attribution, SourceRoots, attribute, bind_source
 from .rules import RuleSet, load_rules
 
 PHASE_SPAN_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
-SPAN_COLUMNS = ["phase", "occurrence", "kind", "source", "device", "start_us", "end_us", "depth", "attrs"]
-PHASE_COLUMNS = ["device", "phase", "occurrence", "kind", "source", "start_us", "end_us", "clipped", "open",
+SPAN_COLUMNS = ["phase", "occurrence", "label", "kind", "source", "device", "start_us", "end_us", "depth", "attrs"]
+PHASE_COLUMNS = ["device", "phase", "occurrence", "label", "kind", "source", "start_us", "end_us", "clipped", "open",
                  "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us",
                  "after_bytes", "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories",
                  "top_category_bytes", "attrs"]
@@ -120,14 +123,42 @@ def spans(snapshot: Snapshot, markers: pd.DataFrame | None = None) -> pd.DataFra
         rows.append({"phase": value, "kind": "metadata", "source": "user_metadata", "device": s["device"],
                      "start_us": s["start_us"], "end_us": s["end_us"], "depth": 0,
                      "attrs": {"start_index": s["start_index"], "end_index": s["end_index"]}})
-    df = pd.DataFrame(rows, columns=[c for c in SPAN_COLUMNS if c != "occurrence"])
+    df = pd.DataFrame(rows, columns=[c for c in SPAN_COLUMNS if c not in ("occurrence", "label")])
     for c in ("device", "start_us", "end_us"):
         df[c] = df[c].astype("Int64")
     df["depth"] = df["depth"].astype("int64")
     order = df["start_us"].fillna(np.iinfo(np.int64).min).to_numpy()
     df = df.iloc[np.argsort(order, kind="stable")].reset_index(drop=True)
-    df.insert(1, "occurrence", (df.groupby(["phase", "kind"], sort=False).cumcount() + 1).astype("int64"))
+    groups = df.groupby(["phase", "kind", "device"], sort=False, dropna=False)
+    df.insert(1, "occurrence", (groups.cumcount() + 1).astype("int64"))
+    repeated = (groups["phase"].transform("size") > 1).to_numpy()
+    df.insert(2, "label", [phase_label(n, k, r) for n, k, r in zip(df["phase"], df["occurrence"], repeated)])
     return df
+
+
+def phase_label(name: str, occurrence: int, repeated: bool) -> str:
+    """The one name of a span (see the module docstring): NAME, or NAME#K when the name is repeated."""
+    return f"{name}#{int(occurrence)}" if repeated else str(name)
+
+
+def find_phase(table: pd.DataFrame, name: str, source: str = "") -> pd.DataFrame:
+    """The rows of a `spans` or `phase_table` table that `name` names: the span labelled so, else every
+    occurrence of a span called so, else NAME#K (or "NAME #K"): its K-th occurrence. Raises UsageError,
+    listing the labels there are, when none matches."""
+    for hits in (table[table["label"] == name], table[table["phase"] == name]):
+        if len(hits):
+            return hits
+    base, sep, k = name.rpartition("#")
+    if sep and base.strip() and k.strip().isdigit():
+        hits = table[(table["phase"] == base.rstrip()) & (table["occurrence"] == int(k))]
+        if len(hits):
+            return hits
+    known = sorted(set(table["label"]))
+    shown = ", ".join(known[:20]) + (f" … ({len(known)} in all; `snapanalyze phases` lists them)"
+                                     if len(known) > 20 else "")
+    raise UsageError(f"{source + ': ' if source else ''}no phase {name!r} inside the trace window"
+                     + (f" (phases: {shown})" if known else
+                        " (no markers, record_function annotations or user_metadata spans found)"))
 
 
 def _window(dt: DeviceTimeline, span: Any) -> tuple[int, int, bool] | None:
@@ -241,7 +272,8 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
                 continue
             lo, hi, clipped = found
             m = _measure(dt, lo, hi)
-            rows.append({"device": d, "phase": span.phase, "occurrence": int(span.occurrence), "kind": span.kind,
+            rows.append({"device": d, "phase": span.phase, "occurrence": int(span.occurrence), "label": span.label,
+                         "kind": span.kind,
                          "source": span.source, "start_us": span.start_us, "end_us": span.end_us,
                          "clipped": clipped, "open": span.end_us is pd.NA, "start_index": lo, "end_index": hi, **m,
                          "peak_time_us": dt.time_at(m["peak_index"]), "top_categories": [],
@@ -259,28 +291,12 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
                           ignore_index=True)
 
 
-def _parse_name(name: str) -> tuple[str, int | None]:
-    base, sep, k = name.rpartition("#")
-    if sep and k.isdigit() and base:
-        return base, int(k)
-    return name, None
-
-
 def phase_instant(snapshot: Snapshot, name: str, timeline: Timeline | None = None,
                   markers: pd.DataFrame | None = None, device: int | None = None) -> tuple[int, int, pd.Series]:
-    """(device, event index, phase row) of the highest active bytes inside phase `name` ("NAME" or "NAME#K")."""
+    """(device, event index, phase row) of the highest active bytes inside phase `name` (see `find_phase`)."""
     timeline = timeline or replay(snapshot)
     table = phase_table(snapshot, timeline, markers, categories=False, device=device)
-    base, occurrence = _parse_name(name)
-    hits = table[table["phase"] == base]
-    if occurrence is not None:
-        hits = hits[hits["occurrence"] == occurrence]
-    if not len(hits):
-        known = sorted(set(table["phase"]))
-        shown = ", ".join(known[:20]) + (" …" if len(known) > 20 else "")
-        raise UsageError(f"{snapshot.source}: no phase {name!r} inside the trace window"
-                         + (f" (phases: {shown})" if known else
-                            " (no markers, record_function annotations or user_metadata spans found)"))
+    hits = find_phase(table, name, snapshot.source)
     devices = sorted(set(int(d) for d in hits["device"]))
     if len(devices) > 1:
         raise UsageError(f"{snapshot.source}: phase {name!r} spans devices {devices}; choose one with --device")
@@ -295,7 +311,7 @@ def attribute_phase(snapshot: Snapshot, name: str, timeline: Timeline | None = N
     timeline = timeline or replay(snapshot)
     d, index, row = phase_instant(snapshot, name, timeline, markers, device)
     result = attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline, markers=markers)
-    label = f"peak of phase {row['phase']!r} #{int(row['occurrence'])}"
+    label = f"peak of phase {row['label']}"
     instants = {k: dataclasses.replace(v, label=label) for k, v in result.instants.items()}
     return dataclasses.replace(result, instants=instants)
 

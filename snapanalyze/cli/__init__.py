@@ -1,13 +1,14 @@
 """Command line: argv → library calls → text or JSON on stdout, exit codes. Nothing else lives here.
 
-Contract: `main` is the click group; each module of this package registers the thin commands of one
-area (load, analyse, render), and is imported only when one of its commands runs (COMMANDS names the module
-of each), so that `snapanalyze peaks` does not pay for importing what `report` needs. One place
+Contract: `main` is the click group; each module of this package registers the thin commands of one area
+(load, analyse, render), and is imported only when one of its commands runs (COMMANDS names the module of
+each), so that `snapanalyze peaks` does not pay for importing what `report` needs. One place
 (`_Group.invoke`) maps SnapanalyzeError — and a MemoryError or RecursionError, which only hostile or
-enormous input causes — to a one-line message on stderr and its exit code (2; `check` uses 1 for a budget
-exceeded); `--debug` shows the traceback instead. It also prints each InputWarning once, as one
-`snapanalyze: warning:` line on stderr, and keeps them for `common.emit_json` to list under `warnings`.
-`--max-memory` bounds what reading any input may cost (`load.safe_pickle.Limits`).
+enormous input causes — to a one-line message on stderr and its exit code (2); `--debug` shows the traceback
+instead. (`check` prints an exceeded limit as its result on stdout and exits 1: not an error.) It also
+prints each InputWarning once, as one `snapanalyze: warning:` line on stderr, and keeps them for
+`common.emit_json` to list under `warnings`. `--max-memory` bounds what reading any input may cost
+(`load.safe_pickle.Limits`).
 """
 
 from __future__ import annotations

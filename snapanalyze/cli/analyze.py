@@ -1,17 +1,48 @@
-"""Commands that analyse one snapshot: summary, peaks, attribute."""
+"""Commands that analyse snapshots: summary, peaks, attribute — of one snapshot, or of each rank of a run.
+
+Each command is a thin shell around a per-rank work function (`_summary`, `_peaks`, `_attribute`: a job
+and a progress callback → a small JSON-ready result, see `per_rank`), merged in rank order.
+"""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import click
 
-from ..analyze.peaks import peak_records
 from ..errors import UsageError
-from ..load import load
-from ..replay import replay
-from ..report.documents import attribution_document, peaks_document
-from ..report.terminal import render_attribution, render_peaks, render_summary
 from . import main
-from .common import FORMATS, emit_json, input_argument, rules_for, source_option
+from .common import FORMATS, input_argument, rules_for, source_option
+from .parallel import parallel_options
+from .per_rank import Job, Step, each, emit, plan
+from .progress import Progress
+
+AT_HELP = ("Instant per device: peak, peak:N (Nth peak), event:I, time:T — T as the outputs print it "
+           "(2026-04-18 02:34:01.223438 UTC, or ISO 2026-04-18T02:34:01.223438Z), an offset into the trace "
+           "window (+2.38ms, +1.5s, +120us) or µs since the epoch.")
+
+
+# -- peaks ----------------------------------------------------------------------------------------------------
+
+def _peaks(job: Job, step: Step, top: int, device: int | None) -> dict[str, Any]:
+    from ..analyze.peaks import peak_records
+    from ..load import load
+    from ..replay import replay
+    from ..report.documents import peaks_document
+
+    t = job.target
+    step("loading")
+    snapshot = load(t.path, t.rank, t.tag, frames=False)       # peaks never reads a stack
+    step("replaying")
+    timeline = replay(snapshot)
+    if device is not None and device not in timeline.devices:
+        raise UsageError(f"{snapshot.source}: no device {device} (devices: {sorted(timeline.devices)})")
+    host = replay(snapshot.host) if snapshot.host is not None and device is None else None
+    step("finding peaks")
+    doc = peaks_document(timeline, peak_records(timeline, top=top, device=device),  # no DataFrame: fast start
+                         (host, peak_records(host, top=top)) if host is not None else None)
+    return {**doc, "replay_problems": timeline.check_invariants()}
 
 
 @main.command()
@@ -19,70 +50,103 @@ from .common import FORMATS, emit_json, input_argument, rules_for, source_option
 @click.option("--top", default=5, show_default=True, type=click.IntRange(1), help="Peaks per device.")
 @click.option("--device", type=int, default=None, help="Only this device.")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@parallel_options
 def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | None, fmt: str) -> None:
-    """Baseline, top peaks and trace window of each device."""
-    snapshot = load(file, rank, tag)
-    timeline = replay(snapshot)
-    if device is not None and device not in timeline.devices:
-        raise UsageError(f"{file}: no device {device} (devices: {sorted(timeline.devices)})")
-    host = replay(snapshot.host) if snapshot.host is not None and device is None else None
-    doc = peaks_document(timeline, peak_records(timeline, top=top, device=device),  # no DataFrame: fast start
-                         (host, peak_records(host, top=top)) if host is not None else None)
-    if fmt == "json":
-        emit_json(doc)
-        return
-    click.echo(render_peaks(doc, timeline.check_invariants()))
+    """Baseline, top peaks and trace window of each device (of each rank of a run directory)."""
+    from ..report.terminal import render_peaks
+
+    p = plan(file, rank, tag)
+    with Progress() as progress:
+        results = each(p, functools.partial(_peaks, top=top, device=device), progress)
+    problems = {id(r): r.pop("replay_problems") for r in results}
+    emit(p, results, fmt, lambda r, width: render_peaks(r, problems[id(r)], width))
+
+
+# -- summary --------------------------------------------------------------------------------------------------
+
+def _summary(job: Job, step: Step) -> dict[str, Any]:
+    from ..analyze.summary import summarize
+    from ..load import load
+
+    t = job.target
+    step("loading")
+    snapshot = load(t.path, t.rank, t.tag)
+    step("summarising")
+    return summarize(snapshot)
 
 
 @main.command()
 @input_argument
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@parallel_options
 def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
-    """What the file holds: format, torch version (inferred), devices, events, optional parts."""
-    from ..analyze.summary import summarize
-    facts = summarize(load(file, rank, tag))
-    if fmt == "json":
-        emit_json(facts)
-        return
-    click.echo(render_summary(facts))
+    """What the file holds: format, torch version (inferred), devices, events, optional parts (per rank of a run)."""
+    from ..report.terminal import render_summary
+
+    p = plan(file, rank, tag)
+    with Progress() as progress:
+        results = each(p, _summary, progress)
+    emit(p, results, fmt, lambda r, width: render_summary(r))
+
+
+# -- attribute ------------------------------------------------------------------------------------------------
+
+def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | None, rules_file: str | None,
+               source: tuple[str, ...], explain: bool, csv: bool, rank_column: bool) -> dict[str, Any]:
+    from ..analyze.attribute import attribute as attribute_blocks
+    from ..analyze.phases import attribute_phase
+    from ..load import load
+    from ..load.samples import markers_for
+    from ..report.documents import attribution_document
+
+    t = job.target
+    rules = rules_for(rules_file, source)
+    step("loading")
+    snapshot = load(t.path, t.rank, t.tag)
+    markers = markers_for(t.path, t.rank, t.tag)
+    step("attributing")
+    if phase is not None:
+        result = attribute_phase(snapshot, phase, markers=markers, rules=rules, device=device)
+    else:
+        result = attribute_blocks(snapshot, at=at, rules=rules, device=device, markers=markers)
+    if csv:
+        blocks = result.blocks
+        if rank_column:
+            blocks = blocks.assign(rank=job.rank)[["rank", *blocks.columns]]
+        return {"csv": blocks.to_csv(index=False)}
+    return attribution_document(result, explain=explain)
 
 
 @main.command()
 @input_argument
-@click.option("--at", "at", default="peak", show_default=True,
-              help="Instant per device: peak, peak:N (Nth peak), event:I, time:T (µs since the epoch).")
+@click.option("--at", "at", default="peak", show_default=True, help=AT_HELP)
 @click.option("--phase", default=None,
-              help="Attribute the peak inside this phase (a marker, record_function or user_metadata span; NAME#K "
-                   "for its K-th occurrence) instead of --at.")
+              help="Attribute the peak inside this phase, named as `phases` prints it: NAME, or NAME#K for its "
+                   "K-th occurrence (a marker, record_function or user_metadata span) instead of --at.")
 @click.option("--device", type=int, default=None, help="Only this device.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="A TOML file of your own categories and rules, layered over the shipped packs.")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(1), help="Sites shown per category.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
-              show_default=True, help="csv prints one row per live block.")
+              show_default=True, help="csv prints one row per live block (a run: with a rank column).")
 @click.option("--explain", is_flag=True, help="Show which rule fired on which frame.")
 @source_option
+@parallel_options
 def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str | None, device: int | None,
               rules_file: str | None, source: tuple[str, ...], top: int, fmt: str, explain: bool) -> None:
-    """Attribute every live byte at a peak (or another instant) to a category."""
-    from ..analyze.attribute import attribute as attribute_blocks
-    from ..analyze.phases import attribute_phase
-    from ..load.samples import markers_for
+    """Attribute every live byte at a peak (or another instant) to a category (per rank of a run)."""
+    from ..report.terminal import render_attribution
 
-    rules = rules_for(rules_file, source)
-    if phase is not None:
-        if at != "peak":
-            raise UsageError("--phase and --at choose the instant two ways: give one of them")
-        result = attribute_phase(load(file, rank, tag), phase, markers=markers_for(file, rank, tag), rules=rules,
-                                 device=device)
-    else:
-        result = attribute_blocks(load(file, rank, tag), at=at, rules=rules, device=device,
-                                  markers=markers_for(file, rank, tag))
+    rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
+    if phase is not None and at != "peak":
+        raise UsageError("--phase and --at choose the instant two ways: give one of them")
+    p = plan(file, rank, tag)
+    work = functools.partial(_attribute, at=at, phase=phase, device=device, rules_file=rules_file, source=source,
+                             explain=explain, csv=fmt == "csv", rank_column=p.multi)
+    with Progress() as progress:
+        results = each(p, work, progress)
     if fmt == "csv":
-        click.echo(result.blocks.to_csv(index=False), nl=False)
+        texts = [r["csv"] for r in results]
+        click.echo(texts[0] + "".join(t.partition("\n")[2] for t in texts[1:]), nl=False)
         return
-    doc = attribution_document(result, explain=explain)
-    if fmt == "json":
-        emit_json(doc)
-        return
-    click.echo(render_attribution(doc, top, explain))
+    emit(p, results, fmt, lambda r, width: render_attribution(r, top, explain, width))

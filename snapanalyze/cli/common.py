@@ -1,8 +1,13 @@
-"""Options and output helpers shared by the commands."""
+"""Options and output helpers shared by the commands: input and size options, the terminal's width, JSON."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import re
+import shutil
+import sys
 from typing import Any
 
 import click
@@ -14,16 +19,27 @@ FORMATS = click.Choice(["table", "json"])
 WARNINGS_KEY = "snapanalyze.warnings"     # ctx.meta: the InputWarnings of this command, in order
 
 
+_BARE_NUMBER = re.compile(r"^\s*[0-9_.]+\s*$")
+
+
 class _Size(click.ParamType):
-    """A size as people write it (70GiB, 512 MiB, 1.5GB, 4096) → bytes; a bad one is a one-line UsageError."""
+    """A size as people write it (70GiB, 512 MiB, 1.5GB, 4096B, 0) → bytes. A number without a unit other
+    than 0 is refused (`--budget 70` means 70 GiB to a person, 70 bytes to a parser): click's usage error."""
 
     name = "size"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value)
         try:
-            return parse_bytes(value)
+            n = parse_bytes(text)
         except UsageError as exc:
-            raise UsageError(f"{param.opts[0] if param is not None else 'size'}: {exc}") from None
+            self.fail(str(exc), param, ctx)
+        if _BARE_NUMBER.match(text) and n != 0:
+            self.fail(f"{text.strip()!r} has no unit: write {text.strip()}GiB, {text.strip()}MiB or "
+                      f"{text.strip()}B (bytes)", param, ctx)
+        return n
 
 
 SIZE = _Size()
@@ -44,10 +60,38 @@ def source_option(func: Any) -> Any:
 
 
 def rules_for(rules_file: str | None, source: tuple[str, ...] = ()) -> Any:
-    """The rule set of --rules, bound to the --source roots (a UsageError names a missing one)."""
+    """The rule set of --rules, bound to the --source roots (a UsageError names a missing one); read once per
+    process while the file is unchanged, so each rank's work may ask for it again."""
+    try:
+        stamp = os.stat(rules_file).st_mtime_ns if rules_file is not None else None
+    except OSError:
+        stamp = None                       # load_rules says what is wrong with it
+    return _rules(rules_file, stamp, tuple(source))
+
+
+@functools.lru_cache(maxsize=8)
+def _rules(rules_file: str | None, stamp: int | None, source: tuple[str, ...]) -> Any:
     from ..analyze.rules import load_rules
     from ..load.source import SourceIndex
     return load_rules(rules_file, source=SourceIndex.of(list(source)))
+
+
+def terminal_width() -> int | None:
+    """Columns to fit text output into: $COLUMNS when set, else the terminal's width when stdout is one; None
+    (no fitting: lines as long as their content, stable for scripts) when output is piped or captured."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.strip().isdigit() and int(columns) > 0:
+        return int(columns)
+    stream = sys.stdout
+    if hasattr(stream, "isatty") and stream.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def echo_text(text: str, width: int | None) -> None:
+    """Print terminal text, its long lines wrapped to `width` (tables arrive fitted already)."""
+    from ..report.text import wrap
+    click.echo(wrap(text, width))
 
 
 def emit_json(doc: Any) -> None:

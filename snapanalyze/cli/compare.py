@@ -1,21 +1,24 @@
-"""Commands that compare snapshots or runs: diff, capacity, check."""
+"""Commands that compare snapshots or runs: diff, capacity, check — `diff` and `check` rank by rank over
+multi-rank runs (per-rank work: `_diff`, `_check`, see `per_rank`)."""
 
 from __future__ import annotations
+
+import functools
+from typing import Any
 
 import click
 
 from ..analyze.capacity import DEFAULT_CONCURRENCY, DRIVER_ORDER, capacity_contract, fit_capacity
-from ..analyze.check import BudgetExceeded, parse_limits
-from ..analyze.check import check as check_limits
-from ..analyze.diff import diff as diff_snapshots
-from ..analyze.sweep import measure_sweep
+from ..analyze.check import parse_limits
 from ..errors import UsageError
-from ..load import load
-from ..report.compare_documents import capacity_document, check_document, diff_document
+from ..report.compare_documents import capacity_document
 from ..report.compare_terminal import render_capacity, render_check, render_diff
-from ..session import sweep_points
+from ..session import measure_sweep_inputs
 from . import main
-from .common import FORMATS, SIZE, emit_json, input_argument, rules_for, source_option
+from .common import FORMATS, SIZE, echo_text, emit_json, input_argument, rules_for, source_option, terminal_width
+from .parallel import executor, parallel_options
+from .per_rank import Job, Step, diff_plan, each, emit, plan, run_document
+from .progress import Progress
 
 _RULES = click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
                       help="A TOML file of your own categories and rules, layered over the shipped packs.")
@@ -28,24 +31,50 @@ _TAG = click.option("--tag", default=None, help="Snapshot tag in run directories
 @click.argument("b", type=click.Path(dir_okay=True, path_type=str))
 @_RANK
 @_TAG
-@click.option("--phase", default=None, help="Compare at the peak of this phase (a record_function span) in each, "
-              "instead of the global peak.")
+@click.option("--phase", default=None, help="Compare at the peak of this phase in each, named as `phases` prints "
+              "it (NAME, or NAME#K), instead of the global peak; only that phase's peaks are listed.")
 @click.option("--device", type=int, default=None, help="Only this device.")
 @_RULES
 @click.option("--top", default=15, show_default=True, type=click.IntRange(1), help="Stacks shown in the table.")
 @click.option("--all", "everything", is_flag=True, help="Also list unchanged categories and stacks (json).")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @source_option
+@parallel_options
 def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, device: int | None,
          rules_file: str | None, source: tuple[str, ...], top: int, everything: bool, fmt: str) -> None:
-    """What changed between A and B at the peak: aligned peaks, categories, stacks (new, vanished, grown)."""
-    rules = rules_for(rules_file, source)
-    result = diff_snapshots(load(a, rank, tag), load(b, rank, tag), phase=phase, device=device, rules=rules)
-    doc = diff_document(result, everything=everything)
-    if fmt == "json":
-        emit_json(doc)
+    """What changed between A and B at the peak: aligned peaks, categories, stacks (new, vanished, grown).
+
+    Two run directories are compared rank by rank (a snapshot file, or a run of one rank, serves every rank
+    of the other); --rank compares one."""
+    rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
+    p = diff_plan(a, b, rank, tag)
+    work = functools.partial(_diff, phase=phase, device=device, rules_file=rules_file, source=source,
+                             everything=everything)
+    with Progress() as progress:
+        results = each(p, work, progress)
+    if fmt == "json" and p.multi:
+        doc = run_document(p, results)
+        emit_json({"a": a, "b": b, "ranks": doc["ranks"], "problems": doc["problems"]})
         return
-    click.echo(render_diff(doc, top))
+    emit(p, results, fmt, lambda r, width: render_diff(r, top, width))
+
+
+def _diff(job: Job, step: Step, phase: str | None, device: int | None, rules_file: str | None,
+          source: tuple[str, ...], everything: bool) -> dict[str, Any]:
+    from ..analyze.diff import diff as diff_snapshots
+    from ..load import load
+    from ..load.samples import markers_for
+    from ..report.compare_documents import diff_document
+
+    a, b = job.inputs
+    step("loading A")
+    snap_a, markers_a = load(a.path, a.rank, a.tag), markers_for(a.path, a.rank, a.tag)
+    step("loading B")
+    snap_b, markers_b = load(b.path, b.rank, b.tag), markers_for(b.path, b.rank, b.tag)
+    step("replaying and attributing both")
+    result = diff_snapshots(snap_a, snap_b, phase=phase, device=device, rules=rules_for(rules_file, source),
+                            markers=(markers_a, markers_b))
+    return diff_document(result, everything=everything)
 
 
 @main.command()
@@ -60,7 +89,8 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
 @click.option("--margin", type=click.FloatRange(0), default=None,
               help="Fraction added to modelled transients (default: the total fit's max relative residual).")
 @click.option("--target", type=float, default=None,
-              help="Driver value to size the workspace reserve for (default: the largest measured).")
+              help="Driver value to size the workspace reserve for (default: the largest measured; at most 2× it: "
+                   "fits are not trusted further).")
 @click.option("--concurrency", type=click.IntRange(1), multiple=True,
               help="Concurrency levels for the contract (repeatable; default "
                    f"{', '.join(map(str, DEFAULT_CONCURRENCY))}).")
@@ -72,31 +102,46 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
 @_RULES
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @source_option
+@parallel_options
 def capacity(inputs: tuple[str, ...], shape_from: str, budget: int | None, transient_budget: int | None,
              margin: float | None, target: float | None, concurrency: tuple[int, ...], driver: str | None,
              device: int | None, rank: int | None, tag: str | None, rules_file: str | None,
              source: tuple[str, ...], fmt: str) -> None:
-    """Fit a shape sweep (baseline / peak / transient per shape and category), find jumps, solve a budget."""
+    """Fit a shape sweep (baseline / peak / transient per shape and category), find jumps, solve a budget.
+
+    Answers past the largest measured shape are labelled extrapolated and stop at 2× it (bound); a regime
+    with fewer than 3 shapes is insufficient data, not a number."""
     rules = rules_for(rules_file, source)
-    points = sweep_points(list(inputs), shape_from, rank, tag)
-    cap = fit_capacity(measure_sweep(points, rules, device), driver)
+    if budget is None and transient_budget is None and (margin is not None or target is not None or concurrency):
+        raise UsageError("capacity: --margin, --target and --concurrency shape the contract; give --budget or "
+                         "--transient-budget too")
+    with Progress() as progress:
+        sweep = measure_sweep_inputs(list(inputs), shape_from, rank, tag, rules, device, executor(), progress.step)
+        cap = fit_capacity(sweep, driver)
     contract = None
     if budget is not None or transient_budget is not None:
         contract = capacity_contract(cap, budget, transient_budget, margin, concurrency or DEFAULT_CONCURRENCY, target)
-    elif margin is not None or target is not None or concurrency:
-        raise UsageError("capacity: --margin, --target and --concurrency shape the contract; give --budget or "
-                         "--transient-budget too")
     doc = capacity_document(cap, contract)
     if fmt == "json":
         emit_json(doc)
         return
-    click.echo(render_capacity(doc))
+    width = terminal_width()
+    echo_text(render_capacity(doc, width), width)
+
+
+def _sized(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> tuple[str, ...]:
+    """--max CATEGORY=SIZE: each SIZE read as --budget's is (a unit is needed), before any file is read."""
+    for item in items:
+        name, sep, size = item.partition("=")
+        if sep and name.strip():
+            SIZE.convert(size, param, ctx)
+    return items
 
 
 @main.command()
 @input_argument
 @click.option("--budget", type=SIZE, default=None, help="Maximum peak bytes on a device, e.g. 70GiB.")
-@click.option("--max", "maxima", multiple=True, metavar="CATEGORY=SIZE",
+@click.option("--max", "maxima", multiple=True, metavar="CATEGORY=SIZE", callback=_sized,
               help="Maximum live bytes of one category anywhere in the trace (repeatable), e.g. logits=4GiB.")
 @click.option("--max-transient", "max_transient", type=SIZE, default=None,
               help="Maximum transient at the peak (peak − baseline active bytes).")
@@ -106,18 +151,49 @@ def capacity(inputs: tuple[str, ...], shape_from: str, budget: int | None, trans
 @_RULES
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @source_option
+@parallel_options
 def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxima: tuple[str, ...],
           max_transient: int | None, metric: str, device: int | None, rules_file: str | None,
           source: tuple[str, ...], fmt: str) -> None:
-    """Exit 1 when the snapshot exceeds a budget, a category maximum or a transient maximum (for CI)."""
-    rules = rules_for(rules_file, source)
+    """Exit 1 when the snapshot exceeds a budget, a category maximum or a transient maximum (for CI).
+
+    Each limit's result is one line on stdout (FAIL … > limit, or ok); a run directory is checked rank by rank
+    and fails when any rank exceeds a limit, naming the rank."""
     limits = parse_limits(maxima)
-    result = check_limits(load(file, rank, tag), budget=budget, max_category=limits, max_transient=max_transient,
-                          metric=metric, rules=rules, device=device)
-    doc = check_document(result)
+    if budget is None and not limits and max_transient is None:
+        raise UsageError("check: give at least one limit (--budget, --max category=size, --max-transient)")
+    rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
+    p = plan(file, rank, tag)
+    work = functools.partial(_check, budget=budget, limits=limits, max_transient=max_transient, metric=metric,
+                             device=device, rules_file=rules_file, source=source)
+    with Progress() as progress:
+        results = each(p, work, progress)
+    doc = results[0]
+    if p.multi:
+        run = run_document(p, results)
+        doc = {"run": run["run"], "metric": metric, "passed": all(r["passed"] for r in results),
+               "ranks": run["ranks"],
+               "failures": [f"rank {j.rank}: {f}" for j, r in zip(p.jobs, results) for f in r["failures"]],
+               "problems": run["problems"]}
     if fmt == "json":
         emit_json(doc)
     else:
-        click.echo(render_check(doc))
-    if not result.passed:
-        raise BudgetExceeded("; ".join(doc["failures"]))
+        width = terminal_width()
+        echo_text(render_check(doc), width)
+    if not doc["passed"]:
+        click.get_current_context().exit(1)
+
+
+def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max_transient: int | None,
+           metric: str, device: int | None, rules_file: str | None, source: tuple[str, ...]) -> dict[str, Any]:
+    from ..analyze.check import check as check_limits
+    from ..load import load
+    from ..report.compare_documents import check_document
+
+    t = job.target
+    step("loading")
+    snapshot = load(t.path, t.rank, t.tag)
+    step("replaying and measuring" + (" (attributing every category)" if limits else ""))
+    result = check_limits(snapshot, budget=budget, max_category=limits, max_transient=max_transient,
+                          metric=metric, rules=rules_for(rules_file, source), device=device)
+    return check_document(result)

@@ -1,16 +1,24 @@
 """`snapanalyze convert`: snapshot pickles (a run directory, an engine's dump directory, or files) → a Parquet run
-directory; which file goes where, and what may be replaced, is `load.convert.convert_plan`'s."""
+directory; which file goes where, and what may be replaced, is `load.convert.convert_plan`'s, and each file's
+work (its tables and the categories at its peaks) `session.convert_file`'s, on --jobs/--scheduler workers when
+there are several; a file that fails is named once the others are converted (exit 2)."""
 
 from __future__ import annotations
 
-import time
+import functools
+from pathlib import Path
 
 import click
 
-from ..load import load
+from .. import layout
+from ..errors import SnapanalyzeError
 from ..load.convert import convert_plan
-from ..load.parquet import write_tables
+from ..parallel import map_ranks
+from ..session import Converted, convert_file
 from . import main
+from .common import rules_for
+from .parallel import executor, parallel_options
+from .progress import Progress
 
 
 @main.command()
@@ -22,13 +30,36 @@ from . import main
 @click.option("--tag", default=None, help="Tag of a single input file: 1-128 letters, digits, '.', '_' or '-' "
               "(default: from snapshot-<tag>.pickle or an engine's file name, else the file name made safe).")
 @click.option("--force", is_flag=True, help="Replace converted tables that already exist (never anything else).")
-def convert(inputs: tuple[str, ...], output: str | None, rank: int | None, tag: str | None, force: bool) -> None:
-    """Turn snapshot pickles into a Parquet run directory (RUN/rank=N/tag=T/*.parquet)."""
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="A TOML file of your own categories and rules, for the categories at each peak "
+                   f"({layout.PEAK_TABLE}).")
+@parallel_options
+def convert(inputs: tuple[str, ...], output: str | None, rank: int | None, tag: str | None, force: bool,
+            rules_file: str | None) -> None:
+    """Turn snapshot pickles into a Parquet run directory (RUN/rank=N/tag=T/*.parquet), each with the categories
+    at its devices' peaks (peak_categories.parquet) for SQL over the run."""
     jobs = convert_plan(inputs, output, rank, tag, force)
-    for source, target in jobs:
-        started = time.perf_counter()
-        snapshot = load(source)
-        write_tables(snapshot, target, force=force)
-        n = sum(len(t) for t in snapshot.traces.values())
-        click.echo(f"{source} → {target} ({n:,} events, {len(snapshot.interner.stacks):,} stacks, "
-                   f"{time.perf_counter() - started:.2f} s)")
+    work = functools.partial(convert_file, force=force, rules=rules_for(rules_file))
+    if len(jobs) == 1:                                   # one file: its error as it is
+        with Progress() as progress:
+            progress.step(f"converting {jobs[0][0]}")
+            done = work(jobs[0])
+        click.echo(_line(*jobs[0], done))
+        return
+    failed = []
+    with Progress() as progress:
+        for (source, target), outcome in zip(jobs, map_ranks(work, jobs, executor(), progress.step, unit="files")):
+            if outcome.result is None:
+                failed.append(outcome)
+                continue
+            progress.done()                              # the line below replaces it; the next step draws again
+            click.echo(_line(source, target, outcome.result))
+    if failed:
+        error = SnapanalyzeError(f"{len(failed)} of {len(jobs)} not converted: " +
+                                 "; ".join(str(o.error) for o in failed))
+        error.exit_code = failed[0].exit_code
+        raise error
+
+
+def _line(source: Path, target: Path, done: Converted) -> str:
+    return f"{source} → {target} ({done.events:,} events, {done.stacks:,} stacks, {done.seconds:.2f} s)"

@@ -18,6 +18,7 @@ from ..atomic import write_atomic
 from ..errors import UsageError
 from . import main
 from .common import SIZE, input_argument, rules_for, source_option
+from .parallel import executor, parallel_options
 from .progress import Progress
 
 
@@ -30,7 +31,8 @@ from .progress import Progress
               help="Show file paths as package-relative tails or hashes, for sharing outside the team.")
 @click.option("--at", "at", multiple=True,
               help="Attribute in detail at this instant instead of the top peaks: peak, peak:N, event:I, "
-                   "time:T (µs since the epoch). Repeat for several.")
+                   "time:T (T: a UTC date-time as printed, ISO 8601, an offset into the window such as +2.38ms, "
+                   "or µs since the epoch). Repeat for several.")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(1),
               help="Peaks per device to mark (and, without --at, to attribute in detail).")
 @click.option("--samples", default=32, show_default=True, type=click.IntRange(2, 1000),
@@ -45,6 +47,7 @@ from .progress import Progress
 @click.option("--capacity", type=SIZE, default=None,
               help="Device memory (e.g. 80GiB) for OOM verdicts and headroom, when the input has no NVML/meta.json.")
 @source_option
+@parallel_options
 def report(file: str, rank: int | None, tag: str | None, output: Path, force: bool, redact_paths: bool,
            at: tuple[str, ...], top: int, samples: int, device: int | None, rules_file: str | None,
            source: tuple[str, ...],
@@ -64,7 +67,7 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
 
         page = build_path_report(file, rank=rank, tag=tag, compare=baseline, rules=rules, top=top, at=at,
                                  samples=samples, device=device, redact_paths=redact_paths, progress=progress.step,
-                                 capacity=capacity)
+                                 capacity=capacity, executor=executor())
         progress.step("writing")
         write_atomic(output, lambda f: f.write(page.encode("utf-8")))
     finally:

@@ -1,17 +1,20 @@
-"""Commands over a run directory's ranks and events: ranks, explain-oom, phases."""
+"""Commands over a run directory's ranks and events: ranks, explain-oom, phases (per rank: `_phases`)."""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import click
 
-from ..analyze.phases import phase_table
-from ..load import load
-from ..load.samples import markers_for
-from ..report.run_documents import oom_document, phases_document, ranks_document
+from ..report.run_documents import oom_document, ranks_document
 from ..report.run_terminal import render_oom, render_phases, render_ranks
 from ..session import compare_ranks, explain_path
 from . import main
-from .common import FORMATS, SIZE, emit_json, input_argument, rules_for, source_option
+from .common import FORMATS, SIZE, echo_text, emit_json, input_argument, rules_for, source_option, terminal_width
+from .parallel import executor, parallel_options
+from .per_rank import Job, Step, each, emit, plan
+from .progress import Progress
 
 
 @main.command()
@@ -23,15 +26,21 @@ from .common import FORMATS, SIZE, emit_json, input_argument, rules_for, source_
               help="An outlier's peak differs from the median rank's by more than this fraction (and 256 MiB).")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @source_option
+@parallel_options
 def ranks(run: str, tag: str | None, rules_file: str | None,
           source: tuple[str, ...], threshold: float, fmt: str) -> None:
     """One row per rank at its peak: NVML used, memory outside the allocator, top category; the outliers."""
-    comparison = compare_ranks(run, tag=tag, rules=rules_for(rules_file, source), threshold=threshold)
+    rules = rules_for(rules_file, source)
+    with Progress() as progress:
+        from ..session import open_run
+        comparison = compare_ranks(open_run(run, progress.step), tag=tag, rules=rules, threshold=threshold,
+                                   executor=executor(), progress=progress.step)
     doc = ranks_document(comparison)
     if fmt == "json":
         emit_json(doc)
         return
-    click.echo(render_ranks(doc))
+    width = terminal_width()
+    echo_text(render_ranks(doc, width), width)
 
 
 @main.command("explain-oom")
@@ -46,13 +55,16 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
                 source: tuple[str, ...],
                 fmt: str) -> None:
     """Why each allocation failed (fragmentation, live exhaustion, pressure from outside) — or that none did."""
-    items, problems = explain_path(file, rank=rank, tag=tag, rules=rules_for(rules_file, source),
-                                   capacity=capacity)
+    rules = rules_for(rules_file, source)
+    with Progress() as progress:
+        progress.step("explaining")
+        items, problems = explain_path(file, rank=rank, tag=tag, rules=rules, capacity=capacity)
     doc = oom_document(items, problems, file)
     if fmt == "json":
         emit_json(doc)
         return
-    click.echo(render_oom(doc))
+    width = terminal_width()
+    echo_text(render_oom(doc, width), width)
 
 
 @main.command()
@@ -69,15 +81,36 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
                    "requests).")
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @source_option
+@parallel_options
 def phases(file: str, rank: int | None, tag: str | None, device: int | None, rules_file: str | None,
            source: tuple[str, ...],
            no_categories: bool, kinds: tuple[str, ...], largest: int | None, fmt: str) -> None:
-    """Before / peak / after of each phase (collector markers, record_function annotations, user_metadata)."""
-    snapshot = load(file, rank, tag)
-    table = phase_table(snapshot, markers=markers_for(file, rank, tag), rules=rules_for(rules_file, source),
-                        categories=not no_categories, device=device, kinds=kinds or None, largest=largest)
-    doc = phases_document(table, snapshot.source)
-    if fmt == "json":
-        emit_json(doc)
-        return
-    click.echo(render_phases(doc))
+    """Before / peak / after of each phase (collector markers, record_function annotations, user_metadata), per
+    rank of a run. The phase column is each phase's name as --phase accepts it (NAME, or NAME#K when repeated)."""
+    rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
+    p = plan(file, rank, tag)
+    work = functools.partial(_phases, device=device, rules_file=rules_file, source=source,
+                             categories=not no_categories, kinds=kinds or None, largest=largest)
+    with Progress() as progress:
+        results = each(p, work, progress)
+    emit(p, results, fmt, render_phases)
+
+
+def _phases(job: Job, step: Step, device: int | None, rules_file: str | None, source: tuple[str, ...],
+            categories: bool, kinds: tuple[str, ...] | None, largest: int | None) -> dict[str, Any]:
+    from ..analyze.phases import phase_table
+    from ..load import load
+    from ..load.samples import markers_for
+    from ..replay import replay
+    from ..report.run_documents import phases_document
+
+    t = job.target
+    step("loading")
+    snapshot = load(t.path, t.rank, t.tag)
+    markers = markers_for(t.path, t.rank, t.tag)
+    step("replaying")
+    timeline = replay(snapshot)
+    step("mapping phases" + (" and attributing their peaks" if categories else ""))
+    table = phase_table(snapshot, timeline, markers=markers, rules=rules_for(rules_file, source),
+                        categories=categories, device=device, kinds=kinds, largest=largest)
+    return phases_document(table, snapshot.source)

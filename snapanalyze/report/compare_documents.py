@@ -15,7 +15,9 @@ their meaning; new keys may be added. Nothing here analyses anything.
 - capacity: {"driver", "model", "points": [{label, source, phase, device, shape, x, baseline_bytes,
   peak_bytes, transient_bytes, reserved_bytes, categories: {target: {kind, baseline_bytes, peak_bytes,
   transient_bytes}}}], "fits": [{target, kind, model, intercept_bytes, linear_bytes, quadratic_bytes,
-  max_rel_residual, points, from_x, to_x, jumped}], "jumps": [...], "drivers": [...], "contract", "notes"}.
+  max_rel_residual, points, from_x, to_x, jumped}], "jumps": [...], "drivers": [...], "contract", "notes"};
+  a fit without a model ("insufficient": too few shapes; "none") has null coefficients and residual, and the
+  contract's limits say `extrapolated` / `bounded` (at most 2× the measured shapes) / `insufficient`.
 - check: {"source", "metric", "passed", "checks": [{device, check, subject, limit_bytes, actual_bytes,
   headroom_bytes, ok, at_peak_bytes, event_index}], "failures": [str]}.
 """
@@ -23,6 +25,7 @@ their meaning; new keys may be added. Nothing here analyses anything.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pandas as pd
@@ -80,10 +83,16 @@ def diff_document(d: Diff, everything: bool = False) -> dict[str, Any]:
     }
 
 
+def _number(value: Any) -> float | None:
+    """A fit's float, or None where there is no number (an insufficient fit's NaN, a failed fit's inf)."""
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
 def _fit_record(r: Any) -> dict[str, Any]:
-    return {"target": r.target, "kind": r.kind, "model": r.model, "intercept_bytes": float(r.intercept_bytes),
-            "linear_bytes": float(r.linear_bytes), "quadratic_bytes": float(r.quadratic_bytes),
-            "max_rel_residual": float(r.max_rel_residual), "points": int(r.points), "from_x": float(r.from_x),
+    return {"target": r.target, "kind": r.kind, "model": r.model, "intercept_bytes": _number(r.intercept_bytes),
+            "linear_bytes": _number(r.linear_bytes), "quadratic_bytes": _number(r.quadratic_bytes),
+            "max_rel_residual": _number(r.max_rel_residual), "points": int(r.points), "from_x": float(r.from_x),
             "to_x": float(r.to_x), "jumped": bool(r.jumped)}
 
 
@@ -126,8 +135,8 @@ def capacity_document(cap: Capacity, contract: Contract | None = None) -> dict[s
                    "total_before": int(r.total_before), "total_after": int(r.total_after),
                    "total_predicted": int(r.total_predicted), "targets": list(r.targets)}
                   for r in cap.jumps.itertuples()],
-        "drivers": [{"driver": r.driver, "model": r.model, "max_rel_residual": float(r.max_rel_residual),
-                     "score": float(r.score), "chosen": bool(r.chosen)} for r in cap.drivers.itertuples()],
+        "drivers": [{"driver": r.driver, "model": r.model, "max_rel_residual": _number(r.max_rel_residual),
+                     "score": _number(r.score), "chosen": bool(r.chosen)} for r in cap.drivers.itertuples()],
         "contract": None if contract is None else contract_document(contract),
         "notes": list(cap.notes),
     }

@@ -1,7 +1,8 @@
 """Terminal rendering of the comparison documents (the dicts of `compare_documents`) as plain text.
 
 Contract: `render_diff`, `render_capacity` and `render_check` take a JSON-ready document and return the text
-a person reads in a terminal; nothing here analyses, prints or reads files.
+a person reads in a terminal (`render_check`: one line per limit, its verdict first; `width`, the
+terminal's columns, fits the diff's tables into it); nothing here analyses, prints or reads files.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from .. import units
 from . import text
 
 TOP_CATEGORIES = 6          # columns of the per-category transient table
+# What one unit of each capacity driver is, for coefficients per unit ("bytes/token", "bytes/token²").
+DRIVER_UNIT = {"tokens": "token", "chunk": "token", "images": "image", "batch": "sequence"}
 
 
 def _signed(n: int | float) -> str:
-    return ("+" if n > 0 else "") + units.fmt_bytes(n) if n else "0"
+    return units.fmt_signed_bytes(n)
 
 
-def render_diff(doc: dict[str, Any], top: int = 15) -> str:
+def render_diff(doc: dict[str, Any], top: int = 15, width: int | None = None) -> str:
     out = [f"A: {doc['a']}", f"B: {doc['b']}", f"compared at the {doc['instant']} of each"]
     rows = []
     for p in doc["peaks"]:
@@ -28,7 +31,7 @@ def render_diff(doc: dict[str, Any], top: int = 15) -> str:
                      _signed(p["delta"]["reserved_bytes"])])
     out.append("\npeaks (B − A):")
     out.append(text.table(["device", "phase", "peak A", "peak B", "Δ peak", "Δ baseline", "Δ transient",
-                           "Δ reserved"], rows, right=[True, False] + [True] * 6))
+                           "Δ reserved"], rows, right=[True, False] + [True] * 6, width=width))
     if doc["identical"]:
         out.append("\nno difference: every category and every stack holds the same bytes at the peak")
     else:
@@ -39,7 +42,7 @@ def render_diff(doc: dict[str, Any], top: int = 15) -> str:
                 [[str(c["device"]), c["category"], units.fmt_bytes(c["a_bytes"]), units.fmt_bytes(c["b_bytes"]),
                   _signed(c["delta_bytes"]), _signed(c["b_baseline_bytes"] - c["a_baseline_bytes"]),
                   _signed(c["b_transient_bytes"] - c["a_transient_bytes"])] for c in doc["categories"]],
-                right=[True, False] + [True] * 5))
+                right=[True, False] + [True] * 5, width=width))
         counts = doc["counts"]
         out.append(f"\nstacks at the peak: {counts['new']} new, {counts['vanished']} vanished, {counts['grew']} grew, "
                    f"{counts['shrank']} shrank, {counts['same']} unchanged (frames compared without line numbers)")
@@ -49,7 +52,7 @@ def render_diff(doc: dict[str, Any], top: int = 15) -> str:
                 ["status", "Δ", "A", "B", "category", "site"],
                 [[s["status"], _signed(s["delta_bytes"]), units.fmt_bytes(s["a_bytes"]), units.fmt_bytes(s["b_bytes"]),
                   s["category_b"] or s["category_a"] or "", s["site"]] for s in shown],
-                right=[False, True, True, True, False, False]))
+                right=[False, True, True, True, False, False], width=width))
             if len(doc["stacks"]) > top:
                 out.append(f"… {len(doc['stacks']) - top} more (--top, or --format json)")
     for note in doc["notes"]:
@@ -57,11 +60,67 @@ def render_diff(doc: dict[str, Any], top: int = 15) -> str:
     return "\n".join(out)
 
 
-def _per(unit: str, value: float) -> str:
-    return f"{units.fmt_bytes(value)}/{unit}" if value else "0"
+def _per(unit: str, value: float | None) -> str:
+    """A fit coefficient in bytes per unit of the driver: `331 bytes/token²`, `32.00 KiB/token`."""
+    if value is None:
+        return "–"
+    if not value:
+        return "0"
+    size = f"{value:.3g} bytes" if abs(value) < 1024 else units.fmt_bytes(value)
+    return f"{size}/{unit}"
 
 
-def render_capacity(doc: dict[str, Any]) -> str:
+def _limit(lim: dict[str, Any], driver: str) -> str:
+    """One contract answer: the number and what it rests on (extrapolated, bounded), or why there is none."""
+    if lim["insufficient"]:
+        return "insufficient data"
+    if lim["max_x"] is None:
+        return f"beyond 2× the measured {driver}" if lim["bounded"] else "none fits"
+    if lim["bounded"]:
+        return f"{lim['max_x']:,} (bound: 2× measured" + (", model never reaches the budget)" if lim["unbounded"]
+                                                          else ")")
+    return f"{lim['max_x']:,}" + (" (extrapolated)" if lim["extrapolated"] else "")
+
+
+def _short_labels(labels: list[str]) -> list[str]:
+    """Labels without what they all share at either end (cut at a separator), for narrow tables:
+    `llama-tokens=1024.pickle`, `llama-tokens=2048.pickle` → `1024`, `2048`; the labels when nothing is left."""
+    if len(labels) < 2:
+        return labels
+    seps = "-_=.:#/ "
+
+    def common(items: list[str]) -> int:
+        n = 0
+        while all(len(x) > n for x in items) and len({x[n] for x in items}) == 1:
+            n += 1
+        while n and items[0][n - 1] not in seps:
+            n -= 1
+        return n
+
+    head = common(labels)
+    cut = [x[head:] for x in labels]
+    tail = common([x[::-1] for x in cut])
+    short = [x[: len(x) - tail] for x in cut]
+    return short if all(short) and len(set(short)) == len(short) else labels
+
+
+def _fits_lines(doc: dict[str, Any], unit: str) -> list[str]:
+    """The fits as one sentence each (for terminals too narrow for the fits table)."""
+    out = []
+    for f in doc["fits"]:
+        span = f"{doc['driver']} {f['from_x']:g}–{f['to_x']:g}, {f['points']} shapes"
+        if f["model"] in ("insufficient", "none"):
+            out.append(f"  {f['target']}: insufficient data ({span})")
+            continue
+        terms = [units.fmt_bytes(f["intercept_bytes"])] if f["intercept_bytes"] else []
+        terms += [f"{_per(unit, f['linear_bytes'])} · t"] if f["linear_bytes"] else []
+        terms += [f"{_per(unit + '²', f['quadratic_bytes'])} · q"] if f["quadratic_bytes"] else []
+        out.append(f"  {f['target']}: {f['model']}, {' + '.join(terms) or '0'}; max residual "
+                   f"{100 * f['max_rel_residual']:.1f}% ({span})")
+    return out
+
+
+def render_capacity(doc: dict[str, Any], width: int | None = None) -> str:
     driver = doc["driver"]
     out = [f"sweep of {len(doc['points'])} shapes; the transient follows {driver} (x = {driver} per sequence)"]
     keys = [k for k in ("tokens", "batch", "chunk", "images") if any(k in p["shape"] for p in doc["points"])]
@@ -69,26 +128,36 @@ def render_capacity(doc: dict[str, Any]) -> str:
              units.fmt_bytes(p["peak_bytes"]), units.fmt_bytes(p["transient_bytes"]),
              units.fmt_bytes(p["reserved_bytes"])] for p in doc["points"]]
     out.append(text.table(["shape", *keys, "baseline", "peak", "transient", "reserved"], rows,
-                          right=[False] + [True] * (len(keys) + 4)))
+                          right=[False] + [True] * (len(keys) + 4), width=width))
     cats = sorted({c for p in doc["points"] for c, v in p["categories"].items() if v["transient_bytes"]},
                   key=lambda c: (-max(p["categories"].get(c, {}).get("transient_bytes", 0) for p in doc["points"]), c))
     hidden = cats[TOP_CATEGORIES:]
     cats = cats[:TOP_CATEGORIES]
     if cats:
         out.append("\ntransient per category (high-water of bytes allocated in the window; families marked *):")
-        rows = [[p["label"], *[units.fmt_bytes(p["categories"][c]["transient_bytes"]) if c in p["categories"] else "–"
-                               for c in cats]] for p in doc["points"]]
+        labels = [p["label"] for p in doc["points"]]
+        if width is not None:                    # the shape table above maps them back
+            labels = _short_labels(labels)
+        rows = [[lb, *[units.fmt_bytes(p["categories"][c]["transient_bytes"]) if c in p["categories"] else "–"
+                       for c in cats]] for lb, p in zip(labels, doc["points"])]
         heads = [c + ("*" if any(p["categories"].get(c, {}).get("kind") == "family" for p in doc["points"]) else "")
                  for c in cats]
-        out.append(text.table(["shape", *heads], rows, right=[False] + [True] * len(cats)))
+        out.append(text.table(["shape", *heads], rows, right=[False] + [True] * len(cats), width=width))
         if hidden:
             out.append(f"… and {', '.join(hidden)} (--format json has every category)")
     out.append(f"\nfits ({doc['model']}):")
-    rows = [[f["target"], f["model"], units.fmt_bytes(f["intercept_bytes"]), _per(driver, f["linear_bytes"]),
-             _per(f"{driver}²", f["quadratic_bytes"]), f"{100 * f['max_rel_residual']:.1f}%", str(f["points"]),
+    unit = DRIVER_UNIT.get(driver, driver)
+    rows = [[f["target"], "insufficient data" if f["model"] == "insufficient" else f["model"],
+             units.fmt_bytes(f["intercept_bytes"]), _per(unit, f["linear_bytes"]),
+             _per(f"{unit}²", f["quadratic_bytes"]),
+             "–" if f["max_rel_residual"] is None else f"{100 * f['max_rel_residual']:.1f}%", str(f["points"]),
              f"{f['from_x']:g}–{f['to_x']:g}"] for f in doc["fits"]]
-    out.append(text.table(["target", "model", "intercept", "linear", "quadratic", "max rel. residual", "points",
-                           f"{driver} range"], rows, right=[False, False, True, True, True, True, True, False]))
+    fits = text.table(["target", "model", "intercept", "linear", "quadratic", "max rel. residual", "points",
+                       f"{driver} range"], rows, right=[False, False, True, True, True, True, True, False])
+    if width is not None and max(map(len, fits.split("\n"))) > width:
+        out.extend(_fits_lines(doc, unit))
+    else:
+        out.append(fits)
     if doc["jumps"]:
         out.append("\njumps (a shape crossed a threshold: more than the shapes before predict):")
         for j in doc["jumps"]:
@@ -103,23 +172,29 @@ def render_capacity(doc: dict[str, Any]) -> str:
     if c:
         budget = (f"budget {units.fmt_bytes(c['budget_bytes'])}" if c["budget_bytes"] is not None
                   else "a transient budget")
+        room = c["transient_budget_bytes"]
         out.append(f"\ncontract for {budget}: baseline (weights, KV, buffers) {units.fmt_bytes(c['baseline_bytes'])}, "
-                   f"transient may use {units.fmt_bytes(c['transient_budget_bytes'])} "
-                   f"(models get a {100 * c['margin']:.1f}% margin)")
+                   + (f"transient may use {units.fmt_bytes(room)} " if room > 0 else
+                      f"over the budget by {units.fmt_bytes(-room)} before any transient ")
+                   + ("(no model to add a margin to)" if c["limits"] and all(lim["insufficient"] for lim in c["limits"])
+                      else f"(models get a {100 * c['margin']:.1f}% margin)"))
         rows = []
         for lim in c["limits"]:
-            value = ("unbounded" if lim["unbounded"] else "none fits" if lim["max_x"] is None else
-                     f"{lim['max_x']:,}" + (" (extrapolated)" if lim["extrapolated"] else ""))
             total = f"{lim['max_total']:,}" if lim["max_total"] is not None else "–"
-            rows.append([str(lim["concurrency"]), value, total, units.fmt_bytes(lim["predicted_bytes"])])
+            rows.append([str(lim["concurrency"]), _limit(lim, driver), total,
+                         units.fmt_bytes(lim["predicted_bytes"])])
         if rows:
             out.append(text.table(["concurrency", f"max {driver}", f"{driver} × concurrency", "modelled transient"],
-                                  rows, right=[True, True, True, True]))
+                                  rows, right=[True, True, True, True], width=width))
         r = c["reserve"]
-        out.append(f"  hold back {units.fmt_bytes(r['reserve_bytes'])} of workspace beside the baseline for {driver} "
-                   f"{r['x']:g}" + ("" if r["multiplier"] == 1 else f" × {r['multiplier']:g}")
-                   + (f": fits, {units.fmt_bytes(r['headroom_bytes'])} to spare" if r["fits"] else
-                      f": does NOT fit, short by {units.fmt_bytes(-r['headroom_bytes'])}"))
+        shape = f"{driver} {r['x']:g}" + ("" if r["multiplier"] == 1 else f" × {r['multiplier']:g}")
+        if r["reserve_bytes"] is None:
+            out.append(f"  reserve for {shape}: insufficient data (not measured, and too few shapes to model it)")
+        else:
+            out.append(f"  hold back {units.fmt_bytes(r['reserve_bytes'])} of workspace beside the baseline for {shape}"
+                       + (" (extrapolated)" if r["extrapolated"] else "")
+                       + (f": fits, {units.fmt_bytes(r['headroom_bytes'])} to spare" if r["fits"] else
+                          f": does NOT fit, short by {units.fmt_bytes(-r['headroom_bytes'])}"))
         for note in c["notes"]:
             out.append(f"  note: {note}")
     for note in doc["notes"]:
@@ -128,11 +203,36 @@ def render_capacity(doc: dict[str, Any]) -> str:
 
 
 def render_check(doc: dict[str, Any]) -> str:
-    out = [doc["source"]]
-    rows = [["ok" if r["ok"] else "OVER", str(r["device"]), r["check"], r["subject"],
-             units.fmt_bytes(r["actual_bytes"]), units.fmt_bytes(r["limit_bytes"]), _signed(r["headroom_bytes"])]
-            for r in doc["checks"]]
-    out.append(text.table(["", "device", "check", "subject", "actual", "limit", "headroom"], rows,
-                          right=[False, True, False, False, True, True, True]))
-    out.append("passed" if doc["passed"] else f"FAILED: {len(doc['failures'])} limit(s) exceeded")
+    """One line per limit, its verdict first (FAIL, or ok), then the verdict of the whole check. A run's
+    document (`ranks`) names the rank of each line."""
+    out = [doc.get("run") or doc["source"]]
+    parts = doc["ranks"] if "ranks" in doc else [doc]
+    for part in parts:
+        for r in part["checks"]:
+            out.append(_check_line(r, part.get("rank")))
+    failed = [r for part in parts for r in part["checks"] if not r["ok"]]
+    total = sum(len(part["checks"]) for part in parts)
+    if failed:
+        ranks = sorted({part["rank"] for part in parts if "rank" in part and any(not r["ok"] for r in part["checks"])})
+        where = f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})" if ranks else ""
+        out.append(f"FAILED: {len(failed)} of {total} limit{'s' if total > 1 else ''} exceeded{where}")
+    else:
+        out.append(f"passed: {'all ' if total > 1 else ''}{total} limit{'s' if total > 1 else ''} held")
+    out.extend(f"warning: {p}" for p in doc.get("problems", []))
     return "\n".join(out)
+
+
+_LIMIT_NAMES = {"budget": "budget", "transient": "max transient", "category": "max"}
+
+
+def _check_line(r: dict[str, Any], rank: int | None) -> str:
+    """`FAIL  peak active 59.41 GiB > budget 56.00 GiB by 3.41 GiB (rank 1, device 0)`."""
+    subject = {"category": f"category {r['subject']}", "transient": "transient at the peak"}.get(
+        r["check"], r["subject"].removesuffix(" bytes"))
+    where = ", ".join(([f"rank {rank}"] if rank is not None else []) + [f"device {r['device']}"])
+    actual, limit = units.fmt_bytes(r["actual_bytes"]), units.fmt_bytes(r["limit_bytes"])
+    if r["ok"]:
+        return (f"ok    {subject} {actual} ≤ {_LIMIT_NAMES[r['check']]} {limit}, "
+                f"{units.fmt_bytes(r['headroom_bytes'])} to spare ({where})")
+    return (f"FAIL  {subject} {actual} > {_LIMIT_NAMES[r['check']]} {limit} by "
+            f"{units.fmt_bytes(-r['headroom_bytes'])} ({where})")

@@ -102,13 +102,14 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
     return {"source": source, "snapshots": snapshots, "problems": list(problems)}
 
 
-PHASE_KEYS = ["device", "phase", "occurrence", "kind", "source", "start_us", "end_us", "clipped", "open",
+PHASE_KEYS = ["device", "phase", "occurrence", "label", "kind", "source", "start_us", "end_us", "clipped", "open",
               "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us", "after_bytes",
               "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories", "top_category_bytes",
               "attrs"]
 
 
 def phases_document(table: pd.DataFrame, source: str, problems: list[str] | None = None) -> dict[str, Any]:
-    """`snapanalyze phases --format json`: one record per span and device (columns of `phase_table`)."""
+    """`snapanalyze phases --format json`: one record per span and device (columns of `phase_table`; `label` is
+    the name --phase accepts)."""
     return {"source": source, "phases": [_record(r, PHASE_KEYS) for _, r in table.iterrows()],
             "problems": list(problems or [])}

@@ -1,8 +1,9 @@
 """Terminal rendering of the run-level documents (`run_documents`): ranks, OOM explanations, phases.
 
 Contract: each `render_*` takes the JSON-ready document and returns the text a person reads in a terminal;
-estimates are labelled as such, problems (missing ranks, NVML files) close the output as warnings. Nothing
-here analyses, prints or reads files.
+estimates are labelled as such, problems (missing ranks, NVML files) close the output as warnings; `width`
+(the terminal's columns, None when piped) fits the tables into it. Nothing here analyses, prints or reads
+files.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ def _problems(doc: dict[str, Any]) -> list[str]:
     return [f"warning: {p}" for p in doc.get("problems", [])]
 
 
-def render_ranks(doc: dict[str, Any]) -> str:
+def render_ranks(doc: dict[str, Any], width: int | None = None) -> str:
     out = [doc["run"]]
     rows = []
     for r in doc["ranks"]:
@@ -33,7 +34,7 @@ def render_ranks(doc: dict[str, Any]) -> str:
                      "OUTLIER" if r["outlier"] else ""])
     out.append(text.table(["rank", "dev", "peak time", "active", "reserved", "NVML used", "outside alloc.",
                            "top category", "vs median", ""], rows,
-                          right=[True, True, False, True, True, True, True, False, True, False]))
+                          right=[True, True, False, True, True, True, True, False, True, False], width=width))
     if doc["median_rank"] is not None:
         out.append(f"\nmedian rank: {doc['median_rank']} (device {doc['median_device']})")
     if doc["outliers"]:
@@ -44,7 +45,7 @@ def render_ranks(doc: dict[str, Any]) -> str:
             out.append(text.table(["category", f"rank {o['rank']}", "median rank", "difference"],
                                   [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_bytes(c["median_bytes"]),
                                     ("+" if c["difference_bytes"] > 0 else "") + units.fmt_bytes(c["difference_bytes"])]
-                                   for c in o["categories"]], right=[False, True, True, True]))
+                                   for c in o["categories"]], right=[False, True, True, True], width=width))
     elif doc["ranks"]:
         out.append("no outlier: every rank peaks within the tolerance of the median rank")
     notes = [f"rank {r['rank']}: {r['outside']['note']}" for r in doc["ranks"] if r["outside"]["uncertain"]
@@ -55,7 +56,7 @@ def render_ranks(doc: dict[str, Any]) -> str:
     return "\n".join(out + _problems(doc))
 
 
-def _oom_block(o: dict[str, Any]) -> list[str]:
+def _oom_block(o: dict[str, Any], width: int | None) -> list[str]:
     where = f"event {o['index']:,}" + (f", {units.fmt_time_us(o['time_us'])}" if o["time_us"] else "")
     out = [f"\nOOM on device {o['device']} at {where}: verdict {o['verdict'].replace('_', ' ').upper()}",
            f"  {o['why']}"]
@@ -75,7 +76,7 @@ def _oom_block(o: dict[str, Any]) -> list[str]:
     if o["own_outside_bytes"] is not None or o["other_processes_bytes"] is not None:
         rows.append(["  this process (NVML)", units.fmt_bytes(o["own_outside_bytes"]), "CUDA context, NCCL, libraries"])
         rows.append(["  other processes (NVML)", units.fmt_bytes(o["other_processes_bytes"]), ""])
-    out.append(text.table(["", "bytes", ""], rows, right=[False, True, False]))
+    out.append(text.table(["", "bytes", ""], rows, right=[False, True, False], width=width))
     if not o["exact"]:
         out.append(f"  (est.): {o['state_source']}")
     if o["categories"]:
@@ -83,14 +84,14 @@ def _oom_block(o: dict[str, Any]) -> list[str]:
         out.append(text.table(["category", "bytes", "share", "allocated in window"],
                               [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_share(c["share"]),
                                 units.fmt_bytes(c["window_bytes"])] for c in o["categories"]],
-                              right=[False, True, True, True]))
+                              right=[False, True, True, True], width=width))
     if o["advice"]:
         out.append("  what would have helped:")
         out.extend(f"  - {a}" for a in o["advice"])
     return out
 
 
-def render_oom(doc: dict[str, Any]) -> str:
+def render_oom(doc: dict[str, Any], width: int | None = None) -> str:
     out = [doc["source"]]
     for s in doc["snapshots"]:
         if s["rank"] is not None:
@@ -98,14 +99,14 @@ def render_oom(doc: dict[str, Any]) -> str:
         elif s["path"] != doc["source"]:
             out.append(f"\n{s['path']}")
         for o in s["ooms"]:
-            out.extend(_oom_block(o))
+            out.extend(_oom_block(o, width))
         for n in s["no_oom"]:
             out.append(f"  device {n['device']}: {n['message']}")
         out.extend(f"  note: {note}" for note in s["notes"])
     return "\n".join(out + _problems(doc))
 
 
-def render_phases(doc: dict[str, Any]) -> str:
+def render_phases(doc: dict[str, Any], width: int | None = None) -> str:
     out = [doc["source"]]
     if not doc["phases"]:
         out.append("  no phases: no collector markers, record_function annotations or user_metadata in the window")
@@ -113,14 +114,15 @@ def render_phases(doc: dict[str, Any]) -> str:
     for p in doc["phases"]:
         flags = ", ".join(f for f, on in (("clipped", p["clipped"]), ("open", p["open"])) if on)
         cats = "; ".join(f"{c} {units.fmt_bytes(b)}" for c, b in zip(p["top_categories"], p["top_category_bytes"]))
-        rows.append([str(p["device"]), f"{p['phase']} #{p['occurrence']}", p["kind"],
+        rows.append([str(p["device"]), p["label"], p["kind"],
                      f"{p['start_index']:,}–{p['end_index']:,}" if p["end_index"] >= p["start_index"] else "no events",
                      units.fmt_bytes(p["before_bytes"]), units.fmt_bytes(p["peak_bytes"]),
                      units.fmt_bytes(p["transient_bytes"]), units.fmt_bytes(p["after_bytes"]), cats or "–", flags])
     if rows:
         out.append(text.table(["dev", "phase", "kind", "events", "before", "peak", "transient", "after",
-                               "top categories (allocated inside, live at its peak)", ""], rows,
-                              right=[True, False, False, True, True, True, True, True, False, False]))
-        out.append("\nbefore = active bytes just before the phase; transient = peak − before; clipped = began before "
-                   "the trace window; open = no end recorded.")
+                               "top categories", ""], rows,
+                              right=[True, False, False, True, True, True, True, True, False, False], width=width))
+        out.append("\nbefore = active bytes just before the phase; transient = peak − before; top categories = "
+                   "allocated inside the phase and live at its peak; clipped = began before the trace window; open = "
+                   "no end recorded. A phase's name is what --phase accepts (NAME#K: the K-th of a repeated name).")
     return "\n".join(out + _problems(doc))

@@ -1,7 +1,8 @@
 """Terminal rendering of the analysis documents (the dicts of `documents`) as plain text.
 
 Contract: each `render_*` takes a JSON-ready document and returns the text a person reads in a terminal;
-nothing here analyses, prints or reads files.
+`width` (the terminal's columns, None when piped) fits its tables into it (`text.table`). Nothing here
+analyses, prints or reads files.
 """
 
 from __future__ import annotations
@@ -12,21 +13,21 @@ from .. import units
 from . import text
 
 
-def render_peaks(doc: dict[str, Any], problems: list[str]) -> str:
+def render_peaks(doc: dict[str, Any], problems: list[str], width: int | None = None) -> str:
     out = [f"{doc['source']}"]
     if not doc["devices"]:
         out.append("  no devices: the snapshot holds no segments and no trace")
     for d in doc["devices"]:
-        out += _peaks_of(d, f"device {d['device']}")
+        out += _peaks_of(d, f"device {d['device']}", width)
     for d in doc.get("host") or []:
-        out += _peaks_of(d, "pinned host memory (not device memory)")
+        out += _peaks_of(d, "pinned host memory (not device memory)", width)
     out.append("\nactive = Σ requested bytes live (exact); allocated (est.) = rounded block sizes, an estimate.")
     if problems:
         out.append("warning: the replay does not match the end state:\n  " + "\n  ".join(problems))
     return "\n".join(out)
 
 
-def _peaks_of(d: dict[str, Any], label: str) -> list[str]:
+def _peaks_of(d: dict[str, Any], label: str, width: int | None) -> list[str]:
     window = units.fmt_duration_us(d["window_us"])
     out = [f"\n{label}: {d['events']:,} events"
            + (f" over {window}" if d["window_us"] is not None else " (no timestamps)")
@@ -40,7 +41,7 @@ def _peaks_of(d: dict[str, Any], label: str) -> list[str]:
                      units.fmt_bytes(p["reserved_bytes"]), units.fmt_bytes(p["allocated_est_bytes"]),
                      units.fmt_bytes(p["transient_bytes"]), units.fmt_duration_us(p["duration_us"])])
     out.append(text.table(["peak", "event", "time", "active", "reserved", "allocated (est.)",
-                           "transient", "held"], rows, right=[True, True, False] + [True] * 5))
+                           "transient", "held"], rows, right=[True, True, False] + [True] * 5, width=width))
     return out
 
 
@@ -86,7 +87,7 @@ def render_summary(f: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def render_attribution(doc: dict[str, Any], top: int, explain: bool) -> str:
+def render_attribution(doc: dict[str, Any], top: int, explain: bool, width: int | None = None) -> str:
     out = [doc["source"]]
     for d in doc["devices"]:
         p = d["peak"]
@@ -102,7 +103,7 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool) -> str:
                  "; ".join(f"{site} ({units.fmt_bytes(n)})" for site, n in
                            zip(c["top_frames"][:top], c["top_frame_bytes"][:top]))] for c in d["categories"]]
         out.append(text.table(["category", "bytes", "share", "blocks", "inferred", "top allocation sites"], rows,
-                              right=[False, True, True, True, True, False]))
+                              right=[False, True, True, True, True, False], width=width))
         if explain:
             out.append("\n  why (rule → frame, largest first):")
             for e in d["explain"]:

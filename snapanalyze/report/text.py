@@ -1,19 +1,27 @@
 """Plain-text rendering for terminals: aligned tables (the unit formatters are `units`').
 
-Contract: `table` renders rows of already-formatted cells with right-aligned numeric columns. Nothing here
-prints.
+Contract: `table` renders rows of already-formatted cells with right-aligned numeric columns. Given a
+`width` (the terminal's columns) a table wider than that is laid out again to fit it: text columns wrap
+(a path with no spaces folds), numbers stay whole on one line; a table that fits, or one rendered
+without a width (piped output), comes out the same either way. `wrap` folds the other lines of a text
+(sentences, notes) that are longer than the width at spaces, continuing indented. Nothing here prints.
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None) -> str:
-    """Aligned columns; `right[i]` right-aligns column i (defaults: right-align cells that look numeric)."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None,
+          width: int | None = None) -> str:
+    """Aligned columns; `right[i]` right-aligns column i (defaults: right-align cells that look numeric);
+    `width`: fit the table into that many columns (see the module docstring)."""
     if right is None:
         right = [all(_numeric(r[i]) for r in rows) and bool(rows) for i in range(len(headers))]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+        return _fitted(headers, rows, right, width)
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(c.rjust(w) if right[i] else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -23,6 +31,71 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence
     return "\n".join(s.rstrip() for s in out)
 
 
+MIN_TEXT_WIDTH = 20        # a text column shrinks to its longest word up to this, before numbers' headers wrap
+MIN_WIDTH = 4              # no column shrinks below this (nor below its natural width)
+
+
+def _fitted(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool], width: int) -> str:
+    """The same table within `width` columns. Columns shrink, the widest first, in stages until the table
+    fits: text columns down to their longest word (at most MIN_TEXT_WIDTH), wrapping at spaces; numeric
+    columns' headers wrap at their spaces; only then do text columns, and last numeric cells, fold within a
+    word, down to MIN_WIDTH. (Wrapped with `textwrap`, cell by cell: rich's tables take ~2 ms a row, too slow
+    for the thousands of requests a serving run's phases list.)"""
+    def longest_word(cells: Sequence[str]) -> int:
+        return max((len(w) for c in cells for w in c.split()), default=0)
+
+    n = len(headers)
+    natural = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    cells = [[r[i] for r in rows] for i in range(n)]
+    words = [min(natural[i], max(longest_word([headers[i]]), min(longest_word(cells[i]), MIN_TEXT_WIDTH), 1))
+             for i in range(n)]
+    whole = [max([longest_word([headers[i]])] + [len(c) for c in cells[i]]) for i in range(n)]
+    floor = [min(natural[i], MIN_WIDTH) for i in range(n)]
+    widths = list(natural)
+    excess = sum(widths) + 2 * (n - 1) - width
+    for numeric, bound in ((False, words), (True, whole), (False, floor), (True, floor)):
+        while excess > 0:
+            shrinkable = [i for i in range(n) if right[i] == numeric and widths[i] > bound[i]]
+            if not shrinkable:
+                break
+            widths[max(shrinkable, key=lambda k: widths[k])] -= 1
+            excess -= 1
+
+    def wrapped(cell: str, w: int) -> list[str]:
+        if len(cell) <= w:
+            return [cell]
+        return textwrap.wrap(cell, w, break_long_words=True, break_on_hyphens=False) or [""]
+
+    def lines(row: Sequence[str], top: bool) -> list[str]:
+        parts = [wrapped(c, w) for c, w in zip(row, widths)]
+        height = max(len(p) for p in parts)
+        parts = [([""] * (height - len(p)) + p) if not top else p + [""] * (height - len(p)) for p in parts]
+        return ["  ".join(p[k].rjust(w) if right[i] else p[k].ljust(w)
+                          for i, (p, w) in enumerate(zip(parts, widths))).rstrip() for k in range(height)]
+
+    out = lines(headers, top=False)                      # a wrapped header sits on its rule
+    out.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        out.extend(lines(row, top=True))
+    return "\n".join(out)
+
+
 def _numeric(cell: str) -> bool:
     head = cell.split(" ")[0].replace(",", "").replace(".", "").replace("-", "").replace("%", "")
     return head.isdigit() or cell == "–"
+
+
+def wrap(text: str, width: int | None) -> str:
+    """`text` with each line longer than `width` wrapped at spaces (a word longer than the width stays whole),
+    its continuation indented two past the line's own indent; the text itself when `width` is None."""
+    if width is None:
+        return text
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * min(len(line) - len(line.lstrip(" ")) + 2, width // 2)
+        out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False) or [line])
+    return "\n".join(out)
