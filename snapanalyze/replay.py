@@ -248,8 +248,9 @@ def _problems(device: int, spans: _Spans, live_end: np.ndarray, span_block: np.n
         problems.append(f"device {device}: … {int(mismatch.sum()) - 5} more such blocks")
     stale = _member(end.addr[~explained], spans.addr[~live_end & spans.from_alloc])
     if stale.any():
-        problems.append(f"device {device}: {int(stale.sum())} block(s) active in segments were freed in the "
-                        "trace and never allocated again")
+        n = int(stale.sum())
+        blocks = "1 block active in segments was" if n == 1 else f"{n:,} blocks active in segments were"
+        problems.append(f"device {device}: {blocks} freed in the trace and never allocated again")
     return problems
 
 

@@ -351,3 +351,14 @@ def test_phase_names_are_one_syntax_across_commands() -> None:
     everything = json.loads(run("diff", TP2, TP2, "--rank", "0", "--format", "json").stdout)
     assert [p["phase"] for p in everything["peaks"]][:3] == [None, "load_model", "initialize_kv_cache"]
     assert {"prefill#1", "prefill#2", "req-1"} <= {p["phase"] for p in everything["peaks"]}
+
+
+def test_explain_oom_names_the_program_and_advises_in_its_knobs() -> None:
+    doc = json.loads(run("explain-oom", SCENARIOS / "oom_live_exhaustion.pickle", "--format", "json").stdout)
+    (snapshot,) = doc["snapshots"]
+    assert snapshot["engine"]["name"] == "sglang" and "sglang/" in snapshot["engine"]["evidence"]
+    advice = " ".join(a for o in snapshot["ooms"] for a in o["advice"])
+    assert "--mem-fraction-static" in advice and "gpu_memory_utilization" not in advice
+    table = run("explain-oom", SCENARIOS / "oom_fragmentation.pickle").stdout
+    assert "program: vLLM (recognised by vllm/" in table
+    assert "(s)" not in table and "in 8 free blocks" in table

@@ -52,6 +52,7 @@ from ..model import (
 )
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import attribute
+from .engine import Engine, detect_engine
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
 from .rules import RuleSet
@@ -153,6 +154,7 @@ class OomExplanation:
     verdicts: tuple[OomVerdict, ...] = ()                      # one per row of `ooms`, in order
     no_oom: tuple[NoOom, ...] = ()                             # one per device, only when there is no oom
     notes: tuple[str, ...] = ()
+    engine: Engine | None = None                               # the program, from the blocks live at the ooms
 
 
 def is_last_block_change(snapshot: Snapshot, device: int, index: int) -> bool:
@@ -334,17 +336,20 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
 
 
 def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int, rules: RuleSet | None,
-                markers: pd.DataFrame | None) -> pd.DataFrame:
+                markers: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The categories live at the entry, and the live blocks' stack, category and size (for the engine)."""
     result = attribute(snapshot, at=f"event:{index}", rules=rules, device=device, timeline=timeline,
                        markers=markers)
     b = result.blocks
+    b = b[b["device"] == device]
     total = int(b["size"].sum())
     g = b.assign(window=np.where(b["alloc_index"] >= 0, b["size"], 0)).groupby("category", sort=False).agg(
         bytes=("size", "sum"), blocks=("size", "size"), window_bytes=("window", "sum")).reset_index()
     g["share"] = g["bytes"] / total if total else 0.0
     g.insert(0, "index", index)
     g.insert(0, "device", device)
-    return g.sort_values(["bytes", "category"], ascending=[False, True], kind="stable")[CATEGORY_COLUMNS]
+    return (g.sort_values(["bytes", "category"], ascending=[False, True], kind="stable")[CATEGORY_COLUMNS],
+            b[["stack_id", "category", "size"]])
 
 
 def rejected_requests(markers: pd.DataFrame | None) -> pd.DataFrame:
@@ -402,10 +407,11 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
         return None, "unknown"
 
     ooms = snapshot.ooms
-    rows, cats = [], []
+    rows, cats, live = [], [], []
     for row in ooms.itertuples(index=False):
-        c = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers)
+        c, blocks = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers)
         cats.append(c)
+        live.append(blocks)
         total, source = cap(int(row.device))
         rows.append(_one_oom(snapshot, timeline, row, c, nvml, total, source))
     table = pd.DataFrame([v.record() for v in rows], columns=OOM_COLUMNS)
@@ -422,8 +428,9 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     if (table["exact"] == False).any():  # noqa: E712 - pandas element-wise comparison
         notes.append("estimated: events after an oom entry changed memory, so its free blocks are laid out from the "
                      "replay (live blocks at the entry, rounded sizes), not read from the end state")
+    engine = detect_engine(snapshot, pd.concat(live, ignore_index=True)) if live else None
     return OomExplanation(snapshot=snapshot, timeline=timeline, ooms=table, categories=categories,
-                          verdicts=tuple(rows), no_oom=no_oom, notes=tuple(notes))
+                          verdicts=tuple(rows), no_oom=no_oom, notes=tuple(notes), engine=engine)
 
 
 @dataclass(frozen=True, eq=False)

@@ -87,17 +87,21 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
     snapshots = []
     for item in items:
         e = item.explanation
+        engine = e.engine.name if e.engine is not None else "pytorch"     # advice in the program's own knobs
         ooms = []
         for (_, row), verdict in zip(e.ooms.iterrows(), e.verdicts):
-            rec = _record({**row.to_dict(), "why": oom_text.why(verdict), "advice": oom_text.advice(verdict)},
-                          OOM_KEYS)
+            rec = _record({**row.to_dict(), "why": oom_text.why(verdict),
+                           "advice": oom_text.advice(verdict, engine)}, OOM_KEYS)
             c = e.categories[(e.categories["device"] == row["device"]) & (e.categories["index"] == row["index"])]
             rec["categories"] = [{"category": x.category, "bytes": int(x.bytes), "share": round(float(x.share), 6),
                                   "blocks": int(x.blocks), "window_bytes": int(x.window_bytes)}
                                  for x in c.itertuples()]
             ooms.append(rec)
         no_oom = [_record(n, list(n)) for n in (no_oom_record(x) for x in e.no_oom)]
-        snapshots.append({"rank": item.rank, "tag": item.tag, "path": str(item.path), "ooms": ooms,
+        snapshots.append({"rank": item.rank, "tag": item.tag, "path": str(item.path),
+                          "engine": ({"name": e.engine.name, "label": e.engine.label, "evidence": e.engine.evidence}
+                                     if e.engine is not None else None),
+                          "ooms": ooms,
                           "no_oom": no_oom, "notes": list(e.notes)})
     return {"source": source, "snapshots": snapshots, "problems": list(problems)}
 

@@ -67,7 +67,8 @@ def _oom_block(o: dict[str, Any], width: int | None) -> list[str]:
         ["live (active)", units.fmt_bytes(o["active_bytes"]), "Σ requested bytes of live blocks"],
         ["in blocks" + est, units.fmt_bytes(o["allocated_bytes"]), "Σ sizes of blocks in use"],
         ["reserved", units.fmt_bytes(o["reserved_bytes"]), "Σ segment sizes"],
-        ["reserved but free" + est, units.fmt_bytes(o["reserved_free_bytes"]), f"in {o['free_blocks']} free block(s)"],
+        ["reserved but free" + est, units.fmt_bytes(o["reserved_free_bytes"]),
+         f"in {units.fmt_count(o['free_blocks'], 'free block')}"],
         ["largest usable free block" + est, units.fmt_bytes(o["largest_free_block_bytes"]),
          f"largest of any pool/stream: {units.fmt_bytes(o['largest_free_block_any_bytes'])}"],
         ["capacity", units.fmt_bytes(o["capacity_bytes"]), o["capacity_source"]],
@@ -76,7 +77,7 @@ def _oom_block(o: dict[str, Any], width: int | None) -> list[str]:
     if o["own_outside_bytes"] is not None or o["other_processes_bytes"] is not None:
         rows.append(["  this process (NVML)", units.fmt_bytes(o["own_outside_bytes"]), "CUDA context, NCCL, libraries"])
         rows.append(["  other processes (NVML)", units.fmt_bytes(o["other_processes_bytes"]), ""])
-    out.append(text.table(["", "bytes", ""], rows, right=[False, True, False], width=width))
+    out.append(text.table(["at the failure", "bytes", "what it is"], rows, right=[False, True, False], width=width))
     if not o["exact"]:
         out.append(f"  (est.): {o['state_source']}")
     if o["categories"]:
@@ -98,6 +99,9 @@ def render_oom(doc: dict[str, Any], width: int | None = None) -> str:
             out.append(f"\nrank {s['rank']}: {s['path']}")
         elif s["path"] != doc["source"]:
             out.append(f"\n{s['path']}")
+        engine = s.get("engine")
+        if s["ooms"] and engine is not None and engine["evidence"] is not None:
+            out.append(f"  program: {engine['label']} (recognised by {engine['evidence']}); advice in its terms")
         for o in s["ooms"]:
             out.extend(_oom_block(o, width))
         for n in s["no_oom"]:
@@ -120,7 +124,7 @@ def render_phases(doc: dict[str, Any], width: int | None = None) -> str:
                      units.fmt_bytes(p["transient_bytes"]), units.fmt_bytes(p["after_bytes"]), cats or "–", flags])
     if rows:
         out.append(text.table(["dev", "phase", "kind", "events", "before", "peak", "transient", "after",
-                               "top categories", ""], rows,
+                               "top categories", "flags"], rows,
                               right=[True, False, False, True, True, True, True, True, False, False], width=width))
         out.append("\nbefore = active bytes just before the phase; transient = peak − before; top categories = "
                    "allocated inside the phase and live at its peak; clipped = began before the trace window; open = "
