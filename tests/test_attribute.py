@@ -313,3 +313,82 @@ def test_an_annotation_that_names_no_category_is_kept_not_obeyed():
     assert annotated_category("KV_Cache", {"kv_cache"}) == "kv_cache"
     assert annotated_category("prefix cache for tenant 7", {"kv_cache"}) is None
     assert annotated_category("not_a_category", {"kv_cache"}) is None
+
+
+@pytest.mark.parametrize("path", [SCENARIOS / "concurrent_requests.pickle", SCENARIOS / "cuda_graph_pool.pickle",
+                                  SCENARIOS / "kv_weights_baseline.pickle",
+                                  SCENARIOS / "torch214_graph_pools_host.pickle",
+                                  REAL / "cs336-medium-ctx512-inference-t2.11.pickle",
+                                  REAL / "flexgen-opt1.3b-t2.0.pickle"], ids=lambda p: p.stem)
+def test_many_copies_of_the_blocks_get_the_labels_of_one(path):
+    """Labels are decided once per distinct input and broadcast: forty copies of every block of a window
+    (so thousands of blocks share each stack, pool, request and size) get, copy by copy and column by
+    column, the labels the window's blocks get on their own. The copies keep every context signal (the
+    main request, the vocabulary, weight and copy counts in proportion, gate/up neighbours), and these files
+    show no training, so neither do the copies."""
+    from snapanalyze.analyze.attribute import label_lifetimes
+
+    snap = load(path)
+    lifetimes = replay(snap)[0].lifetimes
+    one = label_lifetimes(snap, 0, lifetimes)
+    many = label_lifetimes(snap, 0, pd.concat([lifetimes] * 40, ignore_index=True))
+    assert len(many) == 40 * len(one)
+    counted = r"\d+ such copies, \d+ weights"          # an autocast copy's reason counts the copies
+    for labels in (one, many):
+        labels["reason"] = labels["reason"].str.replace(counted, "N such copies, M weights", regex=True)
+    pd.testing.assert_frame_equal(many, pd.concat([one] * 40, ignore_index=True), check_exact=True)
+    assert len(set(one["rule"])) >= 3                    # the file decides by several rules and signals
+
+
+def test_blocks_sharing_stacks_are_labelled_as_each_is_alone(tmp_path):
+    """Thousands of blocks over a few stacks, three pools, three requests and many sizes, some freed: each
+    sampled block gets, among all of them, the label it gets when it is labelled alone with only the blocks
+    that set the context (the request holding the most bytes, the MLP outputs a gate/up block sits next to)."""
+    from snapanalyze.analyze.attribute import label_lifetimes
+    from snapanalyze.analyze.state import CUBLAS_DEFAULT_WORKSPACE
+
+    def user(function: str, line: int) -> list[dict]:
+        return _frames(("/app/model.py", line, function), ("/app/serve.py", 10, "main"))
+
+    stacks = [user("forward", 3), user("allocate_kv_cache", 14), user("self_attn", 20), user("step", 25)]
+    scores = 8 * 256 * 256 * 4 * 16                      # batch·heads 128 × 256² × 4 bytes: attention scores
+    sizes = [512, 4096, 3 * MiB, 4 * MiB, CUBLAS_DEFAULT_WORKSPACE, scores, scores + 512, 24 * MiB]
+    rng = np.random.default_rng(7)
+    b = SnapshotBuilder()
+    main, mlp = b.segment(BASE, [(64 << 30, 64 << 30, "active_allocated")] + [(2 * MiB, 2 * MiB,
+                                                                              "active_allocated")] * 90)[:2]
+    bulk = []                                            # (address, size, stack, request, freed)
+    for k, pool in enumerate(((0, 0), (0, 1), (0, 2))):
+        chosen = rng.integers(0, len(sizes), 1500).tolist()
+        freed = (rng.random(1500) < 0.2).tolist()
+        addrs = b.segment(BASE + (k + 1) * (1 << 40), [(sizes[c], 0 if f else sizes[c], "inactive" if f else
+                                                        "active_allocated") for c, f in zip(chosen, freed)],
+                          pool=pool)
+        bulk += [(a, sizes[c], int(rng.integers(0, len(stacks))), ["", "req-A", "req-B", "req-C"][int(rng.integers(
+            0, 4))], f) for a, c, f in zip(addrs, chosen, freed)]
+    b.alloc(main, 64 << 30, frames=stacks[0], user_metadata="req-A")
+    outputs = iter(range(90))
+    for n, (addr, size, s, request, _) in enumerate(bulk):
+        if n % 50 == 25:                                 # an MLP output (2 MiB) among the bulk
+            b.alloc(mlp + next(outputs) * 2 * MiB, 2 * MiB, frames=user("mlp", 30))
+        b.alloc(addr, size, frames=stacks[s], user_metadata=request)
+    for addr, size, _, request, freed in bulk:
+        if freed:
+            b.free(addr, size, user_metadata=request)
+    snap = load(write_pickle(tmp_path / "shared-stacks.pickle", b.build()))
+    lifetimes = replay(snap)[0].lifetimes
+    together = label_lifetimes(snap, 0, lifetimes)
+    assert len(together) == 1 + 90 + len(bulk) and together["stack_id"].nunique() == len(stacks) + 1
+    assert {"other", "kv_cache", "attention", "graph_capture", "workspace", "fallback_kernel", "mlp",
+            "concurrent_request"} <= set(together["category"])
+    assert {"shape.gate_up_of_mlp", "shape.cublas_workspace", "signal.user_metadata"} <= set(together["rule"])
+    shown = together.groupby("stack_id")["frame"].unique()          # each stack shows its own innermost frame
+    assert shown.map(len).eq(1).all() and shown.map(tuple).is_unique
+    context = np.flatnonzero(lifetimes["size"].isin([64 << 30, 2 * MiB]).to_numpy()).tolist()
+    assert len(context) == 91
+    sample = [i for i in rng.choice(len(lifetimes), 60, replace=False).tolist() if i not in context]
+    gate_up = np.flatnonzero((together["rule"] == "shape.gate_up_of_mlp").to_numpy())[:5].tolist()
+    for i in sample + gate_up:
+        alone = label_lifetimes(snap, 0, lifetimes.iloc[context + [i]])
+        pd.testing.assert_frame_equal(together.iloc[[i]].reset_index(drop=True),
+                                      alone.iloc[[-1]].reset_index(drop=True), check_exact=True)

@@ -26,7 +26,9 @@ name and code). Then block-level evidence, strongest first:
   a gate/up output twice a live MLP output, PyTorch's default cuBLAS workspace size, B·H·L² attention
   scores under user attention code and their gradients in the backward.
 Everything not proven by a frame, pool or metadata is flagged `inferred`, with the arithmetic in `reason`.
-Only the stacks of live blocks (and the frees of pre-window ones) are resolved, each distinct frame once.
+Only the stacks of live blocks (and the frees of pre-window ones) are resolved, each distinct frame once;
+every decision is made once per distinct combination of what it reads (stack, pool, request, and the size or
+alloc index only where a size relation could hold) and broadcast to the blocks that share it.
 The bytes of the per-block table sum exactly to the instant's active bytes.
 
 `Attribution.blocks` columns: device, address, size (requested bytes), allocated_est, category, tags
@@ -61,7 +63,7 @@ from ..replay import ORIGINS, Timeline, replay
 from ..stacks import StackInterner, frame_site, is_python_frame
 from ..units import fmt_count, fmt_time_us
 from .annotations import annotated_category, annotations_at
-from .modules import ModuleIndex
+from .modules import ModuleDecision, ModuleIndex
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
 from .rules import RuleSet, load_rules
@@ -545,9 +547,10 @@ def _instant_request(snapshot: Snapshot, device: int, event: int, markers: pd.Da
 
 def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decider,
            markers: pd.DataFrame | None = None, at_time: int | None = None,
-           at_index: int | None = None) -> tuple[pd.DataFrame, str | None, int]:
-    """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order; `at_index` /
-    `at_time`: the instant they are live at, if one (its allocation names the instant's request)."""
+           at_index: int | None = None, by_size: bool = False) -> tuple[pd.DataFrame, str | None, int]:
+    """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order (`by_size`: by
+    size, largest first, then address); `at_index` / `at_time`: the instant they are live at, if one (its
+    allocation names the instant's request)."""
     alloc_index = live["alloc_index"].to_numpy()
     block_row = live["block_row"].to_numpy()
     free_index = live["free_index"].to_numpy()
@@ -568,77 +571,197 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     allocated_est = live["allocated_est"].to_numpy()
     streams = live["stream"].to_numpy()
 
-    decisions = [decider.decide(int(s)) for s in stack]
+    # Every decision below depends on a few inputs per block; each is made once per distinct combination of
+    # them and broadcast back: `table` holds the distinct decisions, `code` each block's index into it.
+    table = _Decisions()
+    stacks, by_stack = np.unique(stack, return_inverse=True)
+    code = table.codes([decider.decide(int(s)) for s in stacks.tolist()])[by_stack.reshape(-1)]
     # Blocks from before the window without a stack: persistent state, or decided by the stack of their free.
     frameless_pre = (stack < 0) & (origin != "trace")
     persistent = frameless_pre & (free_index < 0) & (pools == "0,0")
     freed_pre = np.flatnonzero(frameless_pre & (free_index >= 0))
     free_stacks = snapshot.event_stack_ids(device, free_index[freed_pre]) if len(freed_pre) else \
         np.zeros(0, dtype=np.int64)
-    freed_by = {int(i): decider.decide(int(sid)) for i, sid in zip(freed_pre, free_stacks)}
-    free_sites = {int(i): frame_site(*_display(decider, int(sid), freed_by[int(i)].frame))
-                  for i, sid in zip(freed_pre, free_stacks)}
+    freers, by_freer = np.unique(free_stacks, return_inverse=True)
+    freed_by = [decider.decide(int(sid)) for sid in freers.tolist()]
     training = any(d.category in _TRAINING or set(d.context) & {"autograd", "optimizer"}
-                   for d in (*decisions, *freed_by.values())) or snapshot.frameless_allocations(device)
-    guesses = dict(zip(np.flatnonzero(persistent).tolist(),
-                       decider.persistent(device, sizes[persistent], addr[persistent], training)))
-    made: dict[tuple[int, int, str], Decision] = {}       # one Decision per distinct guess
-    for i in np.flatnonzero(frameless_pre).tolist():
-        guess, by, site = guesses.get(i), freed_by.get(i), free_sites.get(i, "")
-        key = (id(guess), id(by), site)
-        if key not in made:
-            made[key] = _before_window(guess, by, site)
-        decisions[i] = made[key]
+                   for d in (*table.items, *freed_by)) or snapshot.frameless_allocations(device)
+    code[frameless_pre] = table.add(_before_window(None, None, ""))
+    code[freed_pre] = table.codes([_before_window(None, by, frame_site(*_display(decider, int(sid), by.frame)))
+                                   for sid, by in zip(freers.tolist(), freed_by)])[by_freer.reshape(-1)]
+    guesses = decider.persistent(device, sizes[persistent], addr[persistent], training)
+    if guesses:                                          # a few distinct guesses, shared by many blocks
+        _, first, inverse = np.unique(np.fromiter(map(id, guesses), dtype=np.uint64, count=len(guesses)),
+                                      return_index=True, return_inverse=True)
+        code[persistent] = table.codes([_before_window(guesses[k], None, "") for k in first.tolist()])[inverse]
     modules = ModuleIndex.of(markers)
     if len(modules) and trace.time_us is not None and from_trace.any():
         where = np.flatnonzero(from_trace)
-        for i, m in zip(where.tolist(), modules.decide(trace.time_us[alloc_index[where]], decider.rules)):
-            if m is not None and _module_may_decide(decisions[i], decider.rules):
-                d = decisions[i]
-                decisions[i] = Decision(m.category, "signal.module_span", m.reason, d.frame,
-                                        tuple(dict.fromkeys(t for t in (*m.tags, d.category, *d.tags)
-                                                            if t not in ("other", m.category))),
-                                        inferred=True, context=d.context, owner=d.owner)
+        spans = modules.decide(trace.time_us[alloc_index[where]], decider.rules)
+        named = list({id(m): m for m in spans if m is not None}.values())
+        which = {id(m): k for k, m in enumerate(named)}
+        span = np.array([which[id(m)] if m is not None else -1 for m in spans], dtype=np.int64)
+        where, span = where[span >= 0], span[span >= 0]
+        if len(where):
+            def by_module(m: ModuleDecision, d: Decision) -> Decision:
+                if not _module_may_decide(d, decider.rules):
+                    return d
+                return Decision(m.category, "signal.module_span", m.reason, d.frame,
+                                tuple(dict.fromkeys(t for t in (*m.tags, d.category, *d.tags)
+                                                    if t not in ("other", m.category))),
+                                inferred=True, context=d.context, owner=d.owner)
+            pairs = np.stack([span, code[where]], axis=1)
+            first, inverse = _distinct(pairs)
+            code[where] = table.codes([by_module(named[int(pairs[k, 0])], table.items[int(pairs[k, 1])])
+                                       for k in first.tolist()])[inverse]
 
-    categories = np.array([d.category for d in decisions], dtype=object)
+    of = table.columns()
+    categories = of["category"][code]
     event = _instant_event(trace, at_index) if at_index is not None else -1
     request, request_why = _instant_request(snapshot, device, event, markers, at_time, metadata, sizes)
     instant_stack = int(snapshot.event_stack_ids(device, np.array([event]))[0]) if event >= 0 else -1
     weights = categories == "weights"
-    autocast = np.array(["autocast" in d.context for d in decisions], dtype=bool)
+    autocast = of["autocast"][code]
+    attention = of["user_attention"][code]
     ctx = _Context(
         request=request, request_why=request_why,
         vocab=vocab_hints(sizes[weights]),
-        scores_floor=max((int(sz) for sz, d in zip(sizes, decisions) if _user_attention(d)), default=0) // 2,
+        scores_floor=(int(sizes[attention].max()) if attention.any() else 0) // 2,
         mlp_outputs=_indices_by_size(sizes, alloc_index, (categories == "mlp") & (sizes >= (1 << 20))),
         weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
         in_backward="autograd" in decider.decide(instant_stack).context,
     )
-    final = [_signals(d, int(sizes[i]), pools[i], metadata[i], bool(by_time[i]), origin[i], stack[i] >= 0,
-                      free_index[i] < 0, int(alloc_index[i]), ctx) for i, d in enumerate(decisions)]
-    scores = frozenset(int(sz) for sz, d in zip(sizes, final) if d.category == "fallback_kernel" and sz >= 8 << 20)
-    final = [_scores_backward(d, int(sz), scores) for d, sz in zip(final, sizes)] if scores else final
+    code_after = _signals_by_key(table, code, sizes, pools, metadata, by_time, origin, stack, free_index,
+                                 alloc_index, ctx)
+    of = table.columns()
+    final_cat = of["category"][code_after]
+    scores = frozenset(sizes[(final_cat == "fallback_kernel") & (sizes >= 8 << 20)].tolist())
+    if scores:
+        hit = np.flatnonzero(of["backward_other"][code_after] & np.isin(sizes, list(scores)))
+        if len(hit):
+            pairs = np.stack([code_after[hit], sizes[hit]], axis=1)
+            first, inverse = _distinct(pairs)
+            code_after[hit] = table.codes([_scores_backward(table.items[int(pairs[k, 0])], int(pairs[k, 1]), scores)
+                                           for k in first.tolist()])[inverse]
     notes = annotations_at(trace, addr, alloc_index, event if event >= 0 else None)
     for i in np.flatnonzero(notes != "").tolist():
-        named = annotated_category(notes[i], decider.rules.categories)
-        if named is not None:
-            d = final[i]
-            final[i] = Decision(named, "signal.annotation", f"the program annotated this block {notes[i]!r} "
-                                "(torch.cuda.memory._annotate_tensor)", d.frame,
-                                tuple(t for t in (d.category, *d.tags) if t not in ("other", named)))
+        named_cat = annotated_category(notes[i], decider.rules.categories)
+        if named_cat is not None:
+            d = table.items[int(code_after[i])]
+            code_after[i] = table.add(Decision(
+                named_cat, "signal.annotation", f"the program annotated this block {notes[i]!r} "
+                "(torch.cuda.memory._annotate_tensor)", d.frame,
+                tuple(t for t in (d.category, *d.tags) if t not in ("other", named_cat))))
+    if not len(live):
+        df = pd.DataFrame([], columns=BLOCK_COLUMNS)
+        df["address"] = df["address"].astype(np.uint64)
+        return df, ctx.request, requests.ambiguous
+    # The frame shown: the frame decision's deciding frame, else the stack's innermost meaningful one.
+    pairs = np.stack([code, stack], axis=1)
+    first, inverse = _distinct(pairs)
     frames = snapshot.interner.frames
-    rows: list[tuple[Any, ...]] = []
-    for i, frame_decision in enumerate(decisions):
-        d = final[i]
-        frame_id = frame_decision.frame if frame_decision.frame >= 0 else decider.display_frame(int(stack[i]))
+    sites = []
+    for k in first.tolist():
+        d, sid = table.items[int(pairs[k, 0])], int(pairs[k, 1])
+        frame_id = d.frame if d.frame >= 0 else decider.display_frame(sid)
         frame = frames[frame_id] if frame_id >= 0 else None
-        rows.append((device, int(addr[i]), int(sizes[i]), int(allocated_est[i]), d.category, ",".join(d.tags),
-                     d.rule, d.reason, frame_site(frame, decider.qualname(frame)), d.inferred,
-                     int(stack[i]), metadata[i], pools[i], int(streams[i]), origin[i], int(alloc_index[i]),
-                     notes[i]))
-    df = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
-    df["address"] = df["address"].astype(np.uint64)
+        sites.append(frame_site(frame, decider.qualname(frame)))
+    of = table.columns()
+    rows = np.lexsort((addr, -sizes.astype(np.int64))) if by_size else np.arange(len(live))
+    code_after, inverse = code_after[rows], inverse[rows]
+
+    def texts(distinct: Sequence[str] | np.ndarray, codes: np.ndarray) -> Any:
+        return pd.array(np.asarray(distinct, dtype=object), dtype="str").take(codes)
+    df = pd.DataFrame({
+        "device": np.full(len(live), device, dtype=np.int64), "address": addr[rows].astype(np.uint64),
+        "size": sizes[rows].astype(np.int64), "allocated_est": allocated_est[rows].astype(np.int64),
+        "category": texts(of["category"], code_after), "tags": texts(of["tags"], code_after),
+        "rule": texts(of["rule"], code_after), "reason": texts(of["reason"], code_after),
+        "frame": texts(sites, inverse), "inferred": of["inferred"][code_after], "stack_id": stack[rows],
+        "user_metadata": metadata[rows], "pool": pools[rows], "stream": streams[rows].astype(np.int64),
+        "origin": origin[rows], "alloc_index": alloc_index[rows].astype(np.int64), "annotation": notes[rows]},
+        columns=BLOCK_COLUMNS)
     return df, ctx.request, requests.ambiguous
+
+
+class _Decisions:
+    """Distinct decisions, each with a code (its index): blocks hold codes, so a decision made once per
+    distinct input is broadcast to every block with that input. `columns()`: per-code arrays of the fields
+    (and predicates) the block-level steps test, to index by the blocks' codes."""
+
+    def __init__(self) -> None:
+        self.items: list[Decision] = []
+        self._code: dict[Decision, int] = {}
+
+    def add(self, d: Decision) -> int:
+        found = self._code.get(d)
+        if found is None:
+            found = self._code[d] = len(self.items)
+            self.items.append(d)
+        return found
+
+    def codes(self, decisions: Sequence[Decision]) -> np.ndarray:
+        return np.array([self.add(d) for d in decisions], dtype=np.int64)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        items = self.items
+        return {
+            "category": np.array([d.category for d in items], dtype=object),
+            "tags": np.array([",".join(d.tags) for d in items], dtype=object),
+            "rule": np.array([d.rule for d in items], dtype=object),
+            "reason": np.array([d.reason for d in items], dtype=object),
+            "inferred": np.array([d.inferred for d in items], dtype=bool),
+            "autocast": np.array(["autocast" in d.context for d in items], dtype=bool),
+            "user_attention": np.array([_user_attention(d) for d in items], dtype=bool),
+            "lifecycle": np.array([d.category in _LIFECYCLE for d in items], dtype=bool),
+            "plain_other": np.array([d.category == "other" and not d.owner
+                                     and not set(d.context) & {"autograd", "optimizer"} for d in items], dtype=bool),
+            "backward_other": np.array(["autograd" in d.context and d.category == "other" for d in items],
+                                       dtype=bool),
+        }
+
+
+def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the rows of an integer matrix: the index of the first row of each distinct row, and each row's
+    index into those."""
+    inverse = np.zeros(len(keys), dtype=np.int64)
+    if not len(keys):
+        return inverse, inverse
+    for column in keys.T:                                # hashed, a column at a time (sorting rows is slower)
+        codes, distinct = pd.factorize(column)
+        inverse = pd.factorize(inverse * len(distinct) + codes)[0]
+    seen = np.maximum.accumulate(inverse)                # codes are numbered in order of first appearance
+    return np.flatnonzero(np.r_[True, seen[1:] > seen[:-1]]), inverse
+
+
+def _signals_by_key(table: _Decisions, code: np.ndarray, sizes: np.ndarray, pools: np.ndarray,
+                    metadata: np.ndarray, by_time: np.ndarray, origin: np.ndarray, stack: np.ndarray,
+                    free_index: np.ndarray, alloc_index: np.ndarray, ctx: _Context) -> np.ndarray:
+    """`_signals` of every block, made once per distinct key of what it reads: the frame decision, the pool,
+    the request and whether it was named by time (only where it is another request than the instant's),
+    whether the block came from the trace, whether it is a never-freed block of the default cuBLAS workspace
+    size, the size (only where a size relation could hold: half a live weight's, a logits or a gate/up size,
+    attention scores') and the alloc index (only where a gate/up relation could hold). The codes after."""
+    of = table.columns()
+    from_trace = origin == "trace"
+    plain = of["plain_other"][code] & from_trace
+    gate_up = plain & (sizes % 2 == 0) & np.isin(sizes // 2, np.array(list(ctx.mlp_outputs), dtype=np.int64))
+    by_size = ((~of["lifecycle"][code] & of["autocast"][code]
+                & np.isin(sizes * 2, np.array(list(ctx.weight_sizes), dtype=np.int64)))
+               | gate_up | (plain & bool(ctx.vocab) & (sizes >= 16 << 20))
+               | (of["user_attention"][code] & (sizes >= max(ctx.scores_floor, 8 << 20))))
+    other_request = (metadata != "") & (metadata != ctx.request) if ctx.request else np.zeros(len(code), dtype=bool)
+    keys = np.stack([
+        code, pd.factorize(pools)[0],
+        np.where(other_request, pd.factorize(metadata)[0], -1), by_time & other_request, from_trace,
+        (sizes == CUBLAS_DEFAULT_WORKSPACE) & (free_index < 0),
+        np.where(by_size, sizes, -1), np.where(gate_up, alloc_index, -2)], axis=1).astype(np.int64)
+    if not len(keys):
+        return code.copy()
+    first, inverse = _distinct(keys)
+    return table.codes([_signals(table.items[int(code[i])], int(sizes[i]), pools[i], metadata[i], bool(by_time[i]),
+                                 origin[i], stack[i] >= 0, free_index[i] < 0, int(alloc_index[i]), ctx)
+                        for i in first.tolist()])[inverse]
 
 
 def _module_may_decide(d: Decision, rules: RuleSet) -> bool:
@@ -705,9 +828,7 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
         dt = timeline[d]
         index, label = _instant(timeline, d, at)
         blocks, request, ambiguous = _label(snapshot, d, dt.live_at(index), decider, markers, dt.time_at(index),
-                                            index)
-        blocks = blocks.sort_values(["size", "address"], ascending=[False, True], kind="stable",
-                                    ignore_index=True)
+                                            index, by_size=True)
         parts.append(blocks)
         instants[d] = Instant(d, index, label, dt.time_at(index), dt.active_at(index), dt.reserved_at(index),
                               dt.baseline_active, request)
