@@ -59,6 +59,8 @@ from .rules import RuleSet
 
 MiB = 1 << 20
 SMALL_REQUEST = MiB            # rounded requests up to 1 MiB use the small pool
+SMALL_SEGMENT = 2 * MiB        # a segment freed in the window, not in the end state: small up to 2 MiB
+DEFAULT_POOL = "0,0"          # the pool id of blocks outside any private pool (CUDA graphs, mem pools)
 LARGE_BUFFER = 20 * MiB        # torch's kLargeBuffer: an oversize request never takes a block ≥ request + this
 OOM_COLUMNS = [
     "device", "index", "time_us", "stream", "request_bytes", "device_free_bytes", "active_bytes",
@@ -190,7 +192,7 @@ def _estimated_free(snapshot: Snapshot, dt: DeviceTimeline, index: int) -> tuple
         if act in (SEGMENT_ALLOC, SEGMENT_MAP):
             seg.pop(a, None)
         elif act in (SEGMENT_FREE, SEGMENT_UNMAP):
-            seg[a] = (size, int(t.stream[i]), "0,0", "small" if size <= 2 * MiB else "large")
+            seg[a] = (size, int(t.stream[i]), DEFAULT_POOL, "small" if size <= SMALL_SEGMENT else "large")
     live = dt.live_at(index)
     starts = live["addr"].to_numpy(dtype=np.uint64)
     sizes = live["allocated_est"].to_numpy(dtype=np.int64)
@@ -214,14 +216,24 @@ def _estimated_free(snapshot: Snapshot, dt: DeviceTimeline, index: int) -> tuple
     return out, dt.allocated_est_at(index)
 
 
-def _usable(free: pd.DataFrame, request: int, stream: int, pool: str, max_split: int) -> pd.DataFrame:
+def usable_mask(size: np.ndarray, stream: np.ndarray, pool: np.ndarray, segment_type: np.ndarray, request: int,
+                on_stream: int, in_pool: str, max_split: int) -> np.ndarray:
+    """Which free blocks (columns of sizes and of their segments' stream, pool and type) the allocator could
+    give `request` bytes on `on_stream` in `in_pool`: same stream and pool, the small pool up to 1 MiB else the
+    large one; with max_split_size, no oversize block for a smaller request and none ≥ request + 20 MiB for a
+    larger one."""
     kind = "small" if request <= SMALL_REQUEST else "large"
-    ok = (free["stream"] == stream) & (free["pool"] == pool) & (free["segment_type"] == kind)
+    ok = (np.asarray(stream) == on_stream) & (np.asarray(pool) == in_pool) & (np.asarray(segment_type) == kind)
     if max_split > 0:
-        size = free["size"]
+        size = np.asarray(size, dtype=np.int64)
         ok &= ~((request < max_split) & (size >= max_split))
         ok &= ~((request >= max_split) & (size >= request + LARGE_BUFFER))
-    return free[ok]
+    return np.asarray(ok, dtype=bool)
+
+
+def _usable(free: pd.DataFrame, request: int, stream: int, pool: str, max_split: int) -> pd.DataFrame:
+    return free[usable_mask(free["size"].to_numpy(), free["stream"].to_numpy(), free["pool"].to_numpy(),
+                            free["segment_type"].to_numpy(), request, stream, pool, max_split)]
 
 
 def _split_segments(snapshot: Snapshot, device: int) -> pd.DataFrame:
@@ -263,7 +275,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
     free_known = device_free if device_free is not None else 0
     settings = snapshot.allocator_settings or {}
     max_split = int(settings.get("max_split_size") or -1)
-    pool = "0,0"
+    pool = DEFAULT_POOL
     exact = is_last_block_change(snapshot, device, index)
     if exact:
         free, in_blocks = _end_state_free(snapshot, device)

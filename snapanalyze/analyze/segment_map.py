@@ -29,14 +29,12 @@ import pandas as pd
 
 from ..model import ACTIVE_STATES, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Snapshot
 from ..replay import Timeline
-from .oom import LARGE_BUFFER, SMALL_REQUEST, is_last_block_change
+from .oom import DEFAULT_POOL, SMALL_SEGMENT, is_last_block_change, usable_mask
 
 STATES = ("active", "pending_free", "inactive")
 SEGMENT_COLUMNS = ["address", "size", "stream", "pool", "segment_type", "active_bytes", "pending_free_bytes",
                    "inactive_bytes", "largest_free_bytes", "pieces"]
 PIECE_COLUMNS = ["segment_address", "offset", "size", "state", "requested"]
-DEFAULT_POOL = "0,0"
-SMALL_SEGMENT = 2 << 20          # a segment freed inside the window and not in the end state: small up to 2 MiB
 
 
 @dataclass(frozen=True)
@@ -187,21 +185,14 @@ def _summaries(segments: pd.DataFrame, pieces: pd.DataFrame) -> pd.DataFrame:
 
 
 def usable(pieces: pd.DataFrame, segments: pd.DataFrame, request: int, stream: int, max_split: int) -> np.ndarray:
-    """Which free pieces the allocator could give `request` bytes on `stream` (same stream, default pool, the
-    small pool up to 1 MiB else the large one; with max_split_size, no oversize block for a smaller request
-    and none ≥ request + 20 MiB for a larger one)."""
+    """Which free pieces the allocator could give `request` bytes on `stream` in the default pool
+    (`analyze.oom.usable_mask`, the rule explain-oom applies)."""
     info = segments.set_index("address")
     seg = pieces["segment_address"]
-    kind = "small" if request <= SMALL_REQUEST else "large"
-    ok = ((pieces["state"] == "inactive").to_numpy()
-          & (seg.map(info["stream"]) == stream).to_numpy()
-          & (seg.map(info["pool"]) == DEFAULT_POOL).to_numpy()
-          & (seg.map(info["segment_type"]) == kind).to_numpy())
-    if max_split > 0:
-        size = pieces["size"].to_numpy(dtype=np.int64)
-        ok &= ~((request < max_split) & (size >= max_split))
-        ok &= ~((request >= max_split) & (size >= request + LARGE_BUFFER))
-    return np.asarray(ok, dtype=bool)
+    return ((pieces["state"] == "inactive").to_numpy()
+            & usable_mask(pieces["size"].to_numpy(), seg.map(info["stream"]).to_numpy(),
+                          seg.map(info["pool"]).to_numpy(), seg.map(info["segment_type"]).to_numpy(),
+                          request, stream, DEFAULT_POOL, max_split))
 
 
 def segment_map(snapshot: Snapshot, timeline: Timeline, device: int, index: int, request: int | None = None,
