@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import SnapshotBuilder, write_pickle
@@ -15,7 +16,6 @@ from snapanalyze.analyze.over_time import (
     categories_over_time,
     choose_instants,
     held_error,
-    sample_indices,
 )
 from snapanalyze.replay import Timeline
 
@@ -36,6 +36,18 @@ def timeline_of(tmp_path: Path, events: list[tuple[str, int, int, int]]) -> Time
         else:
             b.free(BASE + block * (1 << 32), mib * MiB, **kw)
     return replay(load(write_pickle(tmp_path / "t.pickle", b.build(n_devices=1))))
+
+
+
+def sample_indices(n_events: int, samples: int) -> list[int]:
+    """The plain grid the chosen instants are measured against: at most `samples` (≥ 2) distinct event
+    indices from −1 to n_events − 1, evenly spread, ascending."""
+    if samples < 2:
+        raise ValueError("samples must be at least 2")
+    if n_events <= 0:
+        return [-1]
+    points = np.linspace(-1, n_events - 1, num=min(samples, n_events + 1))
+    return sorted({int(round(p)) for p in points})
 
 
 def test_sample_indices_are_bounded_spread_and_include_both_ends() -> None:

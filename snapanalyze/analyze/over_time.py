@@ -21,8 +21,7 @@ only the stacks live at that instant. `categories_over_time(snapshot, …)` attr
 chosen instants and returns a long DataFrame, one row per (device, instant, category), zero-filled so that
 every category seen on a device appears at each of its instants — ready for a stacked chart drawn as steps
 (the state after an instant holds until the next event; between two chosen instants it is the earlier
-one's, up to D). Its bytes at an instant sum exactly to the active bytes there. `sample_indices` (evenly
-spread indices) remains for callers that want a plain grid.
+one's, up to D). Its bytes at an instant sum exactly to the active bytes there.
 
 Columns: device, event_index (−1: before the first event), time_us (nullable), category, bytes,
 inferred_bytes (bytes of that category decided by a shape heuristic rather than a frame rule).
@@ -44,16 +43,6 @@ from .rules import RuleSet, load_rules
 
 COLUMNS = ["device", "event_index", "time_us", "category", "bytes", "inferred_bytes"]
 RESOLUTION = 1e-3        # of the window's width: a gap narrower than this (under a pixel of a chart) is not split
-
-
-def sample_indices(n_events: int, samples: int) -> list[int]:
-    """At most `samples` (≥ 2) distinct event indices from −1 to n_events − 1, evenly spread, ascending."""
-    if samples < 2:
-        raise ValueError("samples must be at least 2")
-    if n_events <= 0:
-        return [-1]
-    points = np.linspace(-1, n_events - 1, num=min(samples, n_events + 1))
-    return sorted({int(round(p)) for p in points})
 
 
 class _LiveChange:
