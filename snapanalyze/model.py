@@ -20,7 +20,6 @@ DataFrame columns:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -223,15 +222,13 @@ class Snapshot(HtmlDisplay):
         trace = self.trace(device)
         if trace.stack_ids is not None:
             return trace.stack_ids[np.asarray(indices, dtype=np.int64)]
-        frames, intern = trace.frames, self.interner.intern
-        return np.fromiter((intern(frames[i]) for i in indices), dtype=np.int64, count=len(indices))
+        return self.interner.intern_many(trace.frames, indices)
 
     def block_stack_ids(self, rows: np.ndarray) -> np.ndarray:
         """Stack id of each given row of `blocks` (−1 where the block carries no frames)."""
         if "stack_id" in self.block_columns:
             return self.block_columns["stack_id"][np.asarray(rows, dtype=np.int64)]
-        intern = self.interner.intern
-        return np.fromiter((intern(self.block_frames[i]) for i in rows), dtype=np.int64, count=len(rows))
+        return self.interner.intern_many(self.block_frames, rows)
 
     def frameless_allocations(self, device: int) -> bool:
         """Whether some allocations of the device's trace carry no frames while others carry some: a thread
@@ -242,13 +239,11 @@ class Snapshot(HtmlDisplay):
             allocs = np.flatnonzero(trace.action == ALLOC)
             if trace.stack_ids is not None:
                 framed = trace.stack_ids[allocs] >= 0
-            elif len(allocs):
-                picked = operator.itemgetter(*allocs.tolist())(trace.frames)
-                framed = np.fromiter(map(bool, picked if len(allocs) > 1 else (picked,)), dtype=bool,
-                                     count=len(allocs))
-            else:
-                framed = np.zeros(0, dtype=bool)
-            found = self._frameless[device] = bool(framed.any() and not framed.all())
+                found = bool(framed.any() and not framed.all())
+            else:                            # any() and all() stop at the first frameless / framed one
+                picked = list(map(trace.frames.__getitem__, allocs.tolist()))
+                found = any(picked) and not all(picked)
+            self._frameless[device] = found
         return found
 
     def stack(self, stack_id: int) -> list[tuple[str, int, str]]:
