@@ -1,5 +1,5 @@
 """`python -m snapanalyze` runs the command line."""
 
-from .cli import main
+from .cli import run
 
-main()
+run()

@@ -8,7 +8,7 @@ enormous input causes — to a one-line message on stderr and its exit code (2);
 instead. (`check` prints an exceeded limit as its result on stdout and exits 1: not an error.) It also
 prints each InputWarning once, as one `snapanalyze: warning:` line on stderr, and keeps them for
 `common.emit_json` to list under `warnings`. `--max-memory` bounds what reading any input may cost
-(`load.safe_pickle.Limits`).
+(`load.safe_pickle.Limits`). `run` is the console entry point: `main`, then a fast exit (`fastexit`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from .. import __version__
+from .. import __version__, fastexit
 from ..errors import InputWarning, SnapanalyzeError
 from .common import SIZE, WARNINGS_KEY
 
@@ -84,3 +84,15 @@ def main(ctx: click.Context, debug: bool, max_memory: int | None) -> None:
     if max_memory is not None:
         ctx.with_resource(limits_in_effect(Limits(max_memory_bytes=max_memory)))
 
+
+
+def run() -> None:
+    """The console script and `python -m snapanalyze`: `main`, then the process ends through `fastexit.exit`
+    with main's exit code, without tearing down what the command loaded."""
+    fastexit.enable()
+    try:
+        main()
+        code: int | str | None = 0
+    except SystemExit as exc:
+        code = exc.code
+    fastexit.exit(code)

@@ -14,6 +14,7 @@ import os
 import warnings
 from pathlib import Path
 
+from .. import fastexit
 from ..errors import InputWarning
 from ..model import Snapshot
 from .runs import resolve
@@ -43,7 +44,10 @@ def _read(path: str | Path, rank: int | None, tag: str | None, limits: Limits | 
     from .safe_pickle import read_raw
 
     raw = read_raw(path, limits)
-    return to_snapshot(raw.data, str(path), raw.container, raw.stream_bytes, consume=True, frames=frames)
+    # Frames kept pin most of the raw objects' memory whatever else is freed, so when the process will end
+    # without freeing them (fastexit), freeing the rest as the columns are built only costs time.
+    kept = frames and fastexit.keep(raw)
+    return to_snapshot(raw.data, str(path), raw.container, raw.stream_bytes, consume=not kept, frames=frames)
 
 
 __all__ = ["load", "Limits"]
