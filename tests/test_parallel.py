@@ -173,11 +173,36 @@ def test_convert_names_the_damaged_rank_after_converting_the_others(damaged: Pat
     assert len(out.splitlines()) == 4
 
 
-def test_a_run_form_names_the_damaged_rank_in_one_line(damaged: Path) -> None:
-    results = [_cli("peaks", damaged, "--jobs", jobs) for jobs in ("1", "2")]
+@pytest.mark.parametrize("command", ["peaks", "summary", "attribute", "phases"])
+def test_a_run_form_shows_the_other_ranks_then_names_the_damaged_one(damaged: Path, command: str) -> None:
+    results = [_cli(command, damaged, "--jobs", jobs) for jobs in ("1", "2")]
     assert results[0] == results[1]
-    code, _, err = results[0]
+    code, out, err = results[0]
     assert code == 2 and err.startswith("snapanalyze: error: rank 1: ") and len(err.strip().splitlines()) == 1
+    assert [line.split(" (")[0] for line in out.splitlines() if line.startswith("== rank")] == \
+        ["== rank 0", "== rank 2", "== rank 3", "== rank 4"]
+    assert any(line.startswith("warning: rank 1: ") for line in out.splitlines())
+    code, out, _ = _cli(command, damaged, "--format", "json")
+    doc = json.loads(out)
+    assert code == 2 and [r["rank"] for r in doc["ranks"]] == [0, 2, 3, 4]
+    assert [p for p in doc["problems"] if p.startswith("rank 1: ")]
+
+
+def test_attribute_at_a_phase_some_ranks_lack_shows_the_ranks_that_have_it(fleet: Path) -> None:
+    code, out, err = _cli("attribute", fleet, "--phase", "load_model", "--format", "json")
+    doc = json.loads(out)
+    assert code == 2 and [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert [p.split(":")[0] for p in doc["problems"] if "load_model" in p] == ["rank 2", "rank 3", "rank 4"]
+    assert err.startswith("snapanalyze: error: rank 2: ") and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_whose_every_rank_is_damaged_fails_in_one_line(fleet: Path, tmp_path: Path) -> None:
+    run = Path(shutil.copytree(fleet, tmp_path / "run"))
+    for pickle in run.glob("rank=*/*.pickle"):
+        pickle.write_bytes(pickle.read_bytes()[:200])
+    code, out, err = _cli("peaks", run, "--jobs", "2")
+    assert code == 2 and out == "" and err.startswith("snapanalyze: error: rank 0: ")
+    assert len(err.strip().splitlines()) == 1
 
 
 def _slow(item: int) -> int:

@@ -57,7 +57,7 @@ def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | 
 
     p = plan(file, rank, tag)
     with Progress() as progress:
-        results = each(p, functools.partial(_peaks, top=top, device=device), progress)
+        p, results = each(p, functools.partial(_peaks, top=top, device=device), progress)
     problems = {id(r): r.pop("replay_problems") for r in results}
     emit(p, results, fmt, lambda r, width: render_peaks(r, problems[id(r)], width))
 
@@ -85,7 +85,7 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 
     p = plan(file, rank, tag)
     with Progress() as progress:
-        results = each(p, _summary, progress)
+        p, results = each(p, _summary, progress)
     emit(p, results, fmt, lambda r, width: render_summary(r))
 
 
@@ -144,9 +144,10 @@ def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str 
     work = functools.partial(_attribute, at=at, phase=phase, device=device, rules_file=rules_file, source=source,
                              explain=explain, csv=fmt == "csv", rank_column=p.multi)
     with Progress() as progress:
-        results = each(p, work, progress)
+        p, results = each(p, work, progress)
     if fmt == "csv":
         texts = [r["csv"] for r in results]
         click.echo(texts[0] + "".join(t.partition("\n")[2] for t in texts[1:]), nl=False)
+        p.finish()
         return
     emit(p, results, fmt, lambda r, width: render_attribution(r, top, explain, width))

@@ -51,10 +51,11 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
     work = functools.partial(_diff, phase=phase, device=device, rules_file=rules_file, source=source,
                              everything=everything)
     with Progress() as progress:
-        results = each(p, work, progress)
+        p, results = each(p, work, progress)
     if fmt == "json" and p.multi:
         doc = run_document(p, results)
         emit_json({"a": a, "b": b, "ranks": doc["ranks"], "problems": doc["problems"]})
+        p.finish()
         return
     emit(p, results, fmt, lambda r, width: render_diff(r, top, width))
 
@@ -167,7 +168,7 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
     work = functools.partial(_check, budget=budget, limits=limits, max_transient=max_transient, metric=metric,
                              device=device, rules_file=rules_file, source=source)
     with Progress() as progress:
-        results = each(p, work, progress)
+        p, results = each(p, work, progress)
     doc = results[0]
     if p.multi:
         run = run_document(p, results)
@@ -180,6 +181,7 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
     else:
         width = terminal_width()
         echo_text(render_check(doc), width)
+    p.finish()
     if not doc["passed"]:
         click.get_current_context().exit(1)
 

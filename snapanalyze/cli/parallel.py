@@ -5,9 +5,10 @@ Contract: `parallel_options` adds both options to a command and keeps them out o
 command ends (`parallel.open_executor`: None for --jobs 1, a process pool of N workers — default: the
 number of cores, or $SNAPANALYZE_JOBS — or a Dask cluster's executor for --scheduler, dask imported only
 then). Output never depends on them: results merge in rank order. `map_jobs(jobs, work, progress)` is
-`per_rank.each`'s engine: one job runs here with its steps shown; several run through `parallel.map_ranks`
-(in this process with their steps shown, or on the executor with a bar counting ranks), and the ranks that
-failed on their input are named together in one error once the others are done.
+`per_rank.each`'s engine: one job runs here with its steps shown (its raw input left for the fast exit to
+drop, `fastexit.single_input`); several run through `parallel.map_ranks`
+(in this process with their steps shown, or on the executor with a bar counting ranks); the ranks that
+failed on their input are returned with their errors beside the others' results.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from ..errors import SnapanalyzeError
+from .. import fastexit
 from ..parallel import map_ranks, open_executor
 from .progress import Progress, rank_step
 
@@ -81,24 +82,19 @@ def _silent(_: str) -> None:
     return None
 
 
-def map_jobs(jobs: Sequence[Job], work: Callable[[Job, Callable[[str], None]], T], progress: Progress) -> list[T]:
-    """Each job's result, in order (see the module docstring)."""
+def map_jobs(jobs: Sequence[Job], work: Callable[[Job, Callable[[str], None]], T], progress: Progress,
+             ) -> tuple[list[tuple[Job, T]], list[tuple[Job, str, int]]]:
+    """Each job that succeeded with its result, and each that failed on its input with its error and exit
+    code, both in order (see the module docstring). One job's failure is raised as it is."""
     if len(jobs) < 2:
-        return [work(j, rank_step(progress.step, j.rank)) for j in jobs]
+        with fastexit.single_input():
+            return [(j, work(j, rank_step(progress.step, j.rank))) for j in jobs], []
     pool = executor()
     if pool is None:
         outcomes = map_ranks(lambda j: work(j, rank_step(progress.step, j.rank)), jobs)
     else:
         outcomes = map_ranks(functools.partial(_quiet, work), jobs, pool, progress.step)
-    results: list[T] = []
-    failed = []
-    for job, outcome in zip(jobs, outcomes):
-        if outcome.ok:
-            results.append(outcome.result)  # type: ignore[arg-type]
-        else:
-            failed.append((job, outcome))
-    if failed:
-        error = SnapanalyzeError("; ".join(f"rank {j.rank}: {o.error}" for j, o in failed))
-        error.exit_code = failed[0][1].exit_code
-        raise error
-    return results
+    pairs = list(zip(jobs, outcomes))
+    done = [(job, outcome.result) for job, outcome in pairs if outcome.ok]
+    failed = [(job, str(outcome.error), outcome.exit_code) for job, outcome in pairs if not outcome.ok]
+    return done, failed  # type: ignore[return-value]

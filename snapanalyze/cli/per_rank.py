@@ -1,28 +1,29 @@
 """Run-wide commands: which snapshots a command analyses, and the per-rank work merged in rank order.
 
 Contract: `plan(path, rank, tag)` says what a command given PATH analyses: each rank of a run directory that
-holds more than one rank (`Plan.multi`: one job per rank with a snapshot, in rank order, plus
-`Plan.problems`: ranks without one, skipped names — reported, not fatal), or else one snapshot, as
-`load(path, rank, tag)` reads it (a file, a tables or ``rank=N`` directory, a run of one rank, any run with
---rank); `diff_plan(a, b, …)` pairs two inputs rank by rank. Each `Job` is one rank's work: its rank and tag
-and the `Target`s (snapshots) it reads. `each(plan, work, progress)` calls `work(job, step)` once per job,
-in rank order, and returns the results in that order; `work` must be a module-level function (or a
-`functools.partial` of one) whose arguments pickle and whose result is small and JSON-ready, so that the
-calls can go to a process pool unchanged. Output shapes: `run_document` is the JSON of a multi-rank run,
-``{"run", "ranks": [{"rank", "tag", **result}], "problems"}`` (one file or one rank keeps the command's
-single document); `sections` the terminal's: one section per rank under a ``== rank N (tag T) ==``
-heading, the problems as warnings last. `emit` prints either, the text fitted to the terminal.
+holds more than one rank (`Plan.multi`: one job per rank with a snapshot, in rank order, plus `Plan.problems`:
+ranks without one, skipped names — reported, not fatal), or else one snapshot, as `load(path, rank, tag)`
+reads it (a file, a tables or ``rank=N`` directory, a run of one rank, any run with --rank); `diff_plan(a, b,
+…)` pairs two inputs rank by rank. Each `Job` is one rank's work: its rank and tag and the `Target`s
+(snapshots) it reads. `each(plan, work, progress)` calls `work(job, step)` once per job, in rank order, and
+returns the plan of the jobs that succeeded (a rank that failed on its input becomes one of its problems, and
+its error is raised by `Plan.finish` once the others are shown) and their results; `work` must be a
+module-level function (or a `functools.partial` of one) whose arguments pickle and whose result is small and
+JSON-ready, so that the calls can go to a process pool unchanged. Output shapes: `run_document` is the JSON of
+a multi-rank run, ``{"run", "ranks": [{"rank", "tag", **result}], "problems"}`` (one file or one rank keeps
+the command's single document); `sections` the terminal's: one section per rank under a
+``== rank N (tag T) ==`` heading, the problems as warnings last. `emit` prints either, the text fitted to the terminal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import layout
-from ..errors import BadInputError
+from ..errors import BadInputError, SnapanalyzeError
 from .common import echo_text, emit_json, terminal_width
 from .progress import Progress
 
@@ -61,6 +62,12 @@ class Plan:
     jobs: tuple[Job, ...]
     problems: tuple[str, ...] = ()
     multi: bool = False
+    failed: SnapanalyzeError | None = None      # after `each`: the ranks whose work failed, named together
+
+    def finish(self) -> None:
+        """Once the output of the ranks that succeeded is out: raise the error naming those that failed."""
+        if self.failed is not None:
+            raise self.failed
 
 
 def _ranks_of(path: str, tag: str | None) -> tuple[dict[int, Target], list[str]] | None:
@@ -120,11 +127,22 @@ def diff_plan(a: str, b: str, rank: int | None = None, tag: str | None = None) -
     return Plan(f"{a} → {b}", tuple(jobs), tuple(problems), True)
 
 
-def each(p: Plan, work: Callable[[Job, Step], T], progress: Progress) -> list[T]:
+def each(p: Plan, work: Callable[[Job, Step], T], progress: Progress) -> tuple[Plan, list[T]]:
     """`work(job, step)` for each job of `p`, in rank order (see the module docstring); on the command's
-    --jobs / --scheduler executor when it has several (`cli.parallel.map_jobs`)."""
+    --jobs / --scheduler executor when it has several (`cli.parallel.map_jobs`). The plan returned holds the
+    jobs that succeeded, with their results; a rank that failed on its input is one of its problems and
+    `failed` names them all, for `finish` (which `emit` calls) to raise once the other ranks are shown."""
     from .parallel import map_jobs
-    return map_jobs(p.jobs, work, progress)
+    done, failed = map_jobs(p.jobs, work, progress)
+    results = [result for _, result in done]
+    if not failed:
+        return p, results
+    named = [f"rank {job.rank}: {message}" for job, message, _ in failed]
+    error = SnapanalyzeError("; ".join(named))
+    error.exit_code = failed[0][2]
+    if not done:
+        raise error
+    return replace(p, jobs=tuple(job for job, _ in done), problems=(*p.problems, *named), failed=error), results
 
 
 def run_document(p: Plan, results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -149,6 +167,7 @@ def emit(p: Plan, results: list[dict[str, Any]], fmt: str, render: Callable[[dic
     terminal's width (`render(result, width)` renders one)."""
     if fmt == "json":
         emit_json(run_document(p, results) if p.multi else results[0])
-        return
-    width = terminal_width()
-    echo_text(sections(p, [render(r, width) for r in results]), width)
+    else:
+        width = terminal_width()
+        echo_text(sections(p, [render(r, width) for r in results]), width)
+    p.finish()

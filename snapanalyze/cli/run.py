@@ -92,7 +92,7 @@ def phases(file: str, rank: int | None, tag: str | None, device: int | None, rul
     work = functools.partial(_phases, device=device, rules_file=rules_file, source=source,
                              categories=not no_categories, kinds=kinds or None, largest=largest)
     with Progress() as progress:
-        results = each(p, work, progress)
+        p, results = each(p, work, progress)
     emit(p, results, fmt, render_phases)
 
 
