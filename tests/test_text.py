@@ -112,3 +112,19 @@ def test_table_fits_a_width_wrapping_text_and_keeping_numbers_whole() -> None:
     assert fitted[2].startswith("weights        1.00 GiB  model.py:12:forward")
     assert "512.00 MiB" in fitted[-1]
     assert "".join(line[25:] for line in fitted[2:-1]).replace(" ", "") == rows[0][2].replace(" ", "")
+
+
+def test_a_table_too_wide_for_its_names_and_numbers_becomes_records() -> None:
+    headers = ["phase", "before", "peak", "after", "top categories"]
+    rows = [["initialize_kv_cache", "8.35 GiB", "55.34 GiB", "55.34 GiB", "kv_cache 47.00 GiB"],
+            ["req-0", "55.34 GiB", "55.34 GiB", "55.34 GiB", ""]]
+    assert table(headers, rows, width=200) == table(headers, rows)        # it fits: a table
+    records = table(headers, rows, width=40).splitlines()
+    assert records == ["phase: initialize_kv_cache",
+                       "  before: 8.35 GiB  peak: 55.34 GiB",
+                       "  after: 55.34 GiB",
+                       "  top categories: kv_cache 47.00 GiB",
+                       "",
+                       "phase: req-0  before: 55.34 GiB",
+                       "  peak: 55.34 GiB  after: 55.34 GiB"]        # an empty cell is left out
+    assert max(map(len, records)) <= 40

@@ -2,9 +2,11 @@
 
 Contract: `table` renders rows of already-formatted cells with right-aligned numeric columns. Given a
 `width` (the terminal's columns) a table wider than that is laid out again to fit it: text columns wrap
-(a path with no spaces folds), numbers stay whole on one line; a table that fits, or one rendered
-without a width (piped output), comes out the same either way. `wrap` folds the other lines of a text
-(sentences, notes) that are longer than the width at spaces, continuing indented. Nothing here prints.
+(a path with no spaces folds), numbers stay whole on one line; one whose columns cannot fit even so is
+printed as records, a row's `header: value` pairs to a paragraph, never a name or number folded; a table
+that fits, or one rendered without a width (piped output), comes out the same either way. `wrap` folds the
+other lines of a text (sentences, notes) that are longer than the width at spaces, continuing indented.
+Nothing here prints.
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence
     return "\n".join(s.rstrip() for s in out)
 
 
-MIN_TEXT_WIDTH = 20        # a text column shrinks to its longest word up to this, before numbers' headers wrap
-MIN_WIDTH = 4              # no column shrinks below this (nor below its natural width)
+MIN_TEXT_WIDTH = 20        # a text column shrinks to its longest word up to this (a longer word, a path, folds)
+_KEEP = "\x00"             # stands for a space textwrap must not break at
 
 
 def _fitted(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool], width: int) -> str:
-    """The same table within `width` columns. Columns shrink, the widest first, in stages until the table
-    fits: text columns down to their longest word (at most MIN_TEXT_WIDTH), wrapping at spaces; numeric
-    columns' headers wrap at their spaces; only then do text columns, and last numeric cells, fold within a
-    word, down to MIN_WIDTH. (Wrapped with `textwrap`, cell by cell: rich's tables take ~2 ms a row, too slow
-    for the thousands of requests a serving run's phases list.)"""
+    """The same table within `width` columns. Columns shrink, the widest first, in two stages: text columns
+    down to their longest word (at most MIN_TEXT_WIDTH: a longer word, such as a path, folds), wrapping at
+    spaces; then numeric columns' headers wrap at their spaces, their cells staying whole. A table that still
+    does not fit is printed as records (`_records`) rather than fold names and numbers within a word.
+    (Wrapped with `textwrap`, cell by cell: rich's tables take ~2 ms a row, too slow for the thousands of
+    requests a serving run's phases list.)"""
     def longest_word(cells: Sequence[str]) -> int:
         return max((len(w) for c in cells for w in c.split()), default=0)
 
@@ -50,16 +53,17 @@ def _fitted(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequen
     words = [min(natural[i], max(longest_word([headers[i]]), min(longest_word(cells[i]), MIN_TEXT_WIDTH), 1))
              for i in range(n)]
     whole = [max([longest_word([headers[i]])] + [len(c) for c in cells[i]]) for i in range(n)]
-    floor = [min(natural[i], MIN_WIDTH) for i in range(n)]
     widths = list(natural)
     excess = sum(widths) + 2 * (n - 1) - width
-    for numeric, bound in ((False, words), (True, whole), (False, floor), (True, floor)):
+    for numeric, bound in ((False, words), (True, whole)):
         while excess > 0:
             shrinkable = [i for i in range(n) if right[i] == numeric and widths[i] > bound[i]]
             if not shrinkable:
                 break
             widths[max(shrinkable, key=lambda k: widths[k])] -= 1
             excess -= 1
+    if excess > 0:
+        return _records(headers, rows, width)
 
     def wrapped(cell: str, w: int) -> list[str]:
         if len(cell) <= w:
@@ -78,6 +82,21 @@ def _fitted(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequen
     for row in rows:
         out.extend(lines(row, top=True))
     return "\n".join(out)
+
+
+def _records(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str:
+    """Each row as a record: its `header: value` pairs (empty cells left out) packed into lines of `width`,
+    a pair never split across lines unless it alone is wider, continuing indented two; a blank line between
+    rows. What a table becomes when its columns cannot fit without folding names and numbers."""
+    out: list[str] = []
+    for row in rows:
+        pairs = [f"{h}: {c}" if h else c for h, c in zip(headers, row) if c]
+        kept = [p.replace(" ", _KEEP) if len(p) <= width - 2 else p for p in pairs]
+        text = textwrap.wrap("  ".join(kept), width, subsequent_indent="  ", break_long_words=False,
+                             break_on_hyphens=False) or [""]
+        out.extend(line.replace(_KEEP, " ") for line in text)
+        out.append("")
+    return "\n".join(out[:-1])
 
 
 def _numeric(cell: str) -> bool:
