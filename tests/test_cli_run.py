@@ -224,6 +224,17 @@ def test_attribute_names_requests_from_run_markers_when_torch_recorded_none(tmp_
     assert doc["devices"][0]["request"] == "req=B"
 
 
+def test_phases_flag_the_inferred_bytes_of_their_top_categories() -> None:
+    doc = json.loads(run("phases", TP2, "--rank", "0", "--format", "json").stdout)
+    prefill = next(p for p in doc["phases"] if p["label"] == "prefill#1")
+    assert prefill["top_categories"] == ["mlp", "other"]
+    assert prefill["top_category_inferred_bytes"] == [296 << 20, 0]   # gate/up outputs told by size and order
+    assert all(len(p["top_category_inferred_bytes"]) == len(p["top_categories"]) for p in doc["phases"])
+    lines = run("phases", TP2, "--rank", "0").stdout.splitlines()
+    assert any("mlp 444.00 MiB (296.00 MiB inferred); other 112.00 MiB" in line for line in lines)
+    assert any(line.startswith("inferred = bytes decided by sizes") for line in lines)
+
+
 def test_phases_kind_and_largest() -> None:
     doc = json.loads(run("phases", TP2, "--rank", "1", "--kind", "request", "--largest", "1",
                          "--format", "json").stdout)

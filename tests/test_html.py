@@ -296,6 +296,12 @@ def test_run_timelines_draw_nvml_used_and_the_phases(tp2_page: str) -> None:
     assert {"load_model", "prefill#1"} <= labels
 
 
+def test_the_phase_table_flags_inferred_category_bytes(tp2_page: str) -> None:
+    page = body(tp2_page)
+    assert page.count('<span class="flag" title="decided by sizes, lifetimes, layout or time rather than proven by a '
+                      'frame">296.00 MiB inferred</span>') >= 1       # rank 0's prefill: gate/up told by size
+
+
 def _values(y: Any) -> list[float]:
     """A plotly JSON array: a plain list or a typed-array block {"dtype", "bdata"}."""
     if isinstance(y, list):

@@ -45,7 +45,7 @@ SPAN_COLUMNS = ["phase", "occurrence", "label", "kind", "source", "device", "sta
 PHASE_COLUMNS = ["device", "phase", "occurrence", "label", "kind", "source", "start_us", "end_us", "clipped", "open",
                  "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us",
                  "after_bytes", "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories",
-                 "top_category_bytes", "attrs"]
+                 "top_category_bytes", "top_category_inferred_bytes", "attrs"]
 PHASE_PREFIX = "phase:"   # the collector annotates collect.phase("x") as record_function "phase:x"
 
 
@@ -222,15 +222,20 @@ def _measure(dt: DeviceTimeline, lo: int, hi: int) -> dict[str, int]:
 
 
 def _top_categories(snapshot: Snapshot, timeline: Timeline, device: int, lo: int, peak_index: int,
-                    rules: RuleSet | None, top: int, markers: pd.DataFrame | None) -> tuple[list[str], list[int]]:
+                    rules: RuleSet | None, top: int, markers: pd.DataFrame | None,
+                    ) -> tuple[list[str], list[int], list[int]]:
+    """The largest categories of the bytes allocated inside the phase and live at its peak: names, bytes, and
+    the bytes of each decided by a size, lifetime, layout or time relation rather than a frame (inferred)."""
     if peak_index < lo:
-        return [], []
+        return [], [], []
     result = attribute(snapshot, at=f"event:{peak_index}", rules=rules, device=device, timeline=timeline,
                        markers=markers)
     b = result.blocks
     inside = b[(b["alloc_index"] >= lo) & (b["alloc_index"] <= peak_index)]
     totals = inside.groupby("category", sort=False)["size"].sum().sort_values(ascending=False, kind="stable")
-    return [str(c) for c in totals.index[:top]], [int(v) for v in totals.to_numpy()[:top]]
+    guessed = inside[inside["inferred"].astype(bool)].groupby("category", sort=False)["size"].sum()
+    names = [str(c) for c in totals.index[:top]]
+    return names, [int(v) for v in totals.to_numpy()[:top]], [int(guessed.get(c, 0)) for c in names]
 
 
 def _largest(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
@@ -277,12 +282,12 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
                          "source": span.source, "start_us": span.start_us, "end_us": span.end_us,
                          "clipped": clipped, "open": span.end_us is pd.NA, "start_index": lo, "end_index": hi, **m,
                          "peak_time_us": dt.time_at(m["peak_index"]), "top_categories": [],
-                         "top_category_bytes": [], "attrs": span.attrs})
+                         "top_category_bytes": [], "top_category_inferred_bytes": [], "attrs": span.attrs})
     if largest is not None:
         rows = _largest(rows, largest)
     if categories:
         for row in rows if attribute_largest is None else _largest(rows, attribute_largest):
-            row["top_categories"], row["top_category_bytes"] = _top_categories(
+            row["top_categories"], row["top_category_bytes"], row["top_category_inferred_bytes"] = _top_categories(
                 snapshot, timeline, row["device"], row["start_index"], row["peak_index"], rules, top, markers)
     df = pd.DataFrame(rows, columns=PHASE_COLUMNS)
     for c in ("start_us", "end_us", "peak_time_us"):

@@ -109,7 +109,7 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
 PHASE_KEYS = ["device", "phase", "occurrence", "label", "kind", "source", "start_us", "end_us", "clipped", "open",
               "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us", "after_bytes",
               "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories", "top_category_bytes",
-              "attrs"]
+              "top_category_inferred_bytes", "attrs"]
 
 
 def phases_document(table: pd.DataFrame, source: str, problems: list[str] | None = None) -> dict[str, Any]:

@@ -117,7 +117,8 @@ def render_phases(doc: dict[str, Any], width: int | None = None) -> str:
     rows = []
     for p in doc["phases"]:
         flags = ", ".join(f for f, on in (("clipped", p["clipped"]), ("open", p["open"])) if on)
-        cats = "; ".join(f"{c} {units.fmt_bytes(b)}" for c, b in zip(p["top_categories"], p["top_category_bytes"]))
+        cats = "; ".join(f"{c} {units.fmt_bytes(b)}{_inferred_note(i, b)}" for c, b, i in
+                         zip(p["top_categories"], p["top_category_bytes"], p["top_category_inferred_bytes"]))
         rows.append([str(p["device"]), p["label"], p["kind"],
                      f"{p['start_index']:,}–{p['end_index']:,}" if p["end_index"] >= p["start_index"] else "no events",
                      units.fmt_bytes(p["before_bytes"]), units.fmt_bytes(p["peak_bytes"]),
@@ -129,4 +130,14 @@ def render_phases(doc: dict[str, Any], width: int | None = None) -> str:
         out.append("\nbefore = active bytes just before the phase; transient = peak − before; top categories = "
                    "allocated inside the phase and live at its peak; clipped = began before the trace window; open = "
                    "no end recorded. A phase's name is what --phase accepts (NAME#K: the K-th of a repeated name).")
+        if any(any(p["top_category_inferred_bytes"]) for p in doc["phases"]):
+            out.append("inferred = bytes decided by sizes, lifetimes, layout or time rather than proven by a frame, "
+                       "pool or metadata (attribute --explain shows the arithmetic)")
     return "\n".join(out + _problems(doc))
+
+
+def _inferred_note(inferred: int, total: int) -> str:
+    """" (inferred)" when a category's bytes were all decided by inference, " (N inferred)" for a part, else ""."""
+    if not inferred:
+        return ""
+    return " (inferred)" if inferred >= total else f" ({units.fmt_bytes(inferred)} inferred)"

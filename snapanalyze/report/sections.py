@@ -233,7 +233,7 @@ def _phase_rows(view: RankView, device: int) -> tuple[list[dict[str, Any]], int]
         out.append({"name": _phase_label(same_kind, r), "kind": r.kind, "events": events,
                     "before": int(r.before_bytes), "peak": int(r.peak_bytes), "transient": int(r.transient_bytes),
                     "after": int(r.after_bytes),
-                    "categories": list(zip(r.top_categories, r.top_category_bytes)),
+                    "categories": list(zip(r.top_categories, r.top_category_bytes, r.top_category_inferred_bytes)),
                     "flags": [f for f, on in (("clipped", r.clipped), ("open", r.open)) if on],
                     "anchor": _instant_anchor(view, device, int(r.peak_index))})
     return out, len(rows) - len(shown)
