@@ -53,6 +53,17 @@ def test_diff_shows_the_planted_fix() -> None:
     assert "vanished" in table and "score.py:64:score" in table and "1 vanished" in table
 
 
+def test_diff_flags_each_side_s_inferred_bytes() -> None:
+    run_dir = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "tp2_vision_encoder"
+    a, b = run_dir / "rank=0", run_dir / "rank=1"
+    doc = json.loads(run("diff", a, b, "--format", "json").stdout)
+    mlp = next(c for c in doc["categories"] if c["category"] == "mlp")
+    assert (mlp["a_inferred_bytes"], mlp["b_inferred_bytes"]) == (296 << 20, 0)
+    lines = run("diff", a, b).stdout.splitlines()
+    assert any(line.split()[1:2] == ["mlp"] and line.endswith("296.00 MiB / –") for line in lines)
+    assert any(line.startswith("inferred = bytes decided by sizes") for line in lines)
+
+
 def test_diff_at_a_missing_phase_is_exit_2() -> None:
     result = run("diff", FIX / "before.pickle", FIX / "after.pickle", "--phase", "nope")
     assert result.exit_code == 2 and "no phase 'nope'" in result.stderr

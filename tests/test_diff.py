@@ -174,3 +174,13 @@ def test_devices_must_be_shared() -> None:
     a = load(REAL_1024)
     with pytest.raises(UsageError, match="device 3 is not in both"):
         diff(a, a, device=3)
+
+
+def test_categories_carry_each_side_s_inferred_bytes() -> None:
+    run = ROOT / "fixtures" / "runs" / "tp2_vision_encoder"
+    d = diff(load(run / "rank=0" / "snapshot-final.pickle"), load(run / "rank=1" / "snapshot-final.pickle"))
+    cats = d.categories.set_index("category")
+    assert cats.loc["mlp", "inferred_bytes_a"] == 296 << 20 and cats.loc["mlp", "inferred_bytes_b"] == 0
+    assert cats.loc["vision_encoder", ["inferred_bytes_a", "inferred_bytes_b"]].tolist() == [0, 0]
+    blocks = d.a.blocks
+    assert cats["inferred_bytes_a"].sum() == blocks.loc[blocks["inferred"].astype(bool), "size"].sum()

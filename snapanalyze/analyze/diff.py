@@ -50,7 +50,8 @@ PEAK_COLUMNS = ["device", "scope", "phase", "event_index_a", "event_index_b", "a
                 "reserved_bytes_a", "reserved_bytes_b", "delta_active_bytes", "delta_baseline_bytes",
                 "delta_transient_bytes", "delta_reserved_bytes"]
 CATEGORY_COLUMNS = ["device", "category", "bytes_a", "bytes_b", "delta_bytes", "baseline_bytes_a", "baseline_bytes_b",
-                    "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b"]
+                    "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b", "inferred_bytes_a",
+                    "inferred_bytes_b"]
 STACK_COLUMNS = ["device", "stack", "status", "category_a", "category_b", "site", "frames", "bytes_a", "bytes_b",
                  "delta_bytes", "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b"]
 MAX_FRAMES = 8
@@ -124,13 +125,14 @@ def _side(att: Attribution, device: int, first: int) -> pd.DataFrame:
     out = b[["category", "frame", "size", "stack_id", "alloc_index"]].copy()
     out["identity"] = [ident[int(s)] for s in out["stack_id"]]
     out["transient"] = np.where(out["alloc_index"].to_numpy() >= first, out["size"].to_numpy(), 0)
+    out["inferred"] = np.where(b["inferred"].to_numpy(dtype=bool), out["size"].to_numpy(), 0)
     return out
 
 
 def _category_table(device: int, a: pd.DataFrame, b: pd.DataFrame) -> list[dict[str, Any]]:
     def agg(side: pd.DataFrame) -> pd.DataFrame:
         return side.groupby("category").agg(bytes=("size", "sum"), transient=("transient", "sum"),
-                                             blocks=("size", "size"))
+                                             blocks=("size", "size"), inferred=("inferred", "sum"))
 
     ga, gb = agg(a), agg(b)
     rows = []
@@ -142,7 +144,9 @@ def _category_table(device: int, a: pd.DataFrame, b: pd.DataFrame) -> list[dict[
         rows.append({"device": device, "category": cat, "bytes_a": ba, "bytes_b": bb, "delta_bytes": bb - ba,
                      "baseline_bytes_a": ba - ta, "baseline_bytes_b": bb - tb, "transient_bytes_a": ta,
                      "transient_bytes_b": tb, "blocks_a": int(ra["blocks"]) if ra is not None else 0,
-                     "blocks_b": int(rb["blocks"]) if rb is not None else 0})
+                     "blocks_b": int(rb["blocks"]) if rb is not None else 0,
+                     "inferred_bytes_a": int(ra["inferred"]) if ra is not None else 0,
+                     "inferred_bytes_b": int(rb["inferred"]) if rb is not None else 0})
     return rows
 
 

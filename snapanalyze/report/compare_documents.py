@@ -72,7 +72,9 @@ def diff_document(d: Diff, everything: bool = False) -> dict[str, Any]:
                         "b_bytes": int(r.bytes_b), "delta_bytes": int(r.delta_bytes),
                         "a_baseline_bytes": int(r.baseline_bytes_a), "b_baseline_bytes": int(r.baseline_bytes_b),
                         "a_transient_bytes": int(r.transient_bytes_a), "b_transient_bytes": int(r.transient_bytes_b),
-                        "a_blocks": int(r.blocks_a), "b_blocks": int(r.blocks_b)} for r in cats.itertuples()],
+                        "a_blocks": int(r.blocks_a), "b_blocks": int(r.blocks_b),
+                        "a_inferred_bytes": int(r.inferred_bytes_a), "b_inferred_bytes": int(r.inferred_bytes_b)}
+                       for r in cats.itertuples()],
         "stacks": [{"device": int(r.device), "stack": r.stack, "status": r.status, "category_a": _plain(r.category_a),
                     "category_b": _plain(r.category_b), "site": r.site, "frames": list(r.frames),
                     "a_bytes": int(r.bytes_a), "b_bytes": int(r.bytes_b), "delta_bytes": int(r.delta_bytes),
