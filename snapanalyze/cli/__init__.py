@@ -85,7 +85,6 @@ def main(ctx: click.Context, debug: bool, max_memory: int | None) -> None:
         ctx.with_resource(limits_in_effect(Limits(max_memory_bytes=max_memory)))
 
 
-
 def run() -> None:
     """The console script and `python -m snapanalyze`: `main`, then the process ends through `fastexit.exit`
     with main's exit code, without tearing down what the command loaded."""

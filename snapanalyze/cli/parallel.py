@@ -6,9 +6,9 @@ command ends (`parallel.open_executor`: None for --jobs 1, a process pool of N w
 number of cores, or $SNAPANALYZE_JOBS — or a Dask cluster's executor for --scheduler, dask imported only
 then). Output never depends on them: results merge in rank order. `map_jobs(jobs, work, progress)` is
 `per_rank.each`'s engine: one job runs here with its steps shown (its raw input left for the fast exit to
-drop, `fastexit.single_input`); several run through `parallel.map_ranks`
-(in this process with their steps shown, or on the executor with a bar counting ranks); the ranks that
-failed on their input are returned with their errors beside the others' results.
+drop, `fastexit.single_input`); several run through `parallel.map_ranks` (in this process with their steps
+shown, or on the executor with a bar counting ranks); the ranks that failed on their input are returned with
+their errors beside the others' results.
 """
 
 from __future__ import annotations

@@ -241,8 +241,9 @@ def _trace(device: int, entries: list[dict[str, Any]], name: str | None = None, 
     spec: dict[str, Any] = {"action": REQUIRED, "addr": 0, "size": 0, "stream": 0}
     spec.update({key: default for key, default, wanted in (
         ("time_us", 0, has_times), ("user_metadata", "", "user_metadata" in first),
-        ("compile_context", "", "compile_context" in first), (pool_key, None, pool_key is not None),
-        ("frames", None, frames)) if wanted})
+        ("compile_context", "", "compile_context" in first), ("frames", None, frames)) if wanted})
+    if pool_key is not None:
+        spec[pool_key] = None
     fields = _fields(entries, spec)
     names = fields.pop("action")
     if not set(map(type, names)) <= {str}:
@@ -287,7 +288,7 @@ def _blocks_of(segments: list[Any], name: str) -> list[list[Any]]:
     if not set(map(type, segments)) <= {dict}:
         i = _first(segments, lambda s: type(s) is not dict)
         raise Malformed(f"{name}[{i}]", f"is {described(segments[i])}, expected a segment dict")
-    blocks = list(map(dict.get, segments, repeat("blocks")))
+    blocks: list[Any] = list(map(dict.get, segments, repeat("blocks")))
     if not set(map(type, blocks)) <= {list}:
         blocks = [b or [] for b in blocks]          # none, or an empty value: no blocks
     if not set(map(type, blocks)) <= {list}:
