@@ -15,8 +15,7 @@ innermost frames.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -83,7 +82,7 @@ class StackInterner:
     """Frame and stack tables, grown on demand."""
 
     def __init__(self) -> None:
-        self._stack_by_list: dict[int, int] = {id(None): -1}   # by the frames list's identity (kept alive)
+        self._stack_by_list: dict[int, int] = {}
         self._stack_by_key: dict[tuple[int, ...], int] = {}
         self._frame_by_obj: dict[int, int] = {}
         self._frame_by_value: dict[Frame, int] = {}
@@ -110,7 +109,9 @@ class StackInterner:
         sid = self._stack_by_list.get(id(frames))
         if sid is not None:
             return sid
-        key = tuple(self._frame_id(f) for f in frames[:MAX_STACK_DEPTH])
+        head = frames[:MAX_STACK_DEPTH]
+        seen = tuple(map(self._frame_by_obj.get, map(id, head)))   # frames interned before, found in C
+        key = cast(tuple[int, ...], seen) if None not in seen else tuple(self._frame_id(f) for f in head)
         sid = self._stack_by_key.get(key)
         if sid is None:
             sid = len(self.stacks)
@@ -121,16 +122,9 @@ class StackInterner:
         return sid
 
     def intern_many(self, lists: Sequence[Any], rows: Sequence[int] | np.ndarray) -> np.ndarray:
-        """`intern` of `lists[r]` for each of `rows`, as int64 stack ids: a frames list seen before is found by
-        its identity in one C-level pass; only the others take a Python call each."""
-        picked = [lists[r] for r in np.asarray(rows, dtype=np.int64).tolist()]
-        sids = np.fromiter(map(self._stack_by_list.get, map(id, picked), repeat(-2)), dtype=np.int64,
-                           count=len(picked))
-        new = np.flatnonzero(sids == -2)
-        if len(new):
-            sids[new] = np.fromiter(map(self.intern, map(picked.__getitem__, new.tolist())), dtype=np.int64,
-                                    count=len(new))
-        return sids
+        """`intern` of `lists[r]` for each of `rows`, as int64 stack ids, iterated in C (one call per row)."""
+        picked = map(lists.__getitem__, np.asarray(rows, dtype=np.int64).tolist())
+        return np.fromiter(map(self.intern, picked), dtype=np.int64, count=len(rows))
 
     @classmethod
     def from_tables(cls, frames: pd.DataFrame, stacks: pd.DataFrame) -> StackInterner:

@@ -42,13 +42,12 @@ def render_diff(doc: dict[str, Any], top: int = 15, width: int | None = None) ->
                 [[str(c["device"]), c["category"], units.fmt_bytes(c["a_bytes"]), units.fmt_bytes(c["b_bytes"]),
                   _signed(c["delta_bytes"]), _signed(c["b_baseline_bytes"] - c["a_baseline_bytes"]),
                   _signed(c["b_transient_bytes"] - c["a_transient_bytes"]),
-                  f"{_inferred(c['a_inferred_bytes'], c['a_bytes'])} / "
-                  f"{_inferred(c['b_inferred_bytes'], c['b_bytes'])}"]
+                  f"{text.inferred_share(c['a_inferred_bytes'], c['a_bytes']) or '–'} / "
+                  f"{text.inferred_share(c['b_inferred_bytes'], c['b_bytes']) or '–'}"]
                  for c in doc["categories"]],
                 right=[True, False] + [True] * 6, width=width))
             if any(c["a_inferred_bytes"] or c["b_inferred_bytes"] for c in doc["categories"]):
-                out.append("inferred = bytes decided by sizes, lifetimes, layout or time rather than proven by a "
-                           "frame, pool or metadata (attribute --explain shows the arithmetic)")
+                out.append(f"{text.INFERRED_LEGEND} (attribute --explain shows the arithmetic)")
         counts = doc["counts"]
         out.append(f"\nstacks at the peak: {counts['new']} new, {counts['vanished']} vanished, {counts['grew']} grew, "
                    f"{counts['shrank']} shrank, {counts['same']} unchanged (frames compared without line numbers)")
@@ -243,9 +242,3 @@ def _check_line(r: dict[str, Any], rank: int | None) -> str:
     return (f"FAIL  {subject} {actual} > {_LIMIT_NAMES[r['check']]} {limit} by "
             f"{units.fmt_bytes(-r['headroom_bytes'])} ({where})")
 
-
-def _inferred(inferred: int, total: int) -> str:
-    """A side's inferred bytes of a category: – for none, "all", or how many."""
-    if not inferred:
-        return "–"
-    return "all" if inferred >= total else units.fmt_bytes(inferred)

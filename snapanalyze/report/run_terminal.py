@@ -131,13 +131,11 @@ def render_phases(doc: dict[str, Any], width: int | None = None) -> str:
                    "allocated inside the phase and live at its peak; clipped = began before the trace window; open = "
                    "no end recorded. A phase's name is what --phase accepts (NAME#K: the K-th of a repeated name).")
         if any(any(p["top_category_inferred_bytes"]) for p in doc["phases"]):
-            out.append("inferred = bytes decided by sizes, lifetimes, layout or time rather than proven by a frame, "
-                       "pool or metadata (attribute --explain shows the arithmetic)")
+            out.append(f"{text.INFERRED_LEGEND} (attribute --explain shows the arithmetic)")
     return "\n".join(out + _problems(doc))
 
 
 def _inferred_note(inferred: int, total: int) -> str:
     """" (inferred)" when a category's bytes were all decided by inference, " (N inferred)" for a part, else ""."""
-    if not inferred:
-        return ""
-    return " (inferred)" if inferred >= total else f" ({units.fmt_bytes(inferred)} inferred)"
+    share = text.inferred_share(inferred, total)
+    return " (inferred)" if share == "all" else f" ({share} inferred)" if share else ""

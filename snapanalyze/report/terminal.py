@@ -99,7 +99,7 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool, width: int 
                    f" reserved {units.fmt_bytes(p['reserved_bytes'])}"
                    + (f"; made by request {d['request']!r}" if d["request"] else ""))
         rows = [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_share(c["share"]), f"{c['blocks']:,}",
-                 _inferred(c["inferred_bytes"], c["bytes"]),
+                 text.inferred_share(c["inferred_bytes"], c["bytes"]),
                  "; ".join(f"{site} ({units.fmt_bytes(n)})" for site, n in
                            zip(c["top_frames"][:top], c["top_frame_bytes"][:top]))] for c in d["categories"]]
         out.append(text.table(["category", "bytes", "share", "blocks", "inferred", "top allocation sites"], rows,
@@ -112,14 +112,7 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool, width: int 
                 out.append(f"  {units.fmt_bytes(e['bytes']):>10}  {e['category']}{tags} ← {e['rule']}{flag} "
                            f"@ {e['frame'] or '(no frame)'}\n{'':14}{e['reason']}")
     if any(c["inferred_bytes"] for d in doc["devices"] for c in d["categories"]):
-        out.append("inferred = bytes decided by sizes, lifetimes, layout or time rather than proven by a frame, "
-                   "pool or metadata (--explain shows the arithmetic)")
+        out.append(f"{text.INFERRED_LEGEND} (--explain shows the arithmetic)")
     for note in doc["notes"]:
         out.append(f"note: {note}")
     return "\n".join(out)
-
-
-def _inferred(inferred: int, total: int) -> str:
-    if not inferred:
-        return ""
-    return "all" if inferred >= total else units.fmt_bytes(inferred)

@@ -6,13 +6,15 @@ Contract: `table` renders rows of already-formatted cells with right-aligned num
 printed as records, a row's `header: value` pairs to a paragraph, never a name or number folded; a table
 that fits, or one rendered without a width (piped output), comes out the same either way. `wrap` folds the
 other lines of a text (sentences, notes) that are longer than the width at spaces, continuing indented.
-Nothing here prints.
+`inferred_share` and INFERRED_LEGEND are how every table flags inferred bytes. Nothing here prints.
 """
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+
+from ..units import fmt_bytes
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None,
@@ -97,6 +99,17 @@ def _records(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) 
         out.extend(line.replace(_KEEP, " ") for line in text)
         out.append("")
     return "\n".join(out[:-1])
+
+
+INFERRED_LEGEND = ("inferred = bytes decided by sizes, lifetimes, layout or time rather than proven by a frame, "
+                   "pool or metadata")
+
+
+def inferred_share(inferred: int, total: int) -> str:
+    """How much of `total` bytes was inferred, as a cell: "" for none, "all", else the inferred bytes."""
+    if not inferred:
+        return ""
+    return "all" if inferred >= total else fmt_bytes(inferred)
 
 
 def _numeric(cell: str) -> bool:
