@@ -4,12 +4,13 @@ Contract: a Snapshot holds, per device, the trace as numpy columns (`DeviceTrace
 numpy columns too (shown as the DataFrames `segments` and `blocks`, made on first use), plus annotations,
 allocator settings and format facts (`Format`). Replay reads only numpy, so this module and replay never
 import pandas before a DataFrame is asked for.
-Nothing here touches raw snapshot dicts except through the stack interner, which resolves frames lazily.
+Nothing here touches raw snapshot dicts: stacks arrive interned, as stack ids into the `interner`'s tables
+(which stacks the loader kept is its choice: all, those of allocations, or none).
 Units are in column names' meaning: bytes for sizes, µs since the epoch for `time_us`.
 
 DataFrame columns:
 - `events`: device, index (position in that device's trace), action, addr, size, stream, time_us
-  (nullable), stack_id (−1: no frames), user_metadata, compile_context, pool_id (torch ≥ 2.12; else null).
+  (nullable), stack_id (−1: no frames, or not kept), user_metadata, compile_context, pool_id (torch ≥ 2.12; else null).
 - `segments`: device, address, total_size, allocated_size, active_size, requested_size, stream,
   segment_type, pool_id (str "a,b"; "0,0" is the default pool), is_expandable.
 - `blocks`: device, segment_address, address, size, requested_size, state, stream, pool_id,
@@ -74,8 +75,8 @@ class TraceDetails:
 
     `user_metadata` / `compile_context` / `pool_id` hold codes into their `*_names` tables, or are None when
     the file has no such field (`pool_id` on events: torch ≥ 2.12, "a,b" like a segment's); `device_free`
-    maps the index of each oom entry to the bytes the driver reported free; `stack_ids` holds already-interned
-    stack ids (runs read from Parquet), else None.
+    maps the index of each oom entry to the bytes the driver reported free; `stack_ids` holds each event's
+    stack id (−1: none kept, or none recorded), or is None when no stacks were kept at all.
     """
 
     user_metadata: np.ndarray | None = None
@@ -93,8 +94,8 @@ class DeviceTrace:
     """One device's trace as parallel columns, oldest event first.
 
     `action` holds codes into `action_names` (the ACTIONS first, then any unknown action names the file
-    used, which replay ignores). `time_us` is None when the file records no times. `frames` holds the raw
-    frames list of each event (or None) for lazy interning. The rarer columns live in `details`, given
+    used, which replay ignores). `time_us` is None when the file records no times. The rarer columns, the
+    events' stack ids among them, live in `details`, given
     as a TraceDetails or as a function that reads them on first use (so replay and peaks never pay for
     request ids or stacks); the properties below read through it.
     """
@@ -105,7 +106,6 @@ class DeviceTrace:
     size: np.ndarray
     stream: np.ndarray
     time_us: np.ndarray | None
-    frames: list[Any]
     action_names: tuple[str, ...] = ACTIONS
     details_source: TraceDetails | Callable[[], TraceDetails] = field(default_factory=TraceDetails, repr=False)
 
@@ -166,7 +166,7 @@ class Format:
 
 @dataclass(frozen=True, eq=False)
 class Snapshot(HtmlDisplay):
-    """A loaded memory snapshot: columnar, device-indexed, frames interned on demand.
+    """A loaded memory snapshot: columnar, device-indexed, its stacks interned.
 
     The end state is held as numpy columns (`segment_columns`, `block_columns`: SEGMENT_COLUMNS and
     BLOCK_COLUMNS, what replay reads) and shown as DataFrames (`segments`, `blocks`) made on first use;
@@ -176,7 +176,6 @@ class Snapshot(HtmlDisplay):
     traces: dict[int, DeviceTrace]
     segment_columns: Mapping[str, np.ndarray]
     block_columns: Mapping[str, np.ndarray]
-    block_frames: list[Any]
     annotations_source: pd.DataFrame | Callable[[], pd.DataFrame]
     allocator_settings: dict[str, Any] | None
     format: Format
@@ -216,19 +215,14 @@ class Snapshot(HtmlDisplay):
             return _empty_trace(device)
         return found
 
-    # -- frames, resolved lazily -------------------------------------------------------------------
+    # -- stacks -----------------------------------------------------------------------------------
     def event_stack_ids(self, device: int, indices: np.ndarray) -> np.ndarray:
-        """Stack id of each given event of `device` (−1 where the event carries no frames)."""
-        trace = self.trace(device)
-        if trace.stack_ids is not None:
-            return trace.stack_ids[np.asarray(indices, dtype=np.int64)]
-        return self.interner.intern_many(trace.frames, indices)
+        """Stack id of each given event of `device` (−1 where the event carries no frames, or none were kept)."""
+        return _pick_ids(self.trace(device).stack_ids, indices)
 
     def block_stack_ids(self, rows: np.ndarray) -> np.ndarray:
-        """Stack id of each given row of `blocks` (−1 where the block carries no frames)."""
-        if "stack_id" in self.block_columns:
-            return self.block_columns["stack_id"][np.asarray(rows, dtype=np.int64)]
-        return self.interner.intern_many(self.block_frames, rows)
+        """Stack id of each given row of `blocks` (−1 where the block carries no frames, or none were kept)."""
+        return _pick_ids(self.block_columns.get("stack_id"), rows)
 
     def frameless_allocations(self, device: int) -> bool:
         """Whether some allocations of the device's trace carry no frames while others carry some: a thread
@@ -236,14 +230,8 @@ class Snapshot(HtmlDisplay):
         found = self._frameless.get(device)
         if found is None:
             trace = self.trace(device)
-            allocs = np.flatnonzero(trace.action == ALLOC)
-            if trace.stack_ids is not None:
-                framed = trace.stack_ids[allocs] >= 0
-                found = bool(framed.any() and not framed.all())
-            else:                            # any() and all() stop at the first frameless / framed one
-                picked = list(map(trace.frames.__getitem__, allocs.tolist()))
-                found = any(picked) and not all(picked)
-            self._frameless[device] = found
+            framed = self.event_stack_ids(device, np.flatnonzero(trace.action == ALLOC)) >= 0
+            found = self._frameless[device] = bool(trace.stack_ids is not None and framed.any() and not framed.all())
         return found
 
     def stack(self, stack_id: int) -> list[tuple[str, int, str]]:
@@ -255,7 +243,7 @@ class Snapshot(HtmlDisplay):
 
     @cached_property
     def events(self) -> pd.DataFrame:
-        """All devices' trace entries as one DataFrame (see the module docstring). Interns every stack."""
+        """All devices' trace entries as one DataFrame (see the module docstring)."""
         import pandas as pd
         parts = [self._events_of(d, self.traces[d]) for d in sorted(self.traces)]
         return pd.concat(parts, ignore_index=True) if parts else self._events_of(0, _empty_trace(0))
@@ -310,7 +298,13 @@ def _decode(codes: np.ndarray | None, names: tuple[str, ...], n: int) -> pd.Cate
     return pd.Categorical.from_codes(codes, categories=list(names))
 
 
+def _pick_ids(ids: np.ndarray | None, rows: np.ndarray) -> np.ndarray:
+    """`ids` at `rows`, or −1 for each row when no ids were kept."""
+    rows = np.asarray(rows, dtype=np.int64)
+    return ids[rows] if ids is not None else np.full(len(rows), -1, dtype=np.int64)
+
+
 def _empty_trace(device: int) -> DeviceTrace:
     empty = np.zeros(0, dtype=np.int64)
     return DeviceTrace(device=device, action=np.zeros(0, dtype=np.int8), addr=np.zeros(0, dtype=np.uint64),
-                       size=empty, stream=empty, time_us=None, frames=[])
+                       size=empty, stream=empty, time_us=None)

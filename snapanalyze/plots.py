@@ -674,7 +674,9 @@ def icicle_figure(attribution: Attribution, device: int, label: FrameLabel | Non
     total = int(blocks["size"].sum())
     root = _Node(frames=[f"device {device}: {fmt_bytes(total)} live"], value=total)
     frame_names: dict[int, str] = {}
-    for (category, stack_id), size in grouped.items():
+    place = {c: k for k, c in enumerate(dict.fromkeys(c for c, _ in grouped.index))}
+    stacks = sorted(grouped.items(), key=lambda item: (place[item[0][0]], snapshot.stack(int(item[0][1]))))
+    for (category, stack_id), size in stacks:         # by category, then by frames: never by stack id
         size = int(size)
         cat = root.children.setdefault(f"c:{category}", _Node(frames=[f"[{category}]"]))
         cat.value += size

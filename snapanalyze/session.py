@@ -74,6 +74,7 @@ class Run:
     directories: dict[int, Path]
     progress: Callable[[str], None] | None = None     # told "loading rank N" before each load
     given: str = ""                                   # the path as the user wrote it, for messages
+    frames: bool | str = True                         # which stacks each load keeps (`load.load`)
     loads: int = 0
     _loaded: dict[Path, tuple[Snapshot, Timeline]] = field(default_factory=dict, repr=False)
 
@@ -83,7 +84,7 @@ class Run:
         if found is None:
             if self.progress is not None:
                 self.progress(f"loading rank {entry.rank}")
-            snapshot = load(entry.path)
+            snapshot = load(entry.path, frames=self.frames)
             found = self._loaded[entry.path] = (snapshot, replay(snapshot))
             self.loads += 1
         return found
@@ -135,12 +136,12 @@ class RankData:
         return self.run.samples.markers_of(self.rank)
 
 
-def open_run(path: str | Path, progress: Callable[[str], None] | None = None) -> Run:
+def open_run(path: str | Path, progress: Callable[[str], None] | None = None, frames: bool | str = True) -> Run:
     """The run directory (or rank=N directory) at `path` (see the module docstring); `progress` hears of each
-    snapshot load."""
+    snapshot load; `frames` says which stacks each load keeps (as `load.load`'s)."""
     root = Path(path)
     return Run(path=root, samples=read_run(root), entries=run_entries(root), directories=rank_directories(root),
-               progress=progress, given=str(path))
+               progress=progress, given=str(path), frames=frames)
 
 
 def is_run_path(path: str | Path) -> bool:
@@ -161,10 +162,11 @@ class RankTask:
     path: Path
     nvml: pd.DataFrame
     markers: pd.DataFrame
+    frames: bool | str = True
 
     @cached_property
     def _loaded(self) -> tuple[Snapshot, Timeline]:
-        snapshot = load(self.path)
+        snapshot = load(self.path, frames=self.frames)
         return snapshot, replay(snapshot)
 
     @property
@@ -178,7 +180,7 @@ class RankTask:
 
 def rank_task(data: RankData) -> RankTask:
     """What a worker needs to read `data`'s rank on its own."""
-    return RankTask(data.rank, data.tag, data.path, data.nvml, data.markers)
+    return RankTask(data.rank, data.tag, data.path, data.nvml, data.markers, data.run.frames)
 
 
 def measure_task(task: RankTask, rules: RuleSet) -> rank_analysis.RankMeasure:

@@ -2,19 +2,20 @@
 and what a frame is: Python or native (`is_python_frame`), its path without the install prefix
 (`short_path`), its one-line label (`frame_site`).
 
-Contract: `StackInterner.intern(frames)` maps a raw frames list (innermost first, dicts with filename/line/
-name) to a stack id (-1 for none), interning lazily so that only the stacks an analysis asks for are ever
-touched. Identity of the unpickled objects is the cheap first key (torch's pickle shares frame dicts and
-many frames lists), the frame values the second, so equal stacks get one id however they were stored.
-The raw lists stay referenced by the Snapshot, which keeps the identity keys valid. Frames are untrusted
-input: a field of the wrong type reads as "<malformed …>" (never str() of a nested object), every string goes
-through `clean_text` (lone surrogates escaped, length capped), and a stack keeps at most MAX_STACK_DEPTH
-innermost frames.
+Contract: `StackInterner.intern(lists)` maps raw frames lists (each innermost first, dicts with filename/
+line/name) to stack ids (-1 for none), equal stacks to one id however they were stored; the loader calls it
+a chunk at a time while it reads, then `finish()` drops every reference to a raw object, so that nothing
+unpickled outlives the load. A list is found among the known ones by the identity of its frame objects
+(torch's pickle shares one dict per distinct frame), a new stack is interned by its frames' values. Frames
+are untrusted input: a field of the wrong type reads as "<malformed …>" (never str() of a nested object),
+every string goes through `clean_text` (lone surrogates escaped, length capped), and a stack keeps at most
+MAX_STACK_DEPTH innermost frames.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import operator
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -26,6 +27,8 @@ Frame = tuple[str, int, str]  # (filename, line, name)
 NATIVE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".c")
 MAX_TEXT = 4096                # characters kept of any one string from a snapshot (a path, a name, a tag)
 MAX_STACK_DEPTH = 10_000       # frames kept per stack, innermost first (real stacks hold tens to hundreds)
+_LIST, _SID = itemgetter(0), itemgetter(1)   # of a (list, stack id) pair `intern` knows
+_BATCH = 4096                  # lists `intern` compares at a time against the stacks known before
 
 
 def clean_text(value: str) -> str:
@@ -78,15 +81,24 @@ def frame_site(frame: Frame | None, qualname: str = "") -> str:
     return name.split("(", 1)[0] or name
 
 
-class StackInterner:
-    """Frame and stack tables, grown on demand."""
+class _Known:
+    """The frames lists of one length `intern` has seen, one per distinct stack: the places where they
+    differ (`at`), and each one's frame object ids there → (the list, its stack id)."""
 
     def __init__(self) -> None:
-        self._stack_by_list: dict[int, int] = {}
+        self.at: list[int] = []
+        self.table: dict[tuple[int, ...], tuple[list[Any], int]] = {}
+
+
+class StackInterner:
+    """Frame and stack tables, grown by `intern` (or read from a converted run: `from_tables`)."""
+
+    def __init__(self) -> None:
         self._stack_by_key: dict[tuple[int, ...], int] = {}
         self._frame_by_obj: dict[int, int] = {}
         self._frame_by_value: dict[Frame, int] = {}
         self._keepalive: list[Any] = []
+        self._by_length: dict[int, _Known] = {}
         self.frames: list[Frame] = []
         self.stacks: list[tuple[int, ...]] = []
 
@@ -103,12 +115,8 @@ class StackInterner:
             self._keepalive.append(frame)
         return fid
 
-    def intern(self, frames: Any) -> int:
-        if not frames or not isinstance(frames, (list, tuple)):
-            return -1
-        sid = self._stack_by_list.get(id(frames))
-        if sid is not None:
-            return sid
+    def _stack_id(self, frames: list[Any] | tuple[Any, ...]) -> int:
+        """The id of a non-empty frames list's stack, by the frames' values (the slow path)."""
         head = frames[:MAX_STACK_DEPTH]
         seen = tuple(map(self._frame_by_obj.get, map(id, head)))   # frames interned before, found in C
         key = cast(tuple[int, ...], seen) if None not in seen else tuple(self._frame_id(f) for f in head)
@@ -117,14 +125,78 @@ class StackInterner:
             sid = len(self.stacks)
             self.stacks.append(key)
             self._stack_by_key[key] = sid
-        self._stack_by_list[id(frames)] = sid
-        self._keepalive.append(frames)
         return sid
 
-    def intern_many(self, lists: Sequence[Any], rows: Sequence[int] | np.ndarray) -> np.ndarray:
-        """`intern` of `lists[r]` for each of `rows`, as int64 stack ids, iterated in C (one call per row)."""
-        picked = map(lists.__getitem__, np.asarray(rows, dtype=np.int64).tolist())
-        return np.fromiter(map(self.intern, picked), dtype=np.int64, count=len(rows))
+    def intern(self, lists: list[Any]) -> np.ndarray:
+        """The stack id of each of `lists` (int64; -1 for an empty or missing one), keeping no list referenced
+        but one per distinct stack. A list is looked up among the known ones of its length by its frame
+        objects at the places where those differ, then checked with one C-level list compare (identical
+        frame objects compare at once): nearly every list is found that way, and only a new stack is
+        interned by its frames' values."""
+        ids = np.full(len(lists), -1, dtype=np.int64)
+        for start in range(0, len(lists), _BATCH):   # batches, so that a stack seen once is known to the rest
+            batch = lists[start:start + _BATCH]
+            if not set(map(type, batch)) <= {list}:  # None or a malformed value among them: one by one
+                ids[start:start + len(batch)] = [self._intern_one(f) for f in batch]
+                continue
+            lengths = np.fromiter(map(len, batch), dtype=np.int64, count=len(batch))
+            order = np.argsort(lengths, kind="stable")
+            cuts = np.flatnonzero(np.diff(lengths[order])) + 1
+            for rows in np.split(order, cuts):
+                length = int(lengths[rows[0]])
+                if length:
+                    ids[start + rows] = self._intern_length(list(map(batch.__getitem__, rows.tolist())), length)
+        return ids
+
+    def _intern_length(self, lists: list[list[Any]], length: int) -> list[int]:
+        known = self._by_length.setdefault(length, _Known())
+        at = known.at
+        keys = list(zip(*(map(id, map(itemgetter(k), lists)) for k in at))) if at else [()] * len(lists)
+        found: list[Any] = list(map(known.table.get, keys))      # (list, stack id) pairs, None where unknown
+        whole = None not in found
+        try:
+            same = list(map(operator.eq, lists, map(_LIST, found) if whole else
+                            [f[0] if f is not None else None for f in found]))
+        except RecursionError:                           # frames nested past any real one: one by one
+            same, whole = [False] * len(lists), False
+        if whole and all(same):
+            return list(map(_SID, found))
+        return [f[1] if ok else self._find(known, frames) for frames, f, ok in zip(lists, found, same)]
+
+    def _find(self, known: _Known, frames: list[Any]) -> int:
+        """The stack id of a list that its lookup key did not confirm (`_intern_length`): a known stack the
+        key missed, or a new one, added to `known` (with one more place to compare where it must)."""
+        while True:
+            key = tuple(id(frames[k]) for k in known.at)
+            seen = known.table.get(key)
+            if seen is None:
+                sid = self._stack_id(frames)
+                known.table[key] = (frames, sid)
+                return sid
+            other, sid = seen
+            try:
+                if other == frames:
+                    return sid
+            except RecursionError:
+                pass
+            where = next((k for k in range(len(frames)) if frames[k] is not other[k]), None)
+            if where is None:                            # the same frame objects: the same stack
+                return sid
+            known.at.append(where)
+            known.table = {tuple(id(f[k]) for k in known.at): (f, s) for f, s in known.table.values()}
+
+    def _intern_one(self, frames: Any) -> int:
+        if type(frames) is list and frames:
+            return self._find(self._by_length.setdefault(len(frames), _Known()), frames)
+        return self._stack_id(frames) if type(frames) is tuple and frames else -1
+
+    def finish(self) -> StackInterner:
+        """Drop every reference to the raw frames (the known lists, the frame objects by identity): the tables
+        stay, `intern` may not be called again. Returns self."""
+        self._by_length.clear()
+        self._frame_by_obj.clear()
+        self._keepalive.clear()
+        return self
 
     @classmethod
     def from_tables(cls, frames: pd.DataFrame, stacks: pd.DataFrame) -> StackInterner:

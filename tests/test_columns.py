@@ -43,10 +43,11 @@ def two_block_snapshot(**builder_kw: Any) -> dict[str, Any]:
 
 
 def facts(s: Snapshot) -> dict[str, Any]:
-    """Everything a replay or summary reads, in comparable form."""
+    """Everything a replay or summary reads, in comparable form (stacks aside)."""
     return {
         "segments": s.segments.astype({"segment_type": str, "pool_id": str}).to_dict("records"),
-        "blocks": s.blocks.astype({"segment_type": str, "pool_id": str, "state": str}).to_dict("records"),
+        "blocks": s.blocks.drop(columns="stack_id").astype({"segment_type": str, "pool_id": str, "state": str})
+        .to_dict("records"),
         "traces": {d: (t.action_names[:10], t.action.tolist(), t.addr.tolist(), t.size.tolist(),
                        t.stream.tolist(), None if t.time_us is None else t.time_us.tolist(), t.device_free)
                    for d, t in s.traces.items()},
@@ -165,7 +166,7 @@ def test_entries_without_frames_key(tmp_path: Path) -> None:
     snap = two_block_snapshot(frames=False)
     assert all("frames" not in e for e in snap["device_traces"][0])
     s = load(write_pickle(tmp_path / "f.pickle", snap))
-    assert s.trace(0).frames == [None] * 4
+    assert s.trace(0).stack_ids.tolist() == [-1] * 4
     assert (s.events["stack_id"] == -1).all()
     assert s.stack(-1) == []
 
@@ -447,7 +448,7 @@ def test_many_segments_columns_match_their_raw_rows() -> None:
     assert s.segment_columns["is_expandable"].tolist() == [g["is_expandable"] for g in segs]
     rows = [(i, g, b) for i, g in enumerate(segs) for b in g["blocks"]]
     blocks = s.block_columns
-    assert len(blocks["address"]) == len(rows) == len(s.block_frames)
+    assert len(blocks["address"]) == len(rows) == len(blocks["stack_id"])
     assert blocks["address"].tolist() == [b["address"] for _, _, b in rows]
     assert blocks["requested_size"].tolist() == [b["requested_size"] for _, _, b in rows]
     assert blocks["state"].tolist() == [b["state"] or "" for _, _, b in rows]
@@ -456,7 +457,8 @@ def test_many_segments_columns_match_their_raw_rows() -> None:
     assert blocks["segment_type"].tolist() == [g["segment_type"] for _, g, _ in rows]
     assert blocks["stream"].tolist() == [g["stream"] for _, g, _ in rows]
     assert blocks["is_expandable"].tolist() == [g["is_expandable"] for _, g, _ in rows]
-    assert [f == b["frames"] for f, (_, _, b) in zip(s.block_frames, rows)] == [True] * len(rows)
+    assert [s.stack(i) for i in blocks["stack_id"].tolist()] == \
+        [[(f["filename"], f["line"], f["name"]) for f in b["frames"] or []] for _, _, b in rows]
     # Interned: one string object per distinct state and pool id, however many rows hold it.
     assert len({id(v) for v in blocks["state"]}) == len(set(blocks["state"]))
     assert len({id(v) for v in s.segment_columns["pool_id"]}) == 4
@@ -537,6 +539,62 @@ def test_without_frames_every_event_and_block_is_frameless_and_the_rest_is_the_s
     full = to_snapshot(copy.deepcopy(raw), "x", "pickle")
     bare = to_snapshot(raw, "x", "pickle", frames=False)
     assert facts(bare) == facts(full)
-    assert any(full.trace(0).frames) and not any(bare.trace(0).frames)
-    assert any(full.block_frames) and not any(bare.block_frames)
-    assert len(bare.trace(0).frames) == len(full.trace(0).frames)
+    assert (full.trace(0).stack_ids >= 0).any() and bare.trace(0).stack_ids is None
+    assert (full.block_columns["stack_id"] >= 0).any() and (bare.block_columns["stack_id"] == -1).all()
+    everything = np.arange(len(full.trace(0)))
+    assert (bare.event_stack_ids(0, everything) == -1).all() and len(bare.events) == len(full.events)
+
+
+# -- which stacks are kept -----------------------------------------------------------------------------------
+
+def _reused_addresses_snapshot(rounds: int) -> dict[str, Any]:
+    """A block from before the trace freed at once and its address reused, then `rounds` alloc/free pairs
+    over a few addresses (past one CHUNK of entries), a second pre-window block freed last, and an OOM."""
+    b = SnapshotBuilder()
+    b.segment(BASE, [(MiB, MiB, "active_allocated"), (MiB, 0, "inactive")])
+    b.segment(BASE + 64 * MiB, [(MiB, MiB, "active_allocated"), (MiB, 0, "inactive")])
+    b.free(BASE, MiB)                           # allocated before the trace: its free decides it
+    for k in range(rounds):
+        addr = BASE + (k % 3) * 4 * MiB
+        b.alloc(addr, MiB)
+        b.free(addr, MiB)
+    b.event("oom", None, 20 * MiB, device_free=MiB)
+    b.free(BASE + 64 * MiB, MiB)                # a second pre-window block, freed in a later chunk
+    return b.build()
+
+
+def test_allocations_keeps_the_stacks_an_analysis_of_live_bytes_reads() -> None:
+    raw = _reused_addresses_snapshot(6000)
+    full = to_snapshot(copy.deepcopy(raw), "x", "pickle")
+    part = to_snapshot(raw, "x", "pickle", consume=True, frames="allocations")
+    assert facts(part) == facts(full)
+    t = full.trace(0)
+    everything = np.arange(len(t))
+    kept = np.array([s != [] for s in (part.stack(i) for i in part.event_stack_ids(0, everything))])
+    names = np.array(t.action_names)[t.action]
+    assert kept[(names == "alloc") | (names == "oom")].all()
+    frees = np.flatnonzero(names == "free_completed")
+    assert frees[kept[frees]].tolist() == [frees[0], frees[-1]]     # only the pre-window blocks' frees
+    same = [full.stack(a) == part.stack(b) for a, b in
+            zip(full.event_stack_ids(0, everything[kept]), part.event_stack_ids(0, everything[kept]))]
+    assert all(same)
+    rows = np.arange(len(full.block_columns["state"]))
+    active = full.block_columns["state"] != "inactive"
+    assert [full.stack(i) for i in full.block_stack_ids(rows[active])] == \
+        [part.stack(i) for i in part.block_stack_ids(rows[active])]
+    assert (part.block_stack_ids(rows[~active]) == -1).all()
+    assert raw["device_traces"] == [[]]         # consumed
+
+
+def test_an_unknown_frames_choice_is_refused() -> None:
+    with pytest.raises(ValueError, match="frames='some'"):
+        to_snapshot(two_block_snapshot(), "x", "pickle", frames="some")
+
+
+@pytest.mark.parametrize("path", REAL_FILES, ids=real_ids(REAL_FILES))
+def test_every_real_file_attributes_the_same_from_its_allocations_stacks(path: Path) -> None:
+    from snapanalyze.analyze.attribute import attribute
+    full, part = load(path), load(path, frames="allocations")
+    a, b = attribute(full), attribute(part)
+    assert a.blocks.drop(columns=["stack_id"]).equals(b.blocks.drop(columns=["stack_id"]))
+    assert [full.stack(s) for s in a.blocks["stack_id"]] == [part.stack(s) for s in b.blocks["stack_id"]]

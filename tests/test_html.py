@@ -460,9 +460,9 @@ def test_a_run_report_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> N
     read: list[str] = []
     runs_read: list[str] = []
 
-    def counting(path: Any, *args: Any) -> Any:
+    def counting(path: Any, *args: Any, **kw: Any) -> Any:
         read.append(str(path))
-        return load(path, *args)
+        return load(path, *args, **kw)
 
     real_read_run = session.read_run
     monkeypatch.setattr(session, "load", counting)

@@ -113,7 +113,7 @@ def summarize(s: Snapshot) -> dict[str, Any]:
         counts: Counter[str] = Counter()
         for code, k in zip(*np.unique(t.action, return_counts=True)):
             counts[t.action_names[int(code)]] = int(k)
-        with_frames = sum(1 for fr in t.frames if fr)
+        with_frames = int((s.event_stack_ids(d, np.arange(n)) >= 0).sum())
         times = t.time_us
         first = int(times[0]) if times is not None and n else None
         last = int(times[-1]) if times is not None and n else None
@@ -153,7 +153,8 @@ def summarize(s: Snapshot) -> dict[str, Any]:
         "devices": devices,
         "has": {
             "trace": any(len(t) for t in s.traces.values()),
-            "frames": any(d["events_with_frames"] for d in devices) or any(bool(f) for f in s.block_frames),
+            "frames": any(d["events_with_frames"] for d in devices) or
+            bool((s.block_stack_ids(np.arange(len(s.block_columns["device"]))) >= 0).any()),
             "cpp_frames": _has_cpp_frames(s),
             "annotations": len(s.annotations),
             "user_metadata_entries": user_md,

@@ -88,7 +88,6 @@ def main(ctx: click.Context, debug: bool, max_memory: int | None) -> None:
 def run() -> None:
     """The console script and `python -m snapanalyze`: `main`, then the process ends through `fastexit.exit`
     with main's exit code, without tearing down what the command loaded."""
-    fastexit.enable()
     try:
         main()
         code: int | str | None = 0

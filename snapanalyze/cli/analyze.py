@@ -93,16 +93,17 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 
 def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | None, rules_file: str | None,
                source: tuple[str, ...], explain: bool, csv: bool, rank_column: bool) -> dict[str, Any]:
-    from ..analyze.attribute import attribute as attribute_blocks
-    from ..analyze.phases import attribute_phase
     from ..load import load
-    from ..load.samples import markers_for
-    from ..report.documents import attribution_document
 
     t = job.target
     rules = rules_for(rules_file, source)
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag)
+    snapshot = load(t.path, t.rank, t.tag, frames="allocations")   # only the stacks attribution reads
+    from ..analyze.attribute import attribute as attribute_blocks  # pandas after the raw objects are freed
+    from ..analyze.phases import attribute_phase
+    from ..load.samples import markers_for
+    from ..report.documents import attribution_document
+
     markers = markers_for(t.path, t.rank, t.tag)
     step("attributing")
     if phase is not None:

@@ -69,9 +69,9 @@ def _diff(job: Job, step: Step, phase: str | None, device: int | None, rules_fil
 
     a, b = job.inputs
     step("loading A")
-    snap_a, markers_a = load(a.path, a.rank, a.tag), markers_for(a.path, a.rank, a.tag)
+    snap_a, markers_a = load(a.path, a.rank, a.tag, frames="allocations"), markers_for(a.path, a.rank, a.tag)
     step("loading B")
-    snap_b, markers_b = load(b.path, b.rank, b.tag), markers_for(b.path, b.rank, b.tag)
+    snap_b, markers_b = load(b.path, b.rank, b.tag, frames="allocations"), markers_for(b.path, b.rank, b.tag)
     step("replaying and attributing both")
     result = diff_snapshots(snap_a, snap_b, phase=phase, device=device, rules=rules_for(rules_file, source),
                             markers=(markers_a, markers_b))
@@ -194,7 +194,7 @@ def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag)
+    snapshot = load(t.path, t.rank, t.tag, frames="allocations")
     step("replaying and measuring" + (" (attributing every category)" if limits else ""))
     result = check_limits(snapshot, budget=budget, max_category=limits, max_transient=max_transient,
                           metric=metric, rules=rules_for(rules_file, source), device=device)

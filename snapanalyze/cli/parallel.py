@@ -5,10 +5,9 @@ Contract: `parallel_options` adds both options to a command and keeps them out o
 command ends (`parallel.open_executor`: None for --jobs 1, a process pool of N workers — default: the
 number of cores, or $SNAPANALYZE_JOBS — or a Dask cluster's executor for --scheduler, dask imported only
 then). Output never depends on them: results merge in rank order. `map_jobs(jobs, work, progress)` is
-`per_rank.each`'s engine: one job runs here with its steps shown (its raw input left for the fast exit to
-drop, `fastexit.single_input`); several run through `parallel.map_ranks` (in this process with their steps
-shown, or on the executor with a bar counting ranks); the ranks that failed on their input are returned with
-their errors beside the others' results.
+`per_rank.each`'s engine: one job runs here with its steps shown; several run through `parallel.map_ranks`
+(in this process with their steps shown, or on the executor with a bar counting ranks); the ranks that
+failed on their input are returned with their errors beside the others' results.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .. import fastexit
 from ..parallel import map_ranks, open_executor
 from .progress import Progress, rank_step
 
@@ -87,8 +85,7 @@ def map_jobs(jobs: Sequence[Job], work: Callable[[Job, Callable[[str], None]], T
     """Each job that succeeded with its result, and each that failed on its input with its error and exit
     code, both in order (see the module docstring). One job's failure is raised as it is."""
     if len(jobs) < 2:
-        with fastexit.single_input():
-            return [(j, work(j, rank_step(progress.step, j.rank))) for j in jobs], []
+        return [(j, work(j, rank_step(progress.step, j.rank))) for j in jobs], []
     pool = executor()
     if pool is None:
         outcomes = map_ranks(lambda j: work(j, rank_step(progress.step, j.rank)), jobs)

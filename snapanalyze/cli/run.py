@@ -33,8 +33,9 @@ def ranks(run: str, tag: str | None, rules_file: str | None,
     rules = rules_for(rules_file, source)
     with Progress() as progress:
         from ..session import open_run
-        comparison = compare_ranks(open_run(run, progress.step), tag=tag, rules=rules, threshold=threshold,
-                                   executor=executor(), progress=progress.step)
+        opened = open_run(run, progress.step, frames="allocations")
+        comparison = compare_ranks(opened, tag=tag, rules=rules, threshold=threshold, executor=executor(),
+                                   progress=progress.step)
     doc = ranks_document(comparison)
     if fmt == "json":
         emit_json(doc)
@@ -106,7 +107,7 @@ def _phases(job: Job, step: Step, device: int | None, rules_file: str | None, so
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag)
+    snapshot = load(t.path, t.rank, t.tag, frames="allocations")
     markers = markers_for(t.path, t.rank, t.tag)
     step("replaying")
     timeline = replay(snapshot)

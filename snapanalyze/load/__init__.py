@@ -14,7 +14,6 @@ import os
 import warnings
 from pathlib import Path
 
-from .. import fastexit
 from ..errors import InputWarning
 from ..model import Snapshot
 from .runs import resolve
@@ -23,17 +22,19 @@ from .validate import validate
 
 
 def load(path: str | Path, rank: int | None = None, tag: str | None = None,
-         limits: Limits | None = None, frames: bool = True) -> Snapshot:
+         limits: Limits | None = None, frames: bool | str = True) -> Snapshot:
     """Load a snapshot: pickle (plain or gzip), torch.save zip, JSON, or one snapshot of a run directory.
-    `frames=False` (for analyses that never look at stacks, like peaks) keeps no frames from a file, whose
-    frames lists are then freed as soon as the columns exist."""
+    Which stacks a file's are kept: `frames=True` ("all") every event's and block's, "allocations" only
+    those an analysis of live bytes reads (allocations, OOMs, the frees of blocks from before the trace, the
+    blocks holding bytes: about a third of the events, so a third of the interning), `False` ("none") none,
+    for analyses that never look at stacks, like peaks. The raw objects are freed as the columns are built."""
     snapshot = validate(_read(path, rank, tag, limits, frames))
     for text in snapshot.warnings:
         warnings.warn(f"{snapshot.source}: {text}", InputWarning, stacklevel=2)
     return snapshot
 
 
-def _read(path: str | Path, rank: int | None, tag: str | None, limits: Limits | None, frames: bool) -> Snapshot:
+def _read(path: str | Path, rank: int | None, tag: str | None, limits: Limits | None, frames: bool | str) -> Snapshot:
     if os.path.isdir(path):      # never raises: a name too long is then read as a file, which says so
         chosen = resolve(path, rank, tag)
         if chosen.is_dir():
@@ -44,10 +45,7 @@ def _read(path: str | Path, rank: int | None, tag: str | None, limits: Limits | 
     from .safe_pickle import read_raw
 
     raw = read_raw(path, limits)
-    # Frames kept pin most of the raw objects' memory whatever else is freed, so when the process will end
-    # without freeing them (fastexit), freeing the rest as the columns are built only costs time.
-    kept = frames and fastexit.keep(raw)
-    return to_snapshot(raw.data, str(path), raw.container, raw.stream_bytes, consume=not kept, frames=frames)
+    return to_snapshot(raw.data, str(path), raw.container, raw.stream_bytes, consume=True, frames=frames)
 
 
 __all__ = ["load", "Limits"]

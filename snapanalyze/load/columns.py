@@ -15,10 +15,12 @@ a column at a time — the raw dicts read a cache-sized chunk at a time for all 
 row taking its segment's fields by index — never a Python call per row: a column's types are checked at once
 (an integer column by its sum, which is an int only when every value is; a text column by the set of its
 types), and only a column that fails is scanned value by value, to name its first bad entry; texts (actions,
-segment types, states, pool ids, user metadata) are interned, one object per distinct value. Frames are kept
-as references to the unpickled lists and interned later, only where an analysis needs them (`frames=False`:
-not kept at all); with `consume`, each raw list is emptied once its columns exist. Whether the values make
-sense together is `validate`'s job.
+segment types, states, pool ids, user metadata) are interned, one object per distinct value. Stacks are
+interned as they are read (`stacks.StackInterner`), into stack id columns of the events and blocks: every
+one (`frames=True`, "all"), only those an analysis of live bytes reads ("allocations": see `_read_stacks`),
+or none (False); no raw object outlives the build. With `consume`, the trace is freed a chunk at a time as it
+is read and every other raw list once its columns exist, so memory shrinks as the columns grow. Whether the
+values make sense together is `validate`'s job.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..model import (
-    ACTION_CODE,
     ACTIONS,
+    ALLOC,
     BLOCK_COLUMNS,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
     HOST_DEVICE,
     OOM,
     SEGMENT_COLUMNS,
@@ -44,7 +48,7 @@ from ..model import (
     Snapshot,
     TraceDetails,
 )
-from ..stacks import clean_text
+from ..stacks import StackInterner, clean_text
 from .safe_pickle import gc_paused
 
 if TYPE_CHECKING:
@@ -54,6 +58,7 @@ MAX_SETTINGS_DEPTH = 4          # allocator_settings nest a dict or two; deeper 
 MAX_SETTINGS_ITEMS = 1000
 _MISSING = object()             # a key the raw dict does not have (None is a value)
 REQUIRED = object()             # in a `_fields` spec: a key every entry must have
+FRAMES_KEPT = ("all", "allocations", "none")   # which stacks `to_snapshot` keeps
 CHUNK = 8192                    # entries `_fields` reads per pass: small enough for their dicts to stay cached
 
 
@@ -223,64 +228,128 @@ def _numbers(values: list[Any], dtype: Any, where: Callable[[int], str]) -> np.n
     raise Malformed(where(0).rsplit("[", 1)[0], f"holds values that are not {expected}")
 
 
-def _interned(values: list[Any], where: Callable[[int], str]) -> tuple[np.ndarray, tuple[str, ...]]:
-    values, texts = _strings(values, where)     # types first: hashing an untrusted object could recurse
-    index = {v: i for i, v in enumerate(texts)}
-    return np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values)), tuple(texts.values())
+class _Codes:
+    """Codes of the distinct texts of a column read in parts: one code per distinct raw value (given ones
+    first), and the cleaned text of each code."""
+
+    def __init__(self, given: tuple[str, ...] = ()) -> None:
+        self.code: dict[Any, int] = {v: i for i, v in enumerate(given)}
+        self.names: list[str] = [clean_text(v) for v in given]
+
+    def of(self, values: list[Any], where: Callable[[int], str], dtype: Any = np.int32) -> np.ndarray:
+        if set(map(type, values)) <= {str}:        # types first: hashing an untrusted object could recurse
+            try:
+                return np.fromiter(map(self.code.__getitem__, values), dtype=dtype, count=len(values))
+            except KeyError:                        # a value not seen before
+                pass
+        values, texts = _strings(values, where)
+        for value, text in texts.items():
+            if value not in self.code:
+                self.code[value] = len(self.names)
+                self.names.append(text)
+        return np.fromiter(map(self.code.__getitem__, values), dtype=dtype, count=len(values))
 
 
-def _trace(device: int, entries: list[dict[str, Any]], name: str | None = None, frames: bool = True) -> DeviceTrace:
+def _trace(device: int, entries: list[Any], name: str | None = None,
+           interner: StackInterner | None = None, every: bool = True, consume: bool = False) -> DeviceTrace:
+    """One device's trace columns, read CHUNK entries at a time into preallocated columns. Each chunk's stacks
+    are interned into `interner` (none: no stacks) while its lists are still in the CPU cache — every
+    event's, or (`every=False`) only those an analysis of live bytes reads (`_read_stacks`) — and with
+    `consume` its entries are then freed, so the trace's memory shrinks as its columns grow."""
     name = name or f"device_traces[{device}]"
-
-    def at(key: str) -> Callable[[int], str]:
-        return lambda i: f"{name}[{i}].{key}"
-
+    n = len(entries)
     first = entries[0] if entries else {}
     pool_key = next((k for k in ("pool_id", "segment_pool_id") if k in first), None)  # the C++ / the viewer's
     has_times = any("time_us" in e for e in (first, entries[-1] if entries else {}))
     spec: dict[str, Any] = {"action": REQUIRED, "addr": 0, "size": 0, "stream": 0}
     spec.update({key: default for key, default, wanted in (
         ("time_us", 0, has_times), ("user_metadata", "", "user_metadata" in first),
-        ("compile_context", "", "compile_context" in first), ("frames", None, frames)) if wanted})
+        ("compile_context", "", "compile_context" in first), ("frames", None, interner is not None)) if wanted})
     if pool_key is not None:
         spec[pool_key] = None
-    fields = _fields(entries, spec)
-    names = fields.pop("action")
-    if not set(map(type, names)) <= {str}:
-        i = _first(names, lambda a: type(a) is not str)
-        raise Malformed(at("action")(i), f"is {described(names[i])}, expected a string")
-    table: dict[str, int] = dict(ACTION_CODE)
-    for a in dict.fromkeys(names):
-        table.setdefault(a, len(table))
-    action = np.fromiter(map(table.__getitem__, names), dtype=np.int16, count=len(names))
-    del names
-    times = _numbers(fields.pop("time_us"), np.int64, at("time_us")) if has_times else None
-    user_metadata = compile_context = None
-    um_names: tuple[str, ...] = ()
-    cc_names: tuple[str, ...] = ()
-    if "user_metadata" in fields:
-        user_metadata, um_names = _interned(fields.pop("user_metadata"), at("user_metadata"))
-    if "compile_context" in fields:
-        compile_context, cc_names = _interned(fields.pop("compile_context"), at("compile_context"))
-    pools: tuple[np.ndarray | None, tuple[str, ...]] = (None, ())
-    if pool_key is not None:
-        pools = _pool_codes(fields.pop(pool_key), at(pool_key))
-    oom_code = ACTION_CODE["oom"]
-    device_free = {int(i): _integer(entries[i].get("device_free", 0), at("device_free")(int(i)))
-                   for i in np.flatnonzero(action == oom_code)}
+    action = np.empty(n, dtype=np.int16)
+    ints = {key: np.empty(n, dtype=dtype) for key, dtype in (
+        ("addr", np.uint64), ("size", np.int64), ("stream", np.int64), ("time_us", np.int64)) if key in spec}
+    texts = {key: (_Codes(), np.empty(n, dtype=np.int32)) for key in ("user_metadata", "compile_context")
+             if key in spec}
+    actions = _Codes(ACTIONS)
+    pools: dict[str, int] = {}                  # each distinct pool id text → its code
+    pool = np.empty(n, dtype=np.int32) if pool_key is not None else None
+    device_free: dict[int, int] = {}
+    stack_ids = np.full(n, -1, dtype=np.int64) if interner is not None else None
+    allocated: set[int] = set()                 # not `every`: the addresses the trace allocated so far
+    for start in range(0, n, CHUNK):
+        chunk = entries[start:start + CHUNK]
+        part = slice(start, start + len(chunk))
+
+        def at(key: str, start: int = start) -> Callable[[int], str]:
+            return lambda i: f"{name}[{start + i}].{key}"
+
+        got = _fields(chunk, spec)
+        names = got.pop("action")
+        if not set(map(type, names)) <= {str}:
+            bad = _first(names, lambda a: type(a) is not str)
+            raise Malformed(at("action")(bad), f"is {described(names[bad])}, expected a string")
+        codes = action[part] = actions.of(names, at("action"), np.int16)
+        del names
+        for key, column in ints.items():
+            column[part] = _numbers(got.pop(key), column.dtype, at(key))
+        for key, (table, coded) in texts.items():
+            coded[part] = table.of(got.pop(key), at(key))
+        if pool is not None and pool_key is not None:
+            local, local_names = _pool_codes(got.pop(pool_key), at(pool_key))
+            pool[part] = np.array([pools.setdefault(t, len(pools)) for t in local_names], dtype=np.int32)[local]
+        for k in np.flatnonzero(codes == OOM).tolist():
+            device_free[start + k] = _integer(chunk[k].get("device_free", 0), at("device_free")(k))
+        if stack_ids is not None and interner is not None:
+            lists = got.pop("frames")
+            if every:
+                stack_ids[part] = interner.intern(lists)
+            else:
+                read = np.flatnonzero(_read_stacks(codes, ints["addr"][part], allocated))
+                stack_ids[start + read] = interner.intern(list(map(lists.__getitem__, read.tolist())))
+            del lists
+        del got
+        if consume:
+            del chunk
+            entries[part] = [None] * (part.stop - part.start)
     return DeviceTrace(
         device=device,
         action=action,
-        addr=_numbers(fields.pop("addr"), np.uint64, at("addr")),
-        size=_numbers(fields.pop("size"), np.int64, at("size")),
-        stream=_numbers(fields.pop("stream"), np.int64, at("stream")),
-        time_us=times,
-        frames=fields.pop("frames") if frames else [None] * len(entries),
-        action_names=tuple(clean_text(a) for a in table),
-        details_source=TraceDetails(user_metadata=user_metadata, user_metadata_names=um_names,
-                                    compile_context=compile_context, compile_context_names=cc_names,
-                                    device_free=device_free, pool_id=pools[0], pool_id_names=pools[1]),
+        addr=ints["addr"],
+        size=ints["size"],
+        stream=ints["stream"],
+        time_us=ints.get("time_us"),
+        action_names=tuple(actions.names),
+        details_source=TraceDetails(
+            user_metadata=texts["user_metadata"][1] if "user_metadata" in texts else None,
+            user_metadata_names=tuple(texts["user_metadata"][0].names) if "user_metadata" in texts else (),
+            compile_context=texts["compile_context"][1] if "compile_context" in texts else None,
+            compile_context_names=tuple(texts["compile_context"][0].names) if "compile_context" in texts else (),
+            device_free=device_free, pool_id=pool, pool_id_names=tuple(pools), stack_ids=stack_ids),
     )
+
+
+def _read_stacks(action: np.ndarray, addr: np.ndarray, allocated: set[int]) -> np.ndarray:
+    """Which events of a run of a trace have stacks an analysis of live bytes reads (a bool mask): the
+    allocations' and OOMs', and the frees of blocks allocated before the trace began — no allocation at
+    their address before them, neither in the run nor in `allocated` (the addresses the trace allocated
+    before the run, to which the run's are added) — whose stack is what can decide such a block."""
+    is_alloc = action == ALLOC
+    keep = is_alloc | (action == OOM)
+    rows = np.flatnonzero(is_alloc | (action == FREE_REQUESTED) | (action == FREE_COMPLETED))
+    if len(rows):
+        order = rows[np.lexsort((rows, addr[rows]))]           # by address, then trace order
+        at, alloc = addr[order], is_alloc[order]
+        allocs = np.cumsum(alloc)                              # allocations up to each row, all addresses
+        first = np.r_[True, at[1:] != at[:-1]]
+        before = allocs - np.maximum.accumulate(np.where(first, allocs - alloc, 0))  # … at this address
+        lone = np.flatnonzero((before == 0) & ~alloc)          # frees with no allocation before them here
+        if len(lone):
+            earlier = np.fromiter(map(allocated.__contains__, at[lone].tolist()), dtype=np.bool_, count=len(lone))
+            keep[order[lone[~earlier]]] = True
+        allocated.update(addr[is_alloc].tolist())
+    return keep
 
 
 def _blocks_of(segments: list[Any], name: str) -> list[list[Any]]:
@@ -297,10 +366,12 @@ def _blocks_of(segments: list[Any], name: str) -> list[list[Any]]:
     return blocks
 
 
-def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str = "segments", keep_frames: bool = True,
-              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[Any], bool]:
+def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str = "segments",
+              interner: StackInterner | None = None, every: bool = True,
+              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], bool]:
     """The segment and block columns, built a column at a time over the raw lists (`blocks` from _blocks_of);
-    block rows repeat their segment's device, address, stream, pool, type and expandable flag."""
+    block rows repeat their segment's device, address, stream, pool, type and expandable flag, and `stack_id`
+    holds the stacks interned into `interner` (`every=False`: only those of blocks holding bytes; none: −1)."""
 
     def at(key: str) -> Callable[[int], str]:
         return lambda i: f"{name}[{i}].{key}"
@@ -331,7 +402,7 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
         k = _first(flat, lambda b: type(b) is not dict)
         raise Malformed(block_at("")(k), f"is {described(flat[k])}, expected a block dict")
     got = _fields(flat, {"size": REQUIRED, "address": _MISSING, "requested_size": None, "state": "inactive",
-                         "history": None, **({"frames": None} if keep_frames else {})})
+                         "history": None, **({"frames": None} if interner is not None else {})})
     size = _int_column(got.pop("size"), np.int64, block_at("size"), name)
     addresses = got.pop("address")
     legacy = _MISSING in addresses   # compares by identity first: no value's __eq__ can match the sentinel
@@ -343,7 +414,7 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
     if legacy:
         address = np.where(missing, _running_addresses(seg["address"], size, owner, starts, name), address)
     requested = got.pop("requested_size")
-    frames = got.pop("frames") if keep_frames else [None] * len(flat)
+    kept = got.pop("frames") if interner is not None else [None] * len(flat)
     history = got.pop("history")
     if any(history):                 # torch 2.0: the last history entry holds the requested size and frames
         rows = [k for k, h in enumerate(history) if h]
@@ -355,21 +426,27 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
             last = history[k][-1]
             if requested[k] is None:
                 requested[k] = last.get("real_size", sizes[k])
-            if frames[k] is None:
-                frames[k] = last.get("frames")
+            if kept[k] is None:
+                kept[k] = last.get("frames")
     del history
     if None in requested:
         requested = [0 if r is None else r for r in requested]
-    if not keep_frames:              # a history's frames were filled in above
-        frames = [None] * len(flat)
+    state = _text_column(got.pop("state"), block_at("state"))
+    stack_id = np.full(len(flat), -1, dtype=np.int64)
+    if interner is not None and every:   # a history's frames were filled in above
+        stack_id = interner.intern(kept)
+    elif interner is not None:           # only a block holding bytes (not inactive) is ever asked for
+        holding = np.flatnonzero(state != "inactive")
+        stack_id[holding] = interner.intern(list(map(kept.__getitem__, holding.tolist())))
+    del kept
     block = {
         "device": seg["device"][owner], "segment_address": seg["address"][owner], "address": address,
         "size": size, "requested_size": _int_column(requested, np.int64, block_at("requested_size"), name),
-        "state": _text_column(got.pop("state"), block_at("state")),
+        "state": state,
         "stream": seg["stream"][owner], "pool_id": seg["pool_id"][owner], "segment_type": seg["segment_type"][owner],
-        "is_expandable": seg["is_expandable"][owner],
+        "is_expandable": seg["is_expandable"][owner], "stack_id": stack_id,
     }
-    return ({k: seg[k] for k in SEGMENT_COLUMNS}, {k: block[k] for k in BLOCK_COLUMNS}, frames, legacy)
+    return {k: seg[k] for k in SEGMENT_COLUMNS}, {k: block[k] for k in (*BLOCK_COLUMNS, "stack_id")}, legacy
 
 
 def _running_addresses(seg_address: np.ndarray, size: np.ndarray, owner: np.ndarray, starts: np.ndarray,
@@ -432,15 +509,15 @@ def _keys(items: Any, pick: Callable[[Any], Any] = lambda x: x, limit: int = 200
 
 
 def to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None = None,
-                consume: bool = False, frames: bool = True) -> Snapshot:
-    """Build the columnar Snapshot from what the file held (see module docstring). With `consume`, each raw
-    list is emptied as soon as its columns exist, so its objects are freed while the rest is built (the
-    caller must not use `raw` afterwards). `frames=False` keeps no frames (every event and block reads as
-    frameless), for an analysis that never looks at stacks: the frames lists, most of a snapshot's memory,
-    are then freed with the rest."""
+                consume: bool = False, frames: bool | str = True) -> Snapshot:
+    """Build the columnar Snapshot from what the file held (see module docstring). With `consume`, the raw
+    lists are emptied as their columns are built, so their objects are freed while the rest is built (the
+    caller must not use `raw` afterwards). `frames` says which stacks are kept (FRAMES_KEPT; True is "all",
+    False "none": every event and block then reads as frameless)."""
+    kept = frames_kept(frames)
     try:
         with gc_paused():
-            return _to_snapshot(raw, source, container, stream_bytes, consume, frames)
+            return _to_snapshot(raw, source, container, stream_bytes, consume, kept)
     except BadInputError:
         raise
     except Malformed as exc:
@@ -456,12 +533,21 @@ def to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None 
         raise BadInputError(source, "ran out of memory building the snapshot's tables") from None
 
 
+def frames_kept(frames: bool | str) -> str:
+    """The one of FRAMES_KEPT that `frames` names (True: "all", False: "none")."""
+    if frames is True or frames is False:
+        return "all" if frames else "none"
+    if frames not in FRAMES_KEPT:
+        raise ValueError(f"frames={frames!r}: expected True, False or one of {', '.join(FRAMES_KEPT)}")
+    return str(frames)
+
+
 def _row_count(segments: list[Any], blocks: list[list[Any]], traces: list[Any]) -> int:
     return len(segments) + sum(map(len, blocks)) + sum(len(e) for e in traces if isinstance(e, list))
 
 
 def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None, consume: bool,
-                 keep_frames: bool) -> Snapshot:
+                 kept: str) -> Snapshot:
     if isinstance(raw, list):
         if raw and not all(isinstance(s, dict) and "address" in s for s in raw):
             raise BadInputError(source, "not a PyTorch memory snapshot: a list whose items are not segments")
@@ -492,6 +578,7 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
         raise BadInputError(source, f"refused to load: {rows:,} segments, blocks and trace entries from a "
                             f"{stream_bytes:,}-byte pickle: shared references repeated to exhaust the reader "
                             "(a blow-up), not a snapshot")
+    interner, every = (StackInterner() if kept != "none" else None), kept == "all"
     traces: dict[int, DeviceTrace] = {}
     entry_keys: dict[str, None] = {}
     for device, entries in enumerate(traces_raw or []):
@@ -501,17 +588,17 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
             i = _first(entries, lambda e: type(e) is not dict)
             raise Malformed(f"device_traces[{device}][{i}]", f"is {described(entries[i])}, expected a trace entry dict")
         if entries:
-            traces[device] = _trace(device, entries, frames=keep_frames)
             for k in _keys(entries) + _keys(entries[-50:]):
                 entry_keys.setdefault(k, None)
+            traces[device] = _trace(device, entries, interner=interner, every=every, consume=consume)
             if consume:
                 entries.clear()
-    seg_columns, block_columns, block_frames, legacy = _segments(segments, blocks, keep_frames=keep_frames)
+    seg_columns, block_columns, legacy = _segments(segments, blocks, interner=interner, every=every)
     segment_keys, block_keys = _keys(segments), _keys(list(chain.from_iterable(blocks[:200])))
     del blocks
     if consume:
         segments.clear()
-    host = _host(raw, source, container) if isinstance(raw, dict) else None
+    host = _host(raw, source, container, kept) if isinstance(raw, dict) else None
     fmt = Format(
         container=container,
         layout=layout,
@@ -528,15 +615,15 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
         traces=traces,
         segment_columns=seg_columns,
         block_columns=block_columns,
-        block_frames=block_frames,
         annotations_source=_annotations(annotations),
         allocator_settings=_plain(settings) if isinstance(settings, dict) else None,
         format=fmt,
         host=host,
+        interner_source=interner.finish() if interner is not None else StackInterner(),
     )
 
 
-def _host(raw: dict[str, Any], source: str, container: str) -> Snapshot | None:
+def _host(raw: dict[str, Any], source: str, container: str, kept: str) -> Snapshot | None:
     """Pinned host memory (torch ≥ 2.14: `host_segments`, one flat `host_traces` list), as a Snapshot of its
     own on device HOST_DEVICE, so that it is reported beside the GPU numbers and never mixed into them."""
     segments, entries = raw.get("host_segments"), raw.get("host_traces")
@@ -551,15 +638,18 @@ def _host(raw: dict[str, Any], source: str, container: str) -> Snapshot | None:
     if not set(map(type, entries)) <= {dict}:
         i = _first(entries, lambda e: type(e) is not dict)
         raise Malformed(f"host_traces[{i}]", f"is {described(entries[i])}, expected a trace entry dict")
-    seg_columns, block_columns, block_frames, _ = _segments(segments, _blocks_of(segments, "host_segments"),
-                                                            "host_segments")
-    traces = {HOST_DEVICE: _trace(HOST_DEVICE, entries, "host_traces")} if entries else {}
+    interner, every = (StackInterner() if kept != "none" else None), kept == "all"
+    seg_columns, block_columns, _ = _segments(segments, _blocks_of(segments, "host_segments"), "host_segments",
+                                              interner=interner, every=every)
+    traces = {HOST_DEVICE: _trace(HOST_DEVICE, entries, "host_traces", interner=interner, every=every)} \
+        if entries else {}
     return Snapshot(
         source=source, traces=traces, segment_columns=seg_columns, block_columns=block_columns,
-        block_frames=block_frames, annotations_source=_annotations(None), allocator_settings=None,
+        annotations_source=_annotations(None), allocator_settings=None,
         format=Format(container=container, layout="host", top_level_keys=(), entry_keys=_keys(entries),
                       segment_keys=_keys(segments), block_keys=(), legacy_block_history=False,
                       trace_included=raw.get("host_traces") is not None),
+        interner_source=interner.finish() if interner is not None else StackInterner(),
     )
 
 

@@ -457,14 +457,14 @@ def _read_tables(directory: Path, meta: dict[str, Any]) -> Snapshot:
             addr=_pick(columns["addr"], rows), size=_pick(columns["size"], rows),
             stream=_pick(columns["stream"], rows),
             time_us=None if time_column is None else _pick(time_column, rows),
-            frames=[], action_names=tuple(table),
+            action_names=tuple(table),
             details_source=functools.partial(_details, directory, detail_table, rows, index))
     segments = _columns(_read_arrow(directory, "segments"), SEGMENT_COLUMNS)
     blocks = _columns(_read_arrow(directory, "blocks"), {**BLOCK_COLUMNS, "stack_id": np.int64})
     _check_stack_ids(directory / "blocks.parquet", blocks["stack_id"], _stack_bound(directory))
     fmt = {f.name: meta["format"][f.name] for f in dataclasses.fields(Format) if f.name in meta["format"]}
     return Snapshot(
-        source=str(directory), traces=traces, block_frames=[],
+        source=str(directory), traces=traces,
         segment_columns=segments, block_columns=blocks,
         annotations_source=functools.partial(_annotations, directory),
         allocator_settings=meta.get("allocator_settings"),

@@ -61,6 +61,7 @@ from ..session import RankData, Run, compare_ranks, is_run_path, open_run
 from .redact import Redactor
 
 Progress = Callable[[str], None]
+REPORT_FRAMES = "allocations"   # every stack the report shows is an allocation's (`load.load`'s `frames`)
 MAX_DETAILED_RANKS = 8          # ranks of a run with their own timelines, instants and rules in the report
 MAX_PHASE_CATEGORIES = 40       # spans per device whose peak is attributed (the largest transients: every row
                                 # the phases table shows, MAX_PHASE_ROWS)
@@ -394,15 +395,16 @@ def build_path_context(path: str | Path, rank: int | None = None, tag: str | Non
     inside = rank_path(path)
     if is_run_path(path):
         step("reading the run")
-        context = build_run_context(open_run(path, progress), rank, tag, rules=rules, progress=progress,
-                                    inputs=inputs, executor=executor, **options)
+        context = build_run_context(open_run(path, progress, frames=REPORT_FRAMES), rank, tag, rules=rules,
+                                    progress=progress, inputs=inputs, executor=executor, **options)
     elif inside is not None:
         step("reading the run")
-        context = build_run_context(open_run(inside, progress), rules=rules, progress=progress, inputs=inputs,
-                                    snapshot_path=path, **options)
+        context = build_run_context(open_run(inside, progress, frames=REPORT_FRAMES), rules=rules,
+                                    progress=progress, inputs=inputs, snapshot_path=path, **options)
     else:
         step("loading")
-        context = build_context(load(path), rules=rules, progress=progress, inputs=inputs, **options)
+        context = build_context(load(path, frames=REPORT_FRAMES), rules=rules, progress=progress, inputs=inputs,
+                                **options)
     if compare is not None:
         context = compare_with(context, compare, tag=tag, progress=progress)
     return context
@@ -422,12 +424,13 @@ def compare_with(context: Report, baseline: str | Path, tag: str | None = None,
         step("diffing against the baseline" + (f" (rank {own})" if own is not None else ""))
         if key not in cache:
             try:
-                cache[key] = load(baseline, key, tag) if run_baseline else load(baseline)
+                cache[key] = load(baseline, key if run_baseline else None, tag if run_baseline else None,
+                                  frames=REPORT_FRAMES)
             except UsageError as exc:
                 if key is None:
                     raise UsageError(f"--compare: {exc}") from None
                 try:                                     # a baseline run of one rank serves every rank
-                    cache[key] = load(baseline, None, tag)
+                    cache[key] = load(baseline, None, tag, frames=REPORT_FRAMES)
                 except UsageError:
                     problems.append(f"rank {own}: the baseline {baseline} has no snapshot for it")
                     continue
