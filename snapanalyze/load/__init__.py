@@ -24,7 +24,7 @@ from .validate import validate
 def load(path: str | Path, rank: int | None = None, tag: str | None = None,
          limits: Limits | None = None, frames: bool | str = True) -> Snapshot:
     """Load a snapshot: pickle (plain or gzip), torch.save zip, JSON, or one snapshot of a run directory.
-    Which stacks a file's are kept: `frames=True` ("all") every event's and block's, "allocations" only
+    Which of a file's stacks are kept: `frames=True` ("all") every event's and block's, "allocations" only
     those an analysis of live bytes reads (allocations, OOMs, the frees of blocks from before the trace, the
     blocks holding bytes: about a third of the events, so a third of the interning), `False` ("none") none,
     for analyses that never look at stacks, like peaks. The raw objects are freed as the columns are built."""
