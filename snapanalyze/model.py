@@ -231,7 +231,7 @@ class Snapshot(HtmlDisplay):
         if found is None:
             trace = self.trace(device)
             framed = self.event_stack_ids(device, np.flatnonzero(trace.action == ALLOC)) >= 0
-            found = self._frameless[device] = bool(trace.stack_ids is not None and framed.any() and not framed.all())
+            found = self._frameless[device] = bool(framed.any() and not framed.all())
         return found
 
     def stack(self, stack_id: int) -> list[tuple[str, int, str]]:

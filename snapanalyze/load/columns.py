@@ -301,7 +301,7 @@ def _trace(device: int, entries: list[Any], name: str | None = None,
             pool[part] = np.array([pools.setdefault(t, len(pools)) for t in local_names], dtype=np.int32)[local]
         for k in np.flatnonzero(codes == OOM).tolist():
             device_free[start + k] = _integer(chunk[k].get("device_free", 0), at("device_free")(k))
-        if stack_ids is not None and interner is not None:
+        if interner is not None and stack_ids is not None:
             lists = got.pop("frames")
             if every:
                 stack_ids[part] = interner.intern(lists)
@@ -313,6 +313,7 @@ def _trace(device: int, entries: list[Any], name: str | None = None,
         if consume:
             del chunk
             entries[part] = [None] * (part.stop - part.start)
+    um, cc = texts.get("user_metadata"), texts.get("compile_context")
     return DeviceTrace(
         device=device,
         action=action,
@@ -322,10 +323,8 @@ def _trace(device: int, entries: list[Any], name: str | None = None,
         time_us=ints.get("time_us"),
         action_names=tuple(actions.names),
         details_source=TraceDetails(
-            user_metadata=texts["user_metadata"][1] if "user_metadata" in texts else None,
-            user_metadata_names=tuple(texts["user_metadata"][0].names) if "user_metadata" in texts else (),
-            compile_context=texts["compile_context"][1] if "compile_context" in texts else None,
-            compile_context_names=tuple(texts["compile_context"][0].names) if "compile_context" in texts else (),
+            user_metadata=um[1] if um else None, user_metadata_names=tuple(um[0].names) if um else (),
+            compile_context=cc[1] if cc else None, compile_context_names=tuple(cc[0].names) if cc else (),
             device_free=device_free, pool_id=pool, pool_id_names=tuple(pools), stack_ids=stack_ids),
     )
 
@@ -414,7 +413,7 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
     if legacy:
         address = np.where(missing, _running_addresses(seg["address"], size, owner, starts, name), address)
     requested = got.pop("requested_size")
-    kept = got.pop("frames") if interner is not None else [None] * len(flat)
+    kept = got.pop("frames") if interner is not None else None
     history = got.pop("history")
     if any(history):                 # torch 2.0: the last history entry holds the requested size and frames
         rows = [k for k, h in enumerate(history) if h]
@@ -426,17 +425,15 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
             last = history[k][-1]
             if requested[k] is None:
                 requested[k] = last.get("real_size", sizes[k])
-            if kept[k] is None:
+            if kept is not None and kept[k] is None:
                 kept[k] = last.get("frames")
     del history
     if None in requested:
         requested = [0 if r is None else r for r in requested]
     state = _text_column(got.pop("state"), block_at("state"))
     stack_id = np.full(len(flat), -1, dtype=np.int64)
-    if interner is not None and every:   # a history's frames were filled in above
-        stack_id = interner.intern(kept)
-    elif interner is not None:           # only a block holding bytes (not inactive) is ever asked for
-        holding = np.flatnonzero(state != "inactive")
+    if interner is not None and kept is not None:   # a history's frames were filled in above
+        holding = np.arange(len(flat)) if every else np.flatnonzero(state != "inactive")   # only those hold bytes
         stack_id[holding] = interner.intern(list(map(kept.__getitem__, holding.tolist())))
     del kept
     block = {
@@ -542,6 +539,11 @@ def frames_kept(frames: bool | str) -> str:
     return str(frames)
 
 
+def _interning(kept: str) -> tuple[StackInterner | None, bool]:
+    """The interner a build of `kept` stacks fills (None: "none") and whether it takes every stack."""
+    return (StackInterner() if kept != "none" else None), kept == "all"
+
+
 def _row_count(segments: list[Any], blocks: list[list[Any]], traces: list[Any]) -> int:
     return len(segments) + sum(map(len, blocks)) + sum(len(e) for e in traces if isinstance(e, list))
 
@@ -578,7 +580,7 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
         raise BadInputError(source, f"refused to load: {rows:,} segments, blocks and trace entries from a "
                             f"{stream_bytes:,}-byte pickle: shared references repeated to exhaust the reader "
                             "(a blow-up), not a snapshot")
-    interner, every = (StackInterner() if kept != "none" else None), kept == "all"
+    interner, every = _interning(kept)
     traces: dict[int, DeviceTrace] = {}
     entry_keys: dict[str, None] = {}
     for device, entries in enumerate(traces_raw or []):
@@ -619,7 +621,7 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
         allocator_settings=_plain(settings) if isinstance(settings, dict) else None,
         format=fmt,
         host=host,
-        interner_source=interner.finish() if interner is not None else StackInterner(),
+        interner_source=(interner or StackInterner()).finish(),
     )
 
 
@@ -638,7 +640,7 @@ def _host(raw: dict[str, Any], source: str, container: str, kept: str) -> Snapsh
     if not set(map(type, entries)) <= {dict}:
         i = _first(entries, lambda e: type(e) is not dict)
         raise Malformed(f"host_traces[{i}]", f"is {described(entries[i])}, expected a trace entry dict")
-    interner, every = (StackInterner() if kept != "none" else None), kept == "all"
+    interner, every = _interning(kept)
     seg_columns, block_columns, _ = _segments(segments, _blocks_of(segments, "host_segments"), "host_segments",
                                               interner=interner, every=every)
     traces = {HOST_DEVICE: _trace(HOST_DEVICE, entries, "host_traces", interner=interner, every=every)} \
@@ -649,7 +651,7 @@ def _host(raw: dict[str, Any], source: str, container: str, kept: str) -> Snapsh
         format=Format(container=container, layout="host", top_level_keys=(), entry_keys=_keys(entries),
                       segment_keys=_keys(segments), block_keys=(), legacy_block_history=False,
                       trace_included=raw.get("host_traces") is not None),
-        interner_source=interner.finish() if interner is not None else StackInterner(),
+        interner_source=(interner or StackInterner()).finish(),
     )
 
 
