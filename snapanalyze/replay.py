@@ -306,17 +306,17 @@ def _replay_device(snapshot: Snapshot, device: int) -> DeviceTimeline:
         import pandas as pd
         pre = len(pre_live_rows)
         return pd.DataFrame({
-            "addr": np.concatenate([spans.addr, end.addr[~explained]]).astype(np.uint64),
-            "size": np.concatenate([span_size, end.requested[~explained]]).astype(np.int64),
-            "allocated_est": np.concatenate([est, end.size[~explained]]).astype(np.int64),
-            "alloc_index": np.concatenate([np.where(alloc, spans.start_ev, -1), np.full(pre, -1)]).astype(np.int64),
-            "free_index": np.concatenate([active_end, np.full(pre, -1)]).astype(np.int64),
-            "free_requested_index": np.concatenate([spans.requested, np.full(pre, -1)]).astype(np.int64),
+            "addr": np.concatenate([spans.addr, end.addr[~explained]], dtype=np.uint64),
+            "size": np.concatenate([span_size, end.requested[~explained]], dtype=np.int64),
+            "allocated_est": np.concatenate([est, end.size[~explained]], dtype=np.int64),
+            "alloc_index": np.concatenate([np.where(alloc, spans.start_ev, -1), np.full(pre, -1)], dtype=np.int64),
+            "free_index": np.concatenate([active_end, np.full(pre, -1)], dtype=np.int64),
+            "free_requested_index": np.concatenate([spans.requested, np.full(pre, -1)], dtype=np.int64),
             "stream": np.concatenate([trace.stream[spans.start_ev] if len(spans) else np.zeros(0, np.int64),
-                                      snapshot.block_columns["stream"][pre_live_rows]]).astype(np.int64),
-            "block_row": np.concatenate([span_block, pre_live_rows]).astype(np.int64),
+                                      snapshot.block_columns["stream"][pre_live_rows]], dtype=np.int64),
+            "block_row": np.concatenate([span_block, pre_live_rows], dtype=np.int64),
             "origin": pd.Categorical.from_codes(
-                np.concatenate([np.where(alloc, 0, 1), np.full(pre, 2)]).astype(np.int8),
+                np.concatenate([np.where(alloc, 0, 1), np.full(pre, 2)], dtype=np.int8),
                 categories=list(ORIGINS)),
         })
 

@@ -15,6 +15,7 @@ MAX_STACK_DEPTH innermost frames.
 from __future__ import annotations
 
 import operator
+from itertools import compress, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,6 +29,7 @@ NATIVE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".c")
 MAX_TEXT = 4096                # characters kept of any one string from a snapshot (a path, a name, a tag)
 MAX_STACK_DEPTH = 10_000       # frames kept per stack, innermost first (real stacks hold tens to hundreds)
 _LIST, _SID = itemgetter(0), itemgetter(1)   # of a (list, stack id) pair `intern` knows
+_UNKNOWN = (None, -1)          # the pair of a list whose key `intern` does not know
 _BATCH = 4096                  # lists `intern` compares at a time against the stacks known before
 
 
@@ -152,16 +154,16 @@ class StackInterner:
         known = self._by_length.setdefault(length, _Known())
         at = known.at
         keys = list(zip(*(map(id, map(itemgetter(k), lists)) for k in at))) if at else [()] * len(lists)
-        found: list[Any] = list(map(known.table.get, keys))      # (list, stack id) pairs, None where unknown
-        whole = None not in found
+        found = list(map(known.table.get, keys, repeat(_UNKNOWN)))     # (list, stack id) pairs
         try:
-            same = list(map(operator.eq, lists, map(_LIST, found) if whole else
-                            [f[0] if f is not None else None for f in found]))
+            same = list(map(operator.eq, lists, map(_LIST, found)))
         except RecursionError:                           # frames nested past any real one: one by one
-            same, whole = [False] * len(lists), False
-        if whole and all(same):
-            return list(map(_SID, found))
-        return [f[1] if ok else self._find(known, frames) for frames, f, ok in zip(lists, found, same)]
+            same = [False] * len(lists)
+        sids = list(map(_SID, found))
+        if not all(same):                                # a new stack, or one its key did not confirm
+            for k in compress(range(len(lists)), map(operator.not_, same)):
+                sids[k] = self._find(known, lists[k])
+        return sids
 
     def _find(self, known: _Known, frames: list[Any]) -> int:
         """The stack id of a list that its lookup key did not confirm (`_intern_length`): a known stack the

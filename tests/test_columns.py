@@ -489,6 +489,43 @@ BAD_ENTRIES: dict[str, tuple[Any, str]] = {
 }
 
 
+BAD_TRACE_ENTRIES: dict[str, tuple[Any, str]] = {
+    "entry past the first chunk": (lambda t: t.__setitem__(9000, [1]),
+                                   "device_traces[0][9000] is a list, expected a trace entry dict"),
+    "the first of two": (lambda t: (t.__setitem__(12000, 5), t.__setitem__(len(t) - 1, None)),
+                         "device_traces[0][12000] is 5, expected a trace entry dict"),
+    "the last entry": (lambda t: t.__setitem__(len(t) - 1, "alloc"),
+                       "device_traces[0][18004] is the string 'alloc', expected a trace entry dict"),
+    "an action that is not a string": (lambda t: t[10000].__setitem__("action", None),
+                                       "device_traces[0][10000].action is None, expected a string"),
+    "one odd text among the same": (lambda t: t[8500].__setitem__("compile_context", ("a",)),
+                                    "device_traces[0][8500].compile_context is a tuple, expected a string"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TRACE_ENTRIES))
+def test_a_bad_trace_entry_among_many_is_named(tmp_path: Path, case: str) -> None:
+    spoil, message = BAD_TRACE_ENTRIES[case]
+    raw = _reused_addresses_snapshot(6000)
+    for entry in raw["device_traces"][0]:
+        entry["compile_context"] = "N/A"        # one text throughout, as torch writes it
+    spoil(raw["device_traces"][0])
+    with pytest.raises(BadInputError) as info:
+        load(write_pickle(tmp_path / "bad.pickle", raw))
+    assert message in info.value.problem
+
+
+def test_a_text_column_of_one_value_reads_as_that_value_everywhere() -> None:
+    raw = _reused_addresses_snapshot(6000)
+    for k, entry in enumerate(raw["device_traces"][0]):
+        entry["compile_context"] = "N/A"
+        entry["user_metadata"] = "req-7" if k >= 9000 else ""   # the same in every chunk but one
+    t = to_snapshot(raw, "x", "pickle").trace(0)
+    assert set(np.array(t.compile_context_names)[t.compile_context].tolist()) == {"N/A"}
+    metadata = np.array(t.user_metadata_names)[t.user_metadata]
+    assert (metadata[:9000] == "").all() and (metadata[9000:] == "req-7").all()
+
+
 @pytest.mark.parametrize("case", sorted(BAD_ENTRIES))
 def test_a_bad_value_among_many_segments_is_named(tmp_path: Path, case: str) -> None:
     spoil, message = BAD_ENTRIES[case]

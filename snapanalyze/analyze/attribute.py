@@ -354,11 +354,13 @@ def _pools(snapshot: Snapshot, device: int, addr: np.ndarray, block_row: np.ndar
 
 def _main_request(metadata: np.ndarray, sizes: np.ndarray) -> str | None:
     """The request holding the most live bytes allocated in the window (the last resort for the instant's)."""
-    totals: dict[str, int] = {}
-    for request, size in zip(metadata.tolist(), sizes.tolist()):
-        if request:
-            totals[request] = totals.get(request, 0) + int(size)
-    return max(totals, key=lambda r: (totals[r], r)) if totals else None
+    named = np.flatnonzero(metadata != "")
+    if not len(named):
+        return None
+    codes, requests = pd.factorize(metadata[named])
+    totals = np.zeros(len(requests), dtype=np.int64)
+    np.add.at(totals, codes, sizes[named].astype(np.int64))
+    return str(max(zip(totals.tolist(), requests.tolist()))[1])
 
 
 def _shape_scores(size: int) -> tuple[int, int, int] | None:
@@ -736,6 +738,8 @@ def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not len(keys):
         return inverse, inverse
     for column in keys.T:                                # hashed, a column at a time (sorting rows is slower)
+        if column[0] == column.min() == column.max():    # one value throughout: it splits nothing
+            continue
         codes, distinct = pd.factorize(column)
         inverse = pd.factorize(inverse * len(distinct) + codes)[0]
     seen = np.maximum.accumulate(inverse)                # codes are numbered in order of first appearance

@@ -64,15 +64,11 @@ def copies(sizes: np.ndarray) -> int:
 
 
 def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool) -> list[StateGuess]:
-    """One guess per block (see the module docstring); `sizes` and `addresses` are parallel arrays."""
+    """One guess per block (see the module docstring); `sizes` and `addresses` are parallel arrays. Blocks
+    with the same guess share one StateGuess (a few distinct ones however many blocks)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     addresses = np.asarray(addresses, dtype=np.uint64)
-    out: list[StateGuess | None] = [None] * len(sizes)
     workspace = sizes == CUBLAS_DEFAULT_WORKSPACE
-    for i in np.flatnonzero(workspace):
-        out[i] = StateGuess("workspace", "state.cublas_workspace",
-                            f"no frames, live before the window and never freed; its size is PyTorch's default "
-                            f"cuBLAS workspace ({CUBLAS_DEFAULT_WORKSPACE:,} B = 4096 KiB × 2 + 16 KiB × 8)")
     rest = np.flatnonzero(~workspace)
     k = copies(sizes[rest]) if training else 1
     k = k if k in _ROLES else 1
@@ -81,24 +77,26 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool) -
                        "model's parameters and buffers" + ("" if training else
                                                           " (the snapshot shows no backward or optimizer)")
                        + f"; {ADVICE}")
-    if k == 1:
-        for i in rest:
-            out[i] = plain
-        return [g if g is not None else plain for g in out]
-    roles = _ROLES[k]
-    for size in np.unique(sizes[rest]):
-        members = rest[sizes[rest] == size]
-        if len(members) % k:
-            for i in members:
-                out[i] = plain
-            continue
-        members = members[np.argsort(addresses[members], kind="stable")]
-        per = len(members) // k
-        for j, i in enumerate(members):
-            role = roles[j // per]
-            out[i] = StateGuess(role, f"state.copies_{k}",
-                                f"no frames, live before the window and never freed; in a training program the "
-                                f"persistent sizes repeat {k}× (every repeated size occurs a multiple of {k} "
-                                f"times): {_ROLE_WORDS[k]}. This is copy {j // per + 1} of {k} of {int(size):,} B "
-                                f"in address order, which tells which copy is which only as a guess; {ADVICE}")
-    return [g if g is not None else plain for g in out]
+    out = np.full(len(sizes), plain, dtype=object)
+    if workspace.any():
+        out[workspace] = StateGuess("workspace", "state.cublas_workspace",
+                                    f"no frames, live before the window and never freed; its size is PyTorch's "
+                                    f"default cuBLAS workspace ({CUBLAS_DEFAULT_WORKSPACE:,} B = 4096 KiB × 2 + "
+                                    "16 KiB × 8)")
+    if k > 1:
+        roles = _ROLES[k]
+        order = rest[np.lexsort((addresses[rest], sizes[rest]))]     # by size, then address
+        by_size = sizes[order]
+        starts = np.flatnonzero(np.r_[True, by_size[1:] != by_size[:-1]]) if len(order) else order
+        for start, count in zip(starts.tolist(), np.diff(np.r_[starts, len(order)]).tolist()):
+            if count % k:                                            # k does not divide it: weights
+                continue
+            size, per = int(by_size[start]), count // k
+            for copy in range(k):
+                out[order[start + copy * per:start + (copy + 1) * per]] = StateGuess(
+                    roles[copy], f"state.copies_{k}",
+                    f"no frames, live before the window and never freed; in a training program the persistent "
+                    f"sizes repeat {k}× (every repeated size occurs a multiple of {k} times): {_ROLE_WORDS[k]}. "
+                    f"This is copy {copy + 1} of {k} of {size:,} B in address order, which tells which copy is "
+                    f"which only as a guess; {ADVICE}")
+    return list(out)

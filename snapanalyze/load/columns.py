@@ -118,7 +118,8 @@ def _pool_keys(values: list[Any], where: Callable[[int], str]) -> tuple[list[Any
     are checked to be None, short strings or flat tuples/lists of 1–4 ints before anything is hashed (a deep
     tuple would recurse in hash); only a column that fails is scanned per value, to name the first bad one."""
     types = set(map(type, values))
-    seqs = [v for v in values if type(v) is tuple or type(v) is list] if types & {tuple, list} else []
+    seqs = values if types in ({tuple}, {list}) else \
+        [v for v in values if type(v) is tuple or type(v) is list] if types & {tuple, list} else []
     strs = [v for v in values if type(v) is str] if str in types else []
     fast = (types <= {tuple, list, str, type(None)} and set(map(len, seqs)) <= {1, 2, 3, 4}
             and set(map(type, chain.from_iterable(seqs))) <= {int} and max(map(len, strs), default=0) <= 64)
@@ -177,15 +178,27 @@ def _int_column(values: list[Any], dtype: Any, where: Callable[[int], str], whol
         raise Malformed(whole, "hold an address or size that does not fit 64 bits") from None
 
 
-def _fields(entries: list[dict[str, Any]], spec: dict[str, Any]) -> dict[str, list[Any]]:
+def _only_dicts(values: list[Any], where: Callable[[int], str], kind: str, offset: int = 0) -> None:
+    """Malformed naming the first of `values` that is not a dict (`kind`: what it should be; `values` start at
+    `offset` of what `where` names), if one is not."""
+    if not set(map(type, values)) <= {dict}:
+        k = _first(values, lambda v: type(v) is not dict)
+        raise Malformed(where(offset + k), f"is {described(values[k])}, expected {kind}")
+
+
+def _fields(entries: list[dict[str, Any]], spec: dict[str, Any], where: Callable[[int], str] | None = None,
+            kind: str = "") -> dict[str, list[Any]]:
     """Each key of `spec` → its values over `entries` (dicts), the key's default in `spec` where one lacks it
     (REQUIRED: the KeyError is raised). The entries are read CHUNK at a time, every key of a chunk while its
     dicts are still in the CPU cache: over a million entries that is about 40 % faster than a pass per key,
-    which reads every dict from memory again."""
+    which reads every dict from memory again. With `where`, each chunk is first checked to hold only dicts
+    (`_only_dicts`), while it is in the cache too."""
     out: dict[str, list[Any]] = {key: [] for key in spec}
     plans = [(out[key], itemgetter(key), key, default) for key, default in spec.items()]
     for start in range(0, len(entries), CHUNK):
         chunk = entries[start:start + CHUNK]
+        if where is not None:
+            _only_dicts(chunk, where, kind, start)
         for column, get, key, default in plans:
             done = len(column)
             try:
@@ -236,18 +249,32 @@ class _Codes:
         self.code: dict[Any, int] = {v: i for i, v in enumerate(given)}
         self.names: list[str] = [clean_text(v) for v in given]
 
-    def of(self, values: list[Any], where: Callable[[int], str], dtype: Any = np.int32) -> np.ndarray:
-        if set(map(type, values)) <= {str}:        # types first: hashing an untrusted object could recurse
+    def of(self, values: list[Any], where: Callable[[int], str], dtype: Any = np.int32,
+           none: bool = True) -> np.ndarray:
+        """The codes of `values`: strings, or None ("") where `none` allows it; another value is Malformed."""
+        first = values[0] if values else None
+        if type(first) is str and values.count(first) == len(values):   # one text throughout ("", "N/A"):
+            return np.full(len(values), self._add(first, clean_text(first)), dtype=dtype)  # compared at C speed
+        types = set(map(type, values))              # types first: hashing an untrusted object could recurse
+        if types <= {str}:
             try:
                 return np.fromiter(map(self.code.__getitem__, values), dtype=dtype, count=len(values))
             except KeyError:                        # a value not seen before
                 pass
+        elif not none:
+            bad = _first(values, lambda v: type(v) is not str)
+            raise Malformed(where(bad), f"is {described(values[bad])}, expected a string")
         values, texts = _strings(values, where)
         for value, text in texts.items():
-            if value not in self.code:
-                self.code[value] = len(self.names)
-                self.names.append(text)
+            self._add(value, text)
         return np.fromiter(map(self.code.__getitem__, values), dtype=dtype, count=len(values))
+
+    def _add(self, value: Any, text: str) -> int:
+        code = self.code.get(value)
+        if code is None:
+            code = self.code[value] = len(self.names)
+            self.names.append(text)
+        return code
 
 
 def _trace(device: int, entries: list[Any], name: str | None = None,
@@ -258,6 +285,8 @@ def _trace(device: int, entries: list[Any], name: str | None = None,
     `consume` its entries are then freed, so the trace's memory shrinks as its columns grow."""
     name = name or f"device_traces[{device}]"
     n = len(entries)
+    if n and not type(entries[0]) is type(entries[-1]) is dict:   # read before the chunks' own check
+        _only_dicts(entries, lambda i: f"{name}[{i}]", "a trace entry dict")
     first = entries[0] if entries else {}
     pool_key = next((k for k in ("pool_id", "segment_pool_id") if k in first), None)  # the C++ / the viewer's
     has_times = any("time_us" in e for e in (first, entries[-1] if entries else {}))
@@ -283,15 +312,10 @@ def _trace(device: int, entries: list[Any], name: str | None = None,
         part = slice(start, start + len(chunk))
 
         def at(key: str, start: int = start) -> Callable[[int], str]:
-            return lambda i: f"{name}[{start + i}].{key}"
+            return lambda i: f"{name}[{start + i}]" + (f".{key}" if key else "")
 
-        got = _fields(chunk, spec)
-        names = got.pop("action")
-        if not set(map(type, names)) <= {str}:
-            bad = _first(names, lambda a: type(a) is not str)
-            raise Malformed(at("action")(bad), f"is {described(names[bad])}, expected a string")
-        codes = action[part] = actions.of(names, at("action"), np.int16)
-        del names
+        got = _fields(chunk, spec, at(""), "a trace entry dict")
+        codes = action[part] = actions.of(got.pop("action"), at("action"), np.int16, none=False)
         for key, column in ints.items():
             column[part] = _numbers(got.pop(key), column.dtype, at(key))
         for key, (table, coded) in texts.items():
@@ -338,7 +362,7 @@ def _read_stacks(action: np.ndarray, addr: np.ndarray, allocated: set[int]) -> n
     keep = is_alloc | (action == OOM)
     rows = np.flatnonzero(is_alloc | (action == FREE_REQUESTED) | (action == FREE_COMPLETED))
     if len(rows):
-        order = rows[np.lexsort((rows, addr[rows]))]           # by address, then trace order
+        order = rows[np.argsort(addr[rows], kind="stable")]    # by address, then trace order
         at, alloc = addr[order], is_alloc[order]
         allocs = np.cumsum(alloc)                              # allocations up to each row, all addresses
         first = np.r_[True, at[1:] != at[:-1]]
@@ -353,9 +377,7 @@ def _read_stacks(action: np.ndarray, addr: np.ndarray, allocated: set[int]) -> n
 
 def _blocks_of(segments: list[Any], name: str) -> list[list[Any]]:
     """Each segment's list of blocks (none: []), every segment checked to be a dict and every `blocks` a list."""
-    if not set(map(type, segments)) <= {dict}:
-        i = _first(segments, lambda s: type(s) is not dict)
-        raise Malformed(f"{name}[{i}]", f"is {described(segments[i])}, expected a segment dict")
+    _only_dicts(segments, lambda i: f"{name}[{i}]", "a segment dict")
     blocks: list[Any] = list(map(dict.get, segments, repeat("blocks")))
     if not set(map(type, blocks)) <= {list}:
         blocks = [b or [] for b in blocks]          # none, or an empty value: no blocks
@@ -397,15 +419,15 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
         return lambda k: f"{name}[{owner[k]}].blocks[{k - starts[owner[k]]}]" + (f".{key}" if key else "")
 
     flat = list(chain.from_iterable(blocks))
-    if not set(map(type, flat)) <= {dict}:
-        k = _first(flat, lambda b: type(b) is not dict)
-        raise Malformed(block_at("")(k), f"is {described(flat[k])}, expected a block dict")
     got = _fields(flat, {"size": REQUIRED, "address": _MISSING, "requested_size": None, "state": "inactive",
-                         "history": None, **({"frames": None} if interner is not None else {})})
+                         "history": None, **({"frames": None} if interner is not None else {})},
+                  block_at(""), "a block dict")
     size = _int_column(got.pop("size"), np.int64, block_at("size"), name)
     addresses = got.pop("address")
-    legacy = _MISSING in addresses   # compares by identity first: no value's __eq__ can match the sentinel
-    if legacy:                       # torch 2.0: a block without an address starts where the one before ends
+    # torch 2.0: a block without an address starts where the one before ends. Integers throughout (summed at
+    # C speed) have none; else `in` compares by identity first, so no value's __eq__ can match the sentinel.
+    legacy = not _all_ints(addresses) and _MISSING in addresses
+    if legacy:
         missing = np.array([a is _MISSING for a in addresses], dtype=np.bool_)
         addresses = [0 if a is _MISSING else a for a in addresses]
     address = _int_column(addresses, np.uint64, block_at("address"), name)
@@ -428,7 +450,7 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
             if kept is not None and kept[k] is None:
                 kept[k] = last.get("frames")
     del history
-    if None in requested:
+    if not _all_ints(requested) and None in requested:
         requested = [0 if r is None else r for r in requested]
     state = _text_column(got.pop("state"), block_at("state"))
     stack_id = np.full(len(flat), -1, dtype=np.int64)
@@ -586,9 +608,6 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
     for device, entries in enumerate(traces_raw or []):
         if not isinstance(entries, list):
             raise Malformed(f"device_traces[{device}]", f"is {described(entries)}, expected a list of trace entries")
-        if not set(map(type, entries)) <= {dict}:
-            i = _first(entries, lambda e: type(e) is not dict)
-            raise Malformed(f"device_traces[{device}][{i}]", f"is {described(entries[i])}, expected a trace entry dict")
         if entries:
             for k in _keys(entries) + _keys(entries[-50:]):
                 entry_keys.setdefault(k, None)
@@ -637,9 +656,7 @@ def _host(raw: dict[str, Any], source: str, container: str, kept: str) -> Snapsh
     segments, entries = segments or [], entries or []
     if not segments and not entries:
         return None
-    if not set(map(type, entries)) <= {dict}:
-        i = _first(entries, lambda e: type(e) is not dict)
-        raise Malformed(f"host_traces[{i}]", f"is {described(entries[i])}, expected a trace entry dict")
+    _only_dicts(entries, lambda i: f"host_traces[{i}]", "a trace entry dict")
     interner, every = _interning(kept)
     seg_columns, block_columns, _ = _segments(segments, _blocks_of(segments, "host_segments"), "host_segments",
                                               interner=interner, every=every)
