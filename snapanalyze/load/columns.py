@@ -26,10 +26,11 @@ values make sense together is `validate`'s job.
 from __future__ import annotations
 
 import operator
+from array import array
 from collections.abc import Callable
 from itertools import accumulate, chain, repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -166,10 +167,27 @@ def _text_column(values: list[Any], where: Callable[[int], str]) -> np.ndarray:
     return _objects(list(map(texts.__getitem__, values)))
 
 
+def _exact_ints(values: list[Any], dtype: Any) -> np.ndarray | None:
+    """`values` as a column of `dtype` (uint64 or int64) when every one is a non-negative int that fits it (a
+    bool counts), converted and checked in one C pass — `array("Q")` refuses anything else; None otherwise,
+    for the slower paths that take the rest (negative numbers, integral floats) or name what is wrong."""
+    try:
+        column = np.frombuffer(array("Q", values), dtype=np.uint64)
+    except (TypeError, OverflowError):
+        return None
+    if dtype == np.uint64:
+        return column
+    signed = column.view(np.int64)                 # a value past 2**63 reads negative here
+    return None if len(signed) and int(signed.min()) < 0 else signed
+
+
 def _int_column(values: list[Any], dtype: Any, where: Callable[[int], str], whole: str) -> np.ndarray:
     """Integers (bools and integral floats count, as `_integer` takes them) as a numpy column of `dtype`. The
     whole column's types are checked at once; only a column holding something else is scanned per value, to
     name the first offender. A value that does not fit is Malformed for the `whole` table."""
+    exact = _exact_ints(values, dtype)
+    if exact is not None:
+        return exact
     if not _all_ints(values):
         values = [_integer(v, where(i)) for i, v in enumerate(values)]
     try:
@@ -222,6 +240,9 @@ def _all_ints(values: list[Any]) -> bool:
 
 def _numbers(values: list[Any], dtype: Any, where: Callable[[int], str]) -> np.ndarray:
     """`values` as a numpy column of `dtype`; a value that is not an integer there is Malformed."""
+    exact = _exact_ints(values, dtype)
+    if exact is not None:
+        return exact
     try:
         if _all_ints(values):
             return np.fromiter(values, dtype=dtype, count=len(values))
@@ -375,32 +396,30 @@ def _read_stacks(action: np.ndarray, addr: np.ndarray, allocated: set[int]) -> n
     return keep
 
 
-def _blocks_of(segments: list[Any], name: str) -> list[list[Any]]:
-    """Each segment's list of blocks (none: []), every segment checked to be a dict and every `blocks` a list."""
-    _only_dicts(segments, lambda i: f"{name}[{i}]", "a segment dict")
-    blocks: list[Any] = list(map(dict.get, segments, repeat("blocks")))
-    if not set(map(type, blocks)) <= {list}:
-        blocks = [b or [] for b in blocks]          # none, or an empty value: no blocks
-    if not set(map(type, blocks)) <= {list}:
-        i = _first(blocks, lambda b: type(b) is not list)
-        raise Malformed(f"{name}[{i}].blocks", f"is {described(blocks[i])}, expected a list of blocks")
-    return blocks
+class _Segments(NamedTuple):
+    """The segment columns and, for the block columns built after them, each segment's raw blocks."""
+
+    columns: dict[str, np.ndarray]   # SEGMENT_COLUMNS
+    blocks: list[list[Any]]          # each segment's list of blocks (none: [])
+    counts: np.ndarray               # blocks per segment
 
 
-def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str = "segments",
-              interner: StackInterner | None = None, every: bool = True,
-              ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], bool]:
-    """The segment and block columns, built a column at a time over the raw lists (`blocks` from _blocks_of);
-    block rows repeat their segment's device, address, stream, pool, type and expandable flag, and `stack_id`
-    holds the stacks interned into `interner` (`every=False`: only those of blocks holding bytes; none: −1)."""
+def _segment_columns(segments: list[Any], name: str = "segments") -> _Segments:
+    """The segment columns, every segment dict read once (checked to be a dict, its `blocks` a list)."""
 
     def at(key: str) -> Callable[[int], str]:
         return lambda i: f"{name}[{i}].{key}"
 
     got = _fields(segments, {"device": 0, "address": REQUIRED, "total_size": 0, "allocated_size": 0, "active_size": 0,
                              "requested_size": 0, "stream": 0, "segment_type": "", "segment_pool_id": None,
-                             "is_expandable": False})
-    seg = {
+                             "is_expandable": False, "blocks": None}, lambda i: f"{name}[{i}]", "a segment dict")
+    blocks: list[Any] = got.pop("blocks")
+    if not set(map(type, blocks)) <= {list}:
+        blocks = [b or [] for b in blocks]          # none, or an empty value: no blocks
+    if not set(map(type, blocks)) <= {list}:
+        i = _first(blocks, lambda b: type(b) is not list)
+        raise Malformed(f"{name}[{i}].blocks", f"is {described(blocks[i])}, expected a list of blocks")
+    columns = {
         "device": _int_column(got.pop("device"), np.int64, at("device"), name),
         "address": _int_column(got.pop("address"), np.uint64, at("address"), name),
         **{k: _int_column(got.pop(k), np.int64, at(k), name)
@@ -411,7 +430,17 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
         "is_expandable": np.fromiter(map(operator.is_, got.pop("is_expandable"), repeat(True)), dtype=np.bool_,
                                      count=len(segments)),
     }
-    counts = np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks))
+    return _Segments({k: columns[k] for k in SEGMENT_COLUMNS}, blocks,
+                     np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks)))
+
+
+def _block_columns(segments: _Segments, name: str = "segments", interner: StackInterner | None = None,
+                   every: bool = True) -> tuple[dict[str, np.ndarray], bool]:
+    """The block columns, built a column at a time over the flattened raw blocks (and whether they are torch
+    2.0's, without addresses); block rows repeat their segment's device, address, stream, pool, type and
+    expandable flag, and `stack_id` holds the stacks interned into `interner` (`every=False`: only those of
+    blocks holding bytes; none: −1)."""
+    seg, blocks, counts = segments
     owner = np.repeat(np.arange(len(blocks)), counts)        # each block's segment
     starts = np.cumsum(counts) - counts                      # each segment's first block
 
@@ -424,13 +453,15 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
                   block_at(""), "a block dict")
     size = _int_column(got.pop("size"), np.int64, block_at("size"), name)
     addresses = got.pop("address")
-    # torch 2.0: a block without an address starts where the one before ends. Integers throughout (summed at
-    # C speed) have none; else `in` compares by identity first, so no value's __eq__ can match the sentinel.
-    legacy = not _all_ints(addresses) and _MISSING in addresses
+    address = _exact_ints(addresses, np.uint64)
+    # torch 2.0: a block without an address starts where the one before ends (`in` compares by identity
+    # first, so no value's __eq__ can match the sentinel).
+    legacy = address is None and _MISSING in addresses
     if legacy:
         missing = np.array([a is _MISSING for a in addresses], dtype=np.bool_)
         addresses = [0 if a is _MISSING else a for a in addresses]
-    address = _int_column(addresses, np.uint64, block_at("address"), name)
+    if address is None:
+        address = _int_column(addresses, np.uint64, block_at("address"), name)
     del addresses
     if legacy:
         address = np.where(missing, _running_addresses(seg["address"], size, owner, starts, name), address)
@@ -450,8 +481,12 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
             if kept is not None and kept[k] is None:
                 kept[k] = last.get("frames")
     del history
-    if not _all_ints(requested) and None in requested:
-        requested = [0 if r is None else r for r in requested]
+    requested_size = _exact_ints(requested, np.int64)
+    if requested_size is None:
+        if None in requested:
+            requested = [0 if r is None else r for r in requested]
+        requested_size = _int_column(requested, np.int64, block_at("requested_size"), name)
+    del requested
     state = _text_column(got.pop("state"), block_at("state"))
     stack_id = np.full(len(flat), -1, dtype=np.int64)
     if interner is not None and kept is not None:   # a history's frames were filled in above
@@ -460,12 +495,12 @@ def _segments(segments: list[dict[str, Any]], blocks: list[list[Any]], name: str
     del kept
     block = {
         "device": seg["device"][owner], "segment_address": seg["address"][owner], "address": address,
-        "size": size, "requested_size": _int_column(requested, np.int64, block_at("requested_size"), name),
+        "size": size, "requested_size": requested_size,
         "state": state,
         "stream": seg["stream"][owner], "pool_id": seg["pool_id"][owner], "segment_type": seg["segment_type"][owner],
         "is_expandable": seg["is_expandable"][owner], "stack_id": stack_id,
     }
-    return {k: seg[k] for k in SEGMENT_COLUMNS}, {k: block[k] for k in (*BLOCK_COLUMNS, "stack_id")}, legacy
+    return {k: block[k] for k in (*BLOCK_COLUMNS, "stack_id")}, legacy
 
 
 def _running_addresses(seg_address: np.ndarray, size: np.ndarray, owner: np.ndarray, starts: np.ndarray,
@@ -566,8 +601,13 @@ def _interning(kept: str) -> tuple[StackInterner | None, bool]:
     return (StackInterner() if kept != "none" else None), kept == "all"
 
 
-def _row_count(segments: list[Any], blocks: list[list[Any]], traces: list[Any]) -> int:
-    return len(segments) + sum(map(len, blocks)) + sum(len(e) for e in traces if isinstance(e, list))
+def _refuse_blowup(source: str, rows: int, stream_bytes: int | None) -> None:
+    """BadInputError when a pickle of `stream_bytes` holds more `rows` (segments, blocks, trace entries) than
+    its bytes can: shared references repeated, so that reading them would exhaust the machine."""
+    if stream_bytes is not None and rows > max(stream_bytes // 2, 1000):
+        raise BadInputError(source, f"refused to load: {rows:,} segments, blocks and trace entries from a "
+                            f"{stream_bytes:,}-byte pickle: shared references repeated to exhaust the reader "
+                            "(a blow-up), not a snapshot")
 
 
 def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None, consume: bool,
@@ -596,12 +636,10 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
                             f"({described(raw)}), expected a dict with 'segments' or a list of segments")
     if traces_raw is not None and not isinstance(traces_raw, list):
         raise BadInputError(source, "not a PyTorch memory snapshot: 'device_traces' is not a list")
-    blocks = _blocks_of(segments, "segments")
-    rows = _row_count(segments, blocks, traces_raw or [])
-    if stream_bytes is not None and rows > max(stream_bytes // 2, 1000):
-        raise BadInputError(source, f"refused to load: {rows:,} segments, blocks and trace entries from a "
-                            f"{stream_bytes:,}-byte pickle: shared references repeated to exhaust the reader "
-                            "(a blow-up), not a snapshot")
+    rows = len(segments) + sum(len(e) for e in traces_raw or [] if isinstance(e, list))
+    _refuse_blowup(source, rows, stream_bytes)               # before reading any segment
+    segs = _segment_columns(segments)
+    _refuse_blowup(source, rows + int(segs.counts.sum()), stream_bytes)
     interner, every = _interning(kept)
     traces: dict[int, DeviceTrace] = {}
     entry_keys: dict[str, None] = {}
@@ -614,9 +652,10 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
             traces[device] = _trace(device, entries, interner=interner, every=every, consume=consume)
             if consume:
                 entries.clear()
-    seg_columns, block_columns, legacy = _segments(segments, blocks, interner=interner, every=every)
-    segment_keys, block_keys = _keys(segments), _keys(list(chain.from_iterable(blocks[:200])))
-    del blocks
+    block_columns, legacy = _block_columns(segs, interner=interner, every=every)
+    segment_keys, block_keys = _keys(segments), _keys(list(chain.from_iterable(segs.blocks[:200])))
+    seg_columns = segs.columns
+    del segs
     if consume:
         segments.clear()
     host = _host(raw, source, container, kept) if isinstance(raw, dict) else None
@@ -658,8 +697,9 @@ def _host(raw: dict[str, Any], source: str, container: str, kept: str) -> Snapsh
         return None
     _only_dicts(entries, lambda i: f"host_traces[{i}]", "a trace entry dict")
     interner, every = _interning(kept)
-    seg_columns, block_columns, _ = _segments(segments, _blocks_of(segments, "host_segments"), "host_segments",
-                                              interner=interner, every=every)
+    segs = _segment_columns(segments, "host_segments")
+    block_columns, _ = _block_columns(segs, "host_segments", interner=interner, every=every)
+    seg_columns = segs.columns
     traces = {HOST_DEVICE: _trace(HOST_DEVICE, entries, "host_traces", interner=interner, every=every)} \
         if entries else {}
     return Snapshot(
