@@ -552,14 +552,12 @@ def _plain(value: Any, depth: int = 0) -> Any:
     return f"<{described(value)}>"
 
 
-def _keys(items: Any, pick: Callable[[Any], Any] = lambda x: x, limit: int = 2000) -> tuple[str, ...]:
-    seen: dict[str, None] = {}
-    for item in items[:limit]:
-        obj = pick(item)
-        if isinstance(obj, dict):
-            for k in obj:
-                seen.setdefault(clean_text(k) if isinstance(k, str) else described(k), None)
-    return tuple(seen)
+def _keys(items: list[Any], limit: int = 2000) -> tuple[str, ...]:
+    """The distinct keys of the dicts among the first `limit` items, in the order first seen, as safe text."""
+    keys = list(chain.from_iterable(item for item in items[:limit] if isinstance(item, dict)))
+    if set(map(type, keys)) <= {str}:           # strings hash safely: the distinct ones first, in C
+        keys = list(dict.fromkeys(keys))
+    return tuple(dict.fromkeys(clean_text(k) if isinstance(k, str) else described(k) for k in keys))
 
 
 def to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None = None,
