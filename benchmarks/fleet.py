@@ -11,8 +11,10 @@ then times, each in its own subprocess (wall time with ``time.perf_counter`` aro
              threads_per_worker=1)`` started before, its workers having imported snapanalyze (neither is
              timed: a cluster is there already)
 
-checks that the three print the same JSON, and prints the median times, the speed-up over jobs 1 and the
-parallel efficiency (speed-up / W; goal >= 0.8) as a table, also written to ``benchmarks/results/fleet.json``.
+checks that the three print the same JSON, and prints the median times, the speed-up over jobs 1, the
+parallel efficiency (speed-up / W; goal >= 0.8) and the peak RSS of the largest process (the command, a
+pool worker, a Dask worker: each holds one rank at a time) as a table, also written to
+``benchmarks/results/fleet.json``.
 It measures, it does not pass or fail on time: on a machine other work shares, the numbers are noisy.
 Exit status 0; 1 when a command failed or the outputs differ.
 """
@@ -27,7 +29,6 @@ import pickle
 import statistics
 import subprocess
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -64,13 +65,27 @@ def make_fleet(ranks: int, events: int, workers: int) -> Path:
     return run
 
 
-def timed(args: list[str]) -> tuple[float, str]:
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "snapanalyze", *args], cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - started
+# Runs the command and prints its wall time and the peak RSS of the largest process it made (itself or a pool
+# worker: a worker reaped by the command counts among its children, so among this wrapper's).
+_WRAPPER = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
+            "done = subprocess.run(sys.argv[1:]); "
+            "sys.stderr.write(f'\\n@@ {time.perf_counter() - t} "
+            "{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n'); sys.exit(done.returncode)")
+
+
+def timed(args: list[str]) -> tuple[float, int, str]:
+    """(wall s, peak RSS in KiB of the largest process, stdout) of one `snapanalyze` command (Linux units)."""
+    done = subprocess.run([sys.executable, "-c", _WRAPPER, sys.executable, "-m", "snapanalyze", *args], cwd=ROOT,
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"fleet: {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    return wall, done.stdout
+    wall, rss = done.stderr.rsplit("@@ ", 1)[1].split()
+    return float(wall), int(rss), done.stdout
+
+
+def _peak_rss_kib() -> int:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,29 +101,36 @@ def main(argv: list[str] | None = None) -> int:
     base = ["ranks", str(run), "--format", "json"]
     modes = {"jobs 1": ["--jobs", "1"], f"jobs {a.workers}": ["--jobs", str(a.workers)]}
     times: dict[str, list[float]] = {}
+    rss: dict[str, int] = {}
     outputs: dict[str, str] = {}
+    dask = f"dask {a.workers}"
     with LocalCluster(n_workers=a.workers, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
         with Client(cluster) as client:          # a cluster already there has imported snapanalyze
             client.run(importlib.import_module, "snapanalyze.session")
-        modes[f"dask {a.workers}"] = ["--scheduler", cluster.scheduler_address]
-        for _ in range(a.repeat):
-            for name, extra in modes.items():
-                wall, out = timed(base + extra)
-                times.setdefault(name, []).append(wall)
-                outputs[name] = out
+            modes[dask] = ["--scheduler", cluster.scheduler_address]
+            for _ in range(a.repeat):
+                for name, extra in modes.items():
+                    wall, peak, out = timed(base + extra)
+                    times.setdefault(name, []).append(wall)
+                    rss[name] = max(rss.get(name, 0), peak)
+                    outputs[name] = out
+            workers = client.run(_peak_rss_kib)      # the cluster's workers: not children of the command
+            rss[dask] = max(max(workers.values()), rss[dask])
     same = len(set(outputs.values())) == 1
     serial = statistics.median(times["jobs 1"])
     rows = []
     print(f"snapanalyze ranks over {a.ranks} ranks x {a.events:,} events ({os.cpu_count()} cores; noisy on a shared "
           "machine)")
-    print(f"{'mode':<10} {'wall s':>8} {'speed-up':>9} {'efficiency':>11}")
+    print(f"{'mode':<10} {'wall s':>8} {'speed-up':>9} {'efficiency':>11} {'peak RSS MiB':>13}")
     for name, walls in times.items():
         wall = statistics.median(walls)
         workers = 1 if name == "jobs 1" else a.workers
         speedup = serial / wall
         rows.append({"mode": name, "wall_s": wall, "walls_s": walls, "speedup": speedup,
-                     "efficiency": speedup / workers})
-        print(f"{name:<10} {wall:>8.2f} {speedup:>8.2f}x {speedup / workers:>11.2f}")
+                     "efficiency": speedup / workers, "peak_rss_mib": rss[name] / 1024})
+        print(f"{name:<10} {wall:>8.2f} {speedup:>8.2f}x {speedup / workers:>11.2f} {rss[name] / 1024:>13.0f}")
+    print("peak RSS: the largest process of the command (its own or a pool worker's; for Dask, a cluster "
+          "worker's since it started)")
     print(f"goal: efficiency >= {GOAL} with {a.workers} workers; outputs identical: {same}")
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "fleet.json").write_text(json.dumps(
