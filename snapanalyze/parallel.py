@@ -99,22 +99,24 @@ def map_ranks(fn: Callable[[I], T], items: Iterable[I], executor: Executor | Non
             yield outcome
         say(bar(len(items), len(items), unit))
         return
-    futures: list[Future[Outcome[T]]] = [executor.submit(_run, fn, limits, item) for item in items]
-    where = {f: i for i, f in enumerate(futures)}
+    # Each future is dropped as soon as its outcome is taken (as_completed drops its own), so an executor that
+    # keeps what a task holds until its future goes (Dask keeps the task's arguments) lets it go then.
+    where: dict[Future[Outcome[T]], int] = {executor.submit(_run, fn, limits, item): i for i, item in enumerate(items)}
     finished: dict[int, Outcome[T]] = {}
     following = 0
     say(bar(0, len(items), unit))
     try:
-        for done, future in enumerate(as_completed(futures), start=1):
-            finished[where[future]] = _result(future)
-            say(bar(done, len(items), unit))
+        for future in as_completed(where):          # no enumerate: its reused tuple would keep the last one
+            finished[where.pop(future)] = _result(future)
+            del future
+            say(bar(len(items) - len(where), len(items), unit))
             while following in finished:
                 outcome = finished.pop(following)
                 _warn(outcome)
                 yield outcome
                 following += 1
     finally:
-        for f in futures:
+        for f in where:                      # those not finished
             f.cancel()
 
 

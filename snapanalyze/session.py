@@ -154,8 +154,9 @@ def is_run_path(path: str | Path) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class RankTask:
-    """One rank's snapshot as a worker process reads it: its path, tag and NVML rows and markers, which pickle;
-    the snapshot is loaded and replayed in the process that asks, once (an `analyze.ranks.RankInput`)."""
+    """One rank's snapshot as a worker process reads it: its path, tag and NVML rows and markers, which pickle.
+    It never holds the snapshot: an executor may keep a task's arguments until its result is taken (Dask
+    does), and a worker must hold one rank's snapshot at a time."""
 
     rank: int
     tag: str
@@ -164,18 +165,23 @@ class RankTask:
     markers: pd.DataFrame
     frames: bool | str = True
 
-    @cached_property
-    def _loaded(self) -> tuple[Snapshot, Timeline]:
+    def loaded(self) -> LoadedRank:
+        """The rank loaded and replayed here (an `analyze.ranks.RankInput`)."""
         snapshot = load(self.path, frames=self.frames)
-        return snapshot, replay(snapshot)
+        return LoadedRank(self.rank, self.tag, self.path, self.nvml, self.markers, snapshot, replay(snapshot))
 
-    @property
-    def snapshot(self) -> Snapshot:
-        return self._loaded[0]
 
-    @property
-    def timeline(self) -> Timeline:
-        return self._loaded[1]
+@dataclass(frozen=True, eq=False)
+class LoadedRank:
+    """A `RankTask` loaded: what `analyze.ranks.measure_rank` reads, dropped once it has."""
+
+    rank: int
+    tag: str
+    path: Path
+    nvml: pd.DataFrame
+    markers: pd.DataFrame
+    snapshot: Snapshot
+    timeline: Timeline
 
 
 def rank_task(data: RankData) -> RankTask:
@@ -184,8 +190,9 @@ def rank_task(data: RankData) -> RankTask:
 
 
 def measure_task(task: RankTask, rules: RuleSet) -> rank_analysis.RankMeasure:
-    """`analyze.ranks.measure_rank` of one rank, loaded here (the per-rank work of `compare_ranks`)."""
-    return rank_analysis.measure_rank(task, rules)
+    """`analyze.ranks.measure_rank` of one rank, loaded here and let go when it returns (the per-rank work of
+    `compare_ranks`)."""
+    return rank_analysis.measure_rank(task.loaded(), rules)
 
 
 def compare_ranks(run: str | Path | Run, tag: str | None = None, rules: RuleSet | None = None,

@@ -3,6 +3,7 @@ rank named while the others complete, and dask imported only when --scheduler as
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import shutil
@@ -10,18 +11,23 @@ import subprocess
 import sys
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from snapanalyze.analyze.rules import load_rules
 from snapanalyze.cli import main
 from snapanalyze.errors import BadInputError, InputWarning
 from snapanalyze.load.safe_pickle import Limits, limits_in_effect, limits_now
+from snapanalyze.model import Snapshot
 from snapanalyze.parallel import bar, map_ranks, open_executor
-from snapanalyze.session import compare_ranks
+from snapanalyze.replay import Timeline
+from snapanalyze.session import compare_ranks, measure_task, open_run, rank_task
 
 RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
 FIXTURES = sorted(p for p in RUNS.iterdir() if p.is_dir())
@@ -228,6 +234,39 @@ def test_map_ranks_keeps_order_warnings_and_limits_and_names_a_failure() -> None
         warnings.simplefilter("always")
         inline = list(map_ranks(_slow, [0, 1, 2]))
     assert [o.result for o in inline] == [0, None, 20]
+
+
+class _Tracking(ThreadPoolExecutor):
+    """A pool that keeps a weak reference to every future it makes."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+        self.made: list[weakref.ref[Future[Any]]] = []
+
+    def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:   # type: ignore[override]
+        future = super().submit(*args, **kwargs)
+        self.made.append(weakref.ref(future))
+        return future
+
+
+def test_map_ranks_lets_each_future_go_once_its_outcome_is_out() -> None:
+    # Dask keeps what a task holds (its arguments) while its future lives: a run over many ranks must not
+    # keep every finished rank's future until the last rank is done.
+    with _Tracking() as pool:
+        outcomes = map_ranks(abs, [-1, -2, -3, -4], pool)
+        first = next(outcomes)
+        gc.collect()
+        assert first.result == 1 and pool.made[0]() is None
+        assert [o.result for o in outcomes] == [2, 3, 4]
+
+
+def test_a_rank_task_never_keeps_the_snapshot_it_measured(fleet: Path) -> None:
+    chosen, _ = open_run(fleet, frames="allocations").ranks()
+    task = rank_task(chosen[0])
+    measure = measure_task(task, load_rules())
+    assert measure.rows and measure.rows[0]["rank"] == task.rank
+    held = [v for v in vars(task).values() if isinstance(v, (Snapshot, Timeline, tuple))]
+    assert held == []                           # only its path, tag, NVML rows and markers
 
 
 def test_plain_commands_never_import_dask() -> None:
