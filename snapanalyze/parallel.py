@@ -8,7 +8,9 @@ the executor). A failure a user's input causes (SnapanalyzeError, MemoryError, R
 hostile snapshot) is that item's `Outcome.error`, a one-line message, and the other items still complete;
 any other exception is a bug and propagates. On an executor, `fn` must be a module-level function (or a
 `functools.partial` of one) whose arguments and result pickle, and should return a small result (tables,
-downsampled curves), never a Snapshot: each worker then holds one rank's snapshot at a time. The worker runs
+downsampled curves), never a Snapshot, nor keep what it loads on its arguments (Dask keeps a task's
+arguments until its future goes; each future is dropped as soon as its outcome is taken): each worker then
+holds one rank's snapshot at a time. The worker runs
 under the caller's input limits (`load.safe_pickle.limits_now`, the CLI's --max-memory), and the
 InputWarnings it raises come back with its outcome and are raised again here, in item order, so the CLI
 prints and lists them as if the work had run here. `progress(text)` hears "[####----] k/n ranks" as items
