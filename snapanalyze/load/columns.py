@@ -13,14 +13,15 @@ the pickle stream) bounds the rows: more segments, blocks and entries than half 
 come from shared references repeated (a blow-up), and is refused. Events, segments and blocks alike are built
 a column at a time — the raw dicts read a cache-sized chunk at a time for all their keys (`_fields`), a block
 row taking its segment's fields by index — never a Python call per row: a column's types are checked at once
-(an integer column by its sum, which is an int only when every value is; a text column by the set of its
-types), and only a column that fails is scanned value by value, to name its first bad entry; texts (actions,
-segment types, states, pool ids, user metadata) are interned, one object per distinct value. Stacks are
-interned as they are read (`stacks.StackInterner`), into stack id columns of the events and blocks: every
-one (`frames=True`, "all"), only those an analysis of live bytes reads ("allocations": see `_read_stacks`),
-or none (False); no raw object outlives the build. With `consume`, the trace is freed a chunk at a time as it
-is read and every other raw list once its columns exist, so memory shrinks as the columns grow. Whether the
-values make sense together is `validate`'s job.
+(an integer column by converting it with `array("Q")`, which refuses anything but a non-negative int, or
+else by its sum, an int only when every value is; a text column by the set of its types, or by one
+`list.count` when it holds one text throughout), and only a column that fails is scanned value by value, to
+name its first bad entry; texts (actions, segment types, states, pool ids, user metadata) are interned, one
+object per distinct value. Stacks are interned as they are read (`stacks.StackInterner`), into stack id
+columns of the events and blocks: every one (`frames=True`, "all"), only those an analysis of live bytes
+reads ("allocations": see `_read_stacks`), or none (False); no raw object outlives the build. With
+`consume`, the trace is freed a chunk at a time as it is read and every other raw list once its columns
+exist, so memory shrinks as the columns grow. Whether the values make sense together is `validate`'s job.
 """
 
 from __future__ import annotations
@@ -204,19 +205,18 @@ def _only_dicts(values: list[Any], where: Callable[[int], str], kind: str, offse
         raise Malformed(where(offset + k), f"is {described(values[k])}, expected {kind}")
 
 
-def _fields(entries: list[dict[str, Any]], spec: dict[str, Any], where: Callable[[int], str] | None = None,
-            kind: str = "") -> dict[str, list[Any]]:
+def _fields(entries: list[Any], spec: dict[str, Any], where: Callable[[int], str], kind: str
+            ) -> dict[str, list[Any]]:
     """Each key of `spec` → its values over `entries` (dicts), the key's default in `spec` where one lacks it
     (REQUIRED: the KeyError is raised). The entries are read CHUNK at a time, every key of a chunk while its
     dicts are still in the CPU cache: over a million entries that is about 40 % faster than a pass per key,
-    which reads every dict from memory again. With `where`, each chunk is first checked to hold only dicts
-    (`_only_dicts`), while it is in the cache too."""
+    which reads every dict from memory again. Each chunk is first checked to hold only dicts (`_only_dicts`:
+    `where` names an entry, `kind` what it should be), while it is in the cache too."""
     out: dict[str, list[Any]] = {key: [] for key in spec}
     plans = [(out[key], itemgetter(key), key, default) for key, default in spec.items()]
     for start in range(0, len(entries), CHUNK):
         chunk = entries[start:start + CHUNK]
-        if where is not None:
-            _only_dicts(chunk, where, kind, start)
+        _only_dicts(chunk, where, kind, start)
         for column, get, key, default in plans:
             done = len(column)
             try:
@@ -306,7 +306,7 @@ def _trace(device: int, entries: list[Any], name: str | None = None,
     `consume` its entries are then freed, so the trace's memory shrinks as its columns grow."""
     name = name or f"device_traces[{device}]"
     n = len(entries)
-    if n and not type(entries[0]) is type(entries[-1]) is dict:   # read before the chunks' own check
+    if n and (type(entries[0]) is not dict or type(entries[-1]) is not dict):   # their keys are read first
         _only_dicts(entries, lambda i: f"{name}[{i}]", "a trace entry dict")
     first = entries[0] if entries else {}
     pool_key = next((k for k in ("pool_id", "segment_pool_id") if k in first), None)  # the C++ / the viewer's
