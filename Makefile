@@ -24,7 +24,7 @@ bench: ## peaks/attribute vs a bare pickle.load (time and peak RSS, paired runs)
 	$(PYTHON) benchmarks/run.py --events 1000000 --segments 250000
 
 bench-fleet: ## Time `snapanalyze ranks` over 32 generated ranks x 100k events: --jobs 1, --jobs 2, a 2-worker Dask cluster
-	$(PYTHON) benchmarks/fleet.py --ranks 32 --events 100000 --workers 2
+	$(PYTHON) benchmarks/fleet.py --ranks 32 --events 100000 --workers 2 --repeat 3
 
 fixtures: ## Regenerate the scenario, run and sweep fixtures and their expected answers
 	$(PYTHON) fixtures/generate.py --out fixtures/scenarios

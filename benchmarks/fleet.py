@@ -11,8 +11,10 @@ then times, each in its own subprocess (wall time with ``time.perf_counter`` aro
              threads_per_worker=1)`` started before, its workers having imported snapanalyze (neither is
              timed: a cluster is there already)
 
-checks that the three print the same JSON, and prints the median times, the speed-up over jobs 1, the
-parallel efficiency (speed-up / W; goal >= 0.8) and the peak RSS of the largest process (the command, a
+checks that the three print the same JSON, and prints the median times, the speed-up over jobs 1 (the median
+over the rounds of jobs 1's time over the mode's in the same round: paired, as `run.py` does, since on a
+shared machine the same serial run took 7.4-10.9 s within minutes), the parallel efficiency (speed-up / W;
+goal >= 0.8) and the peak RSS of the largest process (the command, a
 pool worker, a Dask worker: each holds one rank at a time) as a table, also written to
 ``benchmarks/results/fleet.json``.
 It measures, it does not pass or fail on time: on a machine other work shares, the numbers are noisy.
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             workers = client.run(_peak_rss_kib)      # the cluster's workers: not children of the command
             rss[dask] = max(max(workers.values()), rss[dask])
     same = len(set(outputs.values())) == 1
-    serial = statistics.median(times["jobs 1"])
+    serial = times["jobs 1"]
     rows = []
     print(f"snapanalyze ranks over {a.ranks} ranks x {a.events:,} events ({os.cpu_count()} cores; noisy on a shared "
           "machine)")
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, walls in times.items():
         wall = statistics.median(walls)
         workers = 1 if name == "jobs 1" else a.workers
-        speedup = serial / wall
+        speedup = statistics.median(s / w for s, w in zip(serial, walls))    # paired: each round's own jobs 1
         rows.append({"mode": name, "wall_s": wall, "walls_s": walls, "speedup": speedup,
                      "efficiency": speedup / workers, "peak_rss_mib": rss[name] / 1024})
         print(f"{name:<10} {wall:>8.2f} {speedup:>8.2f}x {speedup / workers:>11.2f} {rss[name] / 1024:>13.0f}")

@@ -16,7 +16,7 @@ InputWarnings it raises come back with its outcome and are raised again here, in
 prints and lists them as if the work had run here. `progress(text)` hears "[####----] k/n ranks" as items
 finish. `open_executor(jobs, scheduler)` is the executor the CLI's --jobs / --scheduler name, as a context
 manager: None for one job, a process pool of `jobs` workers (forkserver: a clean process, never a fork of
-one with threads), or the executor of a `distributed.Client(scheduler)` — dask is imported only then.
+one with threads; the server starts, and imports snapanalyze, as the pool opens, not at its first task), or the executor of a `distributed.Client(scheduler)` — dask is imported only then.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_complet
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from typing import Any, Generic, TypeVar
 
 from .errors import InputWarning, SnapanalyzeError, UsageError
@@ -158,6 +159,7 @@ def open_executor(jobs: int | None = None, scheduler: str | None = None) -> Iter
         return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["snapanalyze.session"])     # workers fork from a server that imported it
+    forkserver.ensure_running()      # now: the server imports while the caller goes on, not at the first task
     pool = ProcessPoolExecutor(max_workers=n, mp_context=context)
     try:
         yield pool

@@ -4,6 +4,7 @@ rank named while the others complete, and dask imported only when --scheduler as
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import re
 import shutil
@@ -218,6 +219,43 @@ def _slow(item: int) -> int:
         raise BadInputError(f"file{item}", "damaged")
     limits = limits_now()
     return item * 10 + (0 if limits is None else limits.max_memory_bytes or 0)
+
+
+def _noting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What a command does, in order: "executor" when it opens its executor, "plan" when it chooses a run's
+    snapshots or opens the run."""
+    import snapanalyze.cli.parallel as cli_parallel
+    samples = importlib.import_module("snapanalyze.load.samples")
+    import snapanalyze.session as session
+
+    order: list[str] = []
+
+    def noting(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            order.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(cli_parallel, "open_executor", noting("executor", cli_parallel.open_executor))
+    monkeypatch.setattr(samples, "choose_snapshots", noting("plan", samples.choose_snapshots))
+    monkeypatch.setattr(session, "open_run", noting("plan", session.open_run))
+    return order
+
+
+@pytest.mark.parametrize("command", ["ranks", "attribute"])
+def test_a_command_over_several_ranks_opens_its_pool_before_it_plans(command: str, fleet: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The pool's server then imports snapanalyze while the command plans and imports what it needs itself.
+    order = _noting(monkeypatch)
+    code, _, _ = _cli(*{"ranks": ["ranks", fleet], "attribute": ["attribute", fleet, "--format", "json"]}[command],
+                      "--jobs", "2")
+    assert code == 0 and order[0] == "executor" and "plan" in order
+
+
+def test_a_command_over_one_snapshot_opens_no_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    order = _noting(monkeypatch)
+    code, _, _ = _cli("attribute", TP2 / "rank=0" / "snapshot-final.pickle", "--format", "json", "--jobs", "2")
+    assert code == 0 and "executor" not in order
 
 
 def test_map_ranks_keeps_order_warnings_and_limits_and_names_a_failure() -> None:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from .. import layout
 from ..errors import BadInputError, SnapanalyzeError
 from .common import echo_text, emit_json, terminal_width
+from .parallel import start_early
 from .progress import Progress
 
 T = TypeVar("T")
@@ -84,8 +85,10 @@ def _ranks_of(path: str, tag: str | None) -> tuple[dict[int, Target], list[str]]
 
     listing = scan(p)                                   # names the damage of a broken layout
     dirs = layout.rank_dirs(p)
-    if len(set(dirs) | {e.rank for e in listing.entries}) <= 1:
+    ranks = set(dirs) | {e.rank for e in listing.entries}
+    if len(ranks) <= 1:
         return None                                     # (a run of one rank reads no pandas: fast start)
+    start_early(len(ranks))
     from ..load.samples import choose_snapshots
 
     chosen, problems = choose_snapshots(listing.entries, dirs, p, tag)

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import click
 
+from .. import layout
 from ..atomic import write_atomic
 from ..errors import UsageError
 from . import main
 from .common import SIZE, input_argument, rules_for, source_option
-from .parallel import executor, parallel_options
+from .parallel import executor, parallel_options, start_early
 from .progress import Progress
 
 
@@ -61,6 +62,8 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
     if not output.parent.is_dir():
         raise UsageError(f"{output}: the directory {output.parent} does not exist")
     rules = rules_for(rules_file, source)
+    if rank is None:
+        start_early(len(layout.rank_dirs(file)))      # a run: its workers start while plotly and jinja2 import
     progress = Progress()
     try:
         from ..report.html import build_path_report  # plotly and jinja2 load only for this command

@@ -7,12 +7,10 @@ from typing import Any
 
 import click
 
-from ..report.run_documents import oom_document, ranks_document
-from ..report.run_terminal import render_oom, render_phases, render_ranks
-from ..session import compare_ranks, explain_path
+from .. import layout
 from . import main
 from .common import FORMATS, SIZE, echo_text, emit_json, input_argument, rules_for, source_option, terminal_width
-from .parallel import executor, parallel_options
+from .parallel import executor, parallel_options, start_early
 from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
 
@@ -31,8 +29,12 @@ def ranks(run: str, tag: str | None, rules_file: str | None,
           source: tuple[str, ...], threshold: float, fmt: str) -> None:
     """One row per rank at its peak: NVML used, memory outside the allocator, top category; the outliers."""
     rules = rules_for(rules_file, source)
+    start_early(len(layout.rank_dirs(run)))
+    from ..report.run_documents import ranks_document
+    from ..report.run_terminal import render_ranks
+    from ..session import compare_ranks, open_run
+
     with Progress() as progress:
-        from ..session import open_run
         opened = open_run(run, progress.step, frames="allocations")
         comparison = compare_ranks(opened, tag=tag, rules=rules, threshold=threshold, executor=executor(),
                                    progress=progress.step)
@@ -56,6 +58,10 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
                 source: tuple[str, ...],
                 fmt: str) -> None:
     """Why each allocation failed (fragmentation, live exhaustion, pressure from outside) — or that none did."""
+    from ..report.run_documents import oom_document
+    from ..report.run_terminal import render_oom
+    from ..session import explain_path
+
     rules = rules_for(rules_file, source)
     with Progress() as progress:
         progress.step("explaining")
@@ -88,6 +94,8 @@ def phases(file: str, rank: int | None, tag: str | None, device: int | None, rul
            no_categories: bool, kinds: tuple[str, ...], largest: int | None, fmt: str) -> None:
     """Before / peak / after of each phase (collector markers, record_function annotations, user_metadata), per
     rank of a run. The phase column is each phase's name as --phase accepts it (NAME, or NAME#K when repeated)."""
+    from ..report.run_terminal import render_phases
+
     rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
     p = plan(file, rank, tag)
     work = functools.partial(_phases, device=device, rules_file=rules_file, source=source,
