@@ -16,7 +16,8 @@ InputWarnings it raises come back with its outcome and are raised again here, in
 prints and lists them as if the work had run here. `progress(text)` hears "[####----] k/n ranks" as items
 finish. `open_executor(jobs, scheduler)` is the executor the CLI's --jobs / --scheduler name, as a context
 manager: None for one job, a process pool of `jobs` workers (forkserver: a clean process, never a fork of
-one with threads; the server starts, and imports snapanalyze, as the pool opens, not at its first task), or the executor of a `distributed.Client(scheduler)` — dask is imported only then.
+one with threads; the server starts, and imports snapanalyze, as the pool opens, not at its first task), or
+the executor of a `distributed.Client(scheduler)` — dask is imported only then.
 """
 
 from __future__ import annotations
