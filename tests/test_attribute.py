@@ -117,11 +117,21 @@ def test_top_sites_by_frame_and_stack():
     assert by_stack["bytes"].sum() == result.summary.set_index("category").loc["fallback_kernel", "bytes"]
 
 
+def test_a_vocabulary_counts_only_where_a_norm_weight_proves_its_hidden_size():
+    llama2 = 32000 * 4096 * 2                    # also 64000 × 2048, 128000 × 1024 and 256000 × 512 × 2 bytes
+    assert vocab_hints(np.array([llama2, 4096 * 2, 4096 * 4096 * 2])) == {32000}
+    assert vocab_hints(np.array([llama2, 4096 * 4096 * 2])) == frozenset()      # no norm weight: unproven
+    # A 2.7B model with a 10,000-token vocabulary: its largest weight is an MLP's (10240 × 2560 × 4 B), which
+    # fits 102,400 × 512 × 2 B by coincidence; its norm weights (2560 × 4 B) do not back that up.
+    assert vocab_hints(np.array([10240 * 2560 * 4, 10000 * 2560 * 4, 2560 * 4])) == frozenset()
+    assert vocab_hints(np.array([], dtype=np.int64)) == frozenset()
+
+
 def test_shape_heuristics():
     size = 8000 * 128256 * 4                            # also 4008 × 256000 × 4 and 32064 × 32000 × 4
     assert _shape_logits(size, frozenset()) is None     # no live vocabulary weight: no guess
-    hints = vocab_hints(np.array([128256 * 4096 * 2]))  # Llama-3-8B embedding weight is live
-    assert 128256 in hints
+    hints = vocab_hints(np.array([128256 * 4096 * 2, 4096 * 2]))  # Llama-3-8B's embedding and a norm weight
+    assert hints == {128256}
     assert _shape_logits(size, hints) == (8000, 128256, 4)
     assert _shape_logits(2**30, frozenset({32768})) is None                 # powers of two are too ambiguous
     assert _shape_logits(1000, hints) is None
@@ -278,6 +288,117 @@ def test_names_are_scoped_by_the_owning_module(tmp_path):
     assert "inside ResBlock.forward, which owns it" in got["reason"].tolist()[0]
     blind = attribute(snap, at="event:2").blocks
     assert set(blind["category"]) == {"other"}
+
+
+# A backward pass's allocations, as torch records them with stacks="all" (innermost first): no Python frame;
+# the autograd engine's thread, started by libc (whose frames past the thread entry symbolizers misname).
+_NATIVE = ("??", 0)
+_ALLOCATING = [(*_NATIVE, "torch::unwind::unwind()"),
+               ("CUDACachingAllocator.cpp", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::"
+                "malloc(signed char, unsigned long, CUstream_st*)"),
+               (*_NATIVE, "at::detail::empty_cuda(c10::ArrayRef<long>, c10::TensorOptions const&)")]
+_BMM_BACKWARD = [("RegisterCUDA.cpp", 0, "at::(anonymous namespace)::wrapper_CUDA_bmm(at::Tensor const&, "
+                  "at::Tensor const&)"),
+                 (*_NATIVE, "at::_ops::bmm::call(at::Tensor const&, at::Tensor const&)"),
+                 (*_NATIVE, "torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor, "
+                  "std::allocator<at::Tensor> >&&)"),
+                 ("", 0, "torch::autograd::Node::operator()(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)"),
+                 (*_NATIVE, "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> "
+                  "const&)"),
+                 ("thread48.o", 0, "execute_native_thread_routine"),
+                 (*_NATIVE, "pthread_condattr_setpshared"), (*_NATIVE, "__xmknodat")]
+
+
+def test_a_backward_pass_leaves_gradients_and_a_cublas_workspace_named_by_their_frames(tmp_path):
+    """After a backward, what its engine allocated and kept is a .grad (inferred from the lifetime) — but not
+    the workspace the backward thread's cuBLAS handle cached, which its frames prove. A gradient's site is
+    the autograd node that made it, never the libc frames past the thread's entry point."""
+    workspace = _frames(*_ALLOCATING, (*_NATIVE, "at::cuda::getNewWorkspace()"),
+                        (*_NATIVE, "at::cuda::getCurrentCUDABlasHandle()"), *_BMM_BACKWARD)
+    grad = _frames(*_ALLOCATING, *_BMM_BACKWARD)
+    b = SnapshotBuilder()
+    b.segment(BASE, [(32 * MiB, 32 * MiB, "active_allocated"), (4 * MiB, 4 * MiB, "active_allocated"),
+                     (MiB, MiB, "active_allocated"), (27 * MiB, 0, "inactive")])
+    b.alloc(BASE, 32 * MiB, frames=workspace)
+    b.alloc(BASE + 32 * MiB, 4 * MiB, frames=grad)
+    b.alloc(BASE + 36 * MiB, MiB, frames=_frames(("/app/train.py", 20, "main")))    # the next forward
+    got = attribute(load(write_pickle(tmp_path / "backward.pickle", b.build()))).blocks.sort_values("address")
+    assert got["category"].tolist() == ["workspace", "gradients", "other"]
+    assert got["rule"].tolist()[:2] == ["torch.workspace.cublas", "lifetime.survived_backward"]
+    assert got["inferred"].tolist()[:2] == [False, True]
+    assert got["frame"].tolist()[:2] == ["at::cuda::getNewWorkspace", "torch::autograd::generated::BmmBackward0::apply"]
+
+
+TRANSFORMERS_LLAMA = '''\
+import math
+import torch
+from torch import nn
+
+
+class LlamaMLP(nn.Module):
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaAttention(nn.Module):
+    def forward(self, hidden_states):
+        query_states = self.q_proj(hidden_states)
+        key_states = self.k_proj(hidden_states)
+        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)
+        return self.o_proj(attn_weights)
+
+
+class LlamaForCausalLM(nn.Module):
+    def forward(self, input_ids):
+        hidden_states = self.model(input_ids)[0]
+        logits = self.lm_head(hidden_states)
+        logits = logits.float()
+        return logits
+'''
+
+
+def test_a_transformers_model_file_is_decided_by_its_source_where_it_is_read(tmp_path):
+    """By name, `modeling_llama.py:forward` could be attention, MLP or the head; its source says which: the
+    class its line is in, an inline q·kᵀ (an older transformers' eager attention), the lm_head call. Without
+    the source it stays unknown (other), never guessed from the function name."""
+    root = tmp_path / "env" / "site-packages" / "transformers" / "models" / "llama"
+    root.mkdir(parents=True)
+    (root / "modeling_llama.py").write_text(TRANSFORMERS_LLAMA)
+    model = str(root / "modeling_llama.py").replace(str(tmp_path / "env"), "/venv/lib/python3.11")
+    linear = ("/venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", 125, "forward")
+    outer = ("/app/generate.py", 8, "main")
+    lines = {"mlp": (linear, (model, 8, "forward")), "q": (linear, (model, 13, "forward")),
+             "scores": ((model, 15, "forward"),), "head": (linear, (model, 22, "forward")),
+             "float": ((model, 23, "forward"),)}
+    b = SnapshotBuilder()
+    b.segment(BASE, [(2 * MiB, 2 * MiB, "active_allocated")] * len(lines))
+    for k, frames in enumerate(lines.values()):
+        b.alloc(BASE + 2 * k * MiB, 2 * MiB, frames=_frames(*frames, outer))
+    snap = load(write_pickle(tmp_path / "llama.pickle", b.build()))
+    got = attribute(snap, source=tmp_path / "env").blocks.sort_values("address")
+    assert got["category"].tolist() == ["mlp", "attention", "fallback_kernel", "logits", "logits"]
+    assert got["rule"].tolist() == ["transformers.mlp.class", "transformers.attention.class",
+                                    "transformers.fallback_kernel.inline_eager_scores", "transformers.logits.call",
+                                    "transformers.logits.assign"]
+    assert got["frame"].tolist()[0].endswith("modeling_llama.py:8:LlamaMLP.forward")
+    assert set(attribute(snap).blocks["category"]) == {"other"}
+
+
+def test_a_checkout_that_differs_from_the_code_that_ran_is_named_and_its_lines_are_not_used(tmp_path):
+    """The frame's line 4 lies outside `forward` in this checkout (the code changed since the run): its
+    statement there, a `logits = …` line, is not the one that ran, so it decides nothing, and a note says so."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "head.py").write_text("class Head:\n    def build(self):\n        pass\n"
+                                               "    logits = compute()\n\n    def forward(self, x):\n"
+                                               "        return x\n")
+    b = SnapshotBuilder()
+    b.segment(BASE, [(MiB, MiB, "active_allocated")])
+    b.alloc(BASE, MiB, frames=_frames(("/home/me/run/head.py", 4, "forward"), ("/home/me/run/main.py", 3, "main")))
+    result = attribute(load(write_pickle(tmp_path / "drift.pickle", b.build())), source=tmp_path / "src")
+    assert result.blocks["category"].tolist() == ["other"]
+    assert result.blocks["frame"].tolist() == ["me/run/head.py:4:Head.forward"]
+    assert any("1 frame in the live stacks falls outside its function in the --source checkout" in n
+               for n in result.notes)
 
 
 def test_the_pool_id_of_alloc_entries_proves_a_released_graph_pool(tmp_path):

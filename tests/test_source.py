@@ -81,6 +81,10 @@ def test_a_drifted_line_finds_the_nearest_definition_with_the_frame_name(tree: P
     assert index is not None
     got = index.resolve("/r/pkg/model.py", 12, "forward")       # line 12 is in __init__: the checkout drifted
     assert got is not None and got.qualname == "SwiGLU.forward"
+    # Line 12's statement (`self.w1 = nn.Linear(…)`) is not what ran in forward: no code or call from it.
+    assert got.drifted and (got.code, got.call) == ("", "")
+    same = index.resolve("/r/pkg/model.py", 15, "forward")
+    assert same is not None and not same.drifted and same.code == "h = self.w1(x)"
 
 
 def test_a_file_at_its_own_path_is_read_and_newer_syntax_does_not_hide_the_rest(tmp_path: Path) -> None:

@@ -179,6 +179,13 @@ class _Decider:
             found = self.files_cache[stack_id] = tuple(seen.items())
         return found
 
+    def drifted_frames(self, stack_id: int) -> list[int]:
+        """The frames of a stack whose line lies outside their function in the source found for them (the
+        checkout differs from the code that ran)."""
+        frames = self.interner.frames
+        return [fid for fid in (self.interner.stacks[stack_id] if stack_id >= 0 else ())
+                if (source := self.rules.facts(frames[fid]).source) is not None and source.drifted]
+
     def qualname(self, frame: tuple[str, int, str] | None) -> str:
         """The frame's qualified name where its source was found ("" otherwise)."""
         if frame is None:
@@ -188,16 +195,22 @@ class _Decider:
 
     def display_frame(self, stack_id: int) -> int:
         """Innermost meaningful frame: the first Python frame that is neither plumbing nor a pass-through
-        layer, else the first non-plumbing Python frame, else the first non-plumbing frame."""
+        layer, else the first non-plumbing Python frame, else the first non-plumbing frame, else the first
+        plumbing frame that marks a context (a backward's autograd node, `MmBackward0::apply`) — never one
+        past the thread's entry point (`thread_entry`), where libc starts the thread."""
         hit = self.display_cache.get(stack_id)
         if hit is not None:
             return hit
         frames = self.interner.frames
         ids = self.interner.stacks[stack_id]
-        python = other = chosen = -1
+        python = other = chosen = marked = -1
         for fid in ids:
             facts = self.rules.facts(frames[fid])
+            if "thread_entry" in facts.context:
+                break
             if facts.plumbing:
+                if marked < 0 and facts.context:
+                    marked = fid
                 continue
             if is_python_frame(frames[fid][0]):
                 if not facts.passthrough:
@@ -206,7 +219,7 @@ class _Decider:
                 python = fid if python < 0 else python
             elif other < 0:
                 other = fid
-        for candidate in (chosen, python, other, ids[0] if ids else -1):
+        for candidate in (chosen, python, other, marked, ids[0] if ids else -1):
             if candidate >= 0:
                 break
         self.display_cache[stack_id] = candidate
@@ -391,18 +404,23 @@ def _shape_logits(size: int, vocab_hints: frozenset[int]) -> tuple[int, int, int
 
 
 def vocab_hints(sizes: np.ndarray) -> frozenset[int]:
-    """The vocabulary of the live embedding / lm_head weight, if one can be read off the weight sizes.
+    """The vocabulary of the live embedding / lm_head weight, if the weight sizes prove one.
 
-    The largest weight block of a language model is its vocabulary matrix, V × hidden × {2,4} bytes with
-    hidden a multiple of 256; the largest known V that fits it wins. Power-of-two vocabularies are left
-    out (every power-of-two weight would fit them). Empty when nothing fits."""
+    The largest weight block of a language model is its vocabulary matrix, V × hidden × b bytes (b = 2 or 4,
+    hidden a multiple of 256), and its norm weights (and biases) are blocks of exactly hidden × b bytes. A
+    known V counts only when such a block corroborates its hidden size: one product fits many vocabularies
+    (Llama-2's 32000 × 4096 × 2 B is also 64000 × 2048, 128000 × 1024 and 256000 × 512 × 2 B), and a model
+    whose vocabulary is not its largest weight (a small vocabulary under wide MLPs) fits one by coincidence.
+    Empty unless exactly one V is corroborated. Power-of-two vocabularies are left out (every power-of-two
+    weight would fit them)."""
     if len(sizes) == 0:
         return frozenset()
     largest = int(np.max(sizes))
-    fits = [v for v in KNOWN_VOCABS if v & (v - 1) and any(
-        largest % (v * b) == 0 and 512 <= largest // (v * b) <= 32768 and (largest // (v * b)) % 256 == 0
-        for b in (2, 4))]
-    return frozenset({max(fits)}) if fits else frozenset()
+    present = set(np.unique(sizes).tolist())
+    fits = {v for v in KNOWN_VOCABS if v & (v - 1) for b in (2, 4)
+            if largest % (v * b) == 0 and 512 <= (hidden := largest // (v * b)) <= 32768 and hidden % 256 == 0
+            and hidden * b in present}
+    return frozenset(fits) if len(fits) == 1 else frozenset()
 
 
 @dataclass(frozen=True)
@@ -452,7 +470,8 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
         return Decision("graph_capture", "signal.private_pool",
                         f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool", d.frame,
                         tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
-    if d.category not in _LIFECYCLE and "autograd" in d.context and not ctx.in_backward:
+    # A workspace its frames prove (a backward thread's cuBLAS handle caches one) is never a .grad.
+    if d.category not in (*_LIFECYCLE, "workspace") and "autograd" in d.context and not ctx.in_backward:
         return Decision("gradients", "lifetime.survived_backward",
                         "allocated by the autograd engine in a backward pass and still live after that backward "
                         "ended: a parameter's .grad (the engine hands a gradient buffer to .grad)", d.frame,
@@ -877,11 +896,19 @@ def _source_note(decider: _Decider, stack_ids: list[int]) -> list[str]:
                 f"{'appears' if len(files) == 1 else 'appear'} in the live stacks; --source DIR (the "
                 "program's checkout) would resolve their frames to Class.method and the code at each line, which "
                 "tells an MLP's Linear from an attention one"]
+    notes = []
     missing = sum(1 for found in files.values() if not found)
-    if not missing:
-        return []
-    return [f"{missing} of {len(files)} file(s) of the program's own code in the live stacks were not found under "
-            "--source: their frames decide by file and function name only"]
+    if missing:
+        notes.append(f"{missing} of {len(files)} file(s) of the program's own code in the live stacks were not "
+                     "found under --source: their frames decide by file and function name only")
+    drifted = {fid for sid in stack_ids for fid in decider.drifted_frames(int(sid))}
+    if drifted:
+        one = len(drifted) == 1
+        notes.append(f"{fmt_count(len(drifted), 'frame')} in the live stacks {'falls' if one else 'fall'} outside "
+                     f"{'its' if one else 'their'} function in the --source checkout, which differs from the code "
+                     f"that ran: {'its function was' if one else 'their functions were'} found by name, the code "
+                     "at the line not used")
+    return notes
 
 
 def bind_source(rules: RuleSet, source: SourceRoots) -> RuleSet:

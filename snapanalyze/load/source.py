@@ -7,7 +7,8 @@ regular ``.py`` file, else found under the roots by the longest path suffix it s
 is read and parsed with `ast` once; lookups are cached per (file, line, name), so a caller resolves each
 distinct frame once. `qualname` is the chain of enclosing classes and functions (``SwiGLU.forward``,
 ``outer.inner``); when the function at the line is not the frame's own name (line numbers drift between the
-snapshot and the checkout), the nearest definition with that name in the file is used. `bases` are the
+snapshot and the checkout), the nearest definition with that name in the file is used, and the frame is
+`drifted`: the statement at its line is not the one that ran, so `code` and `call` are empty. `bases` are the
 enclosing class's base-class names (last dotted part, ``nn.Module`` → ``Module``), followed transitively
 through classes defined anywhere under the roots. `code` is the statement at the line (whitespace collapsed,
 at most 240 characters); `call` is the dotted name of the only call that statement makes ("" when it makes
@@ -45,6 +46,7 @@ class FrameSource:
     code: str
     call: str
     path: str
+    drifted: bool = False              # the line is outside the frame's function here: code and call unknown
 
 
 @dataclass(frozen=True)
@@ -251,15 +253,20 @@ class SourceIndex:
             return None
         containing = [d for d in parsed.defs if d.start <= line <= d.end]
         here = max(containing, key=lambda d: d.start) if containing else None
+        drifted = False
         if name not in ("<module>", "") and (here is None or here.name != name):
             named = [d for d in parsed.defs if d.name == name]
             if named:        # the line drifted: the nearest definition with the frame's name
                 here = min(named, key=lambda d: (0 if d.start <= line <= d.end else min(abs(d.start - line),
                                                                                           abs(d.end - line)), d.start))
+                drifted = not here.start <= line <= here.end
             elif here is None:
                 return None
         qualname = ".".join(here.chain) if here else "<module>"
         cls = here.cls if here else ""
+        if drifted:
+            return FrameSource(qualname=qualname, cls=cls, bases=self._bases(cls, parsed) if cls else (),
+                               code="", call="", path=path, drifted=True)
         stmts = [s for s in parsed.statements if s[0] <= line <= s[1]]
         node = max(stmts, key=lambda s: (s[0], -s[1]))[2] if stmts else None
         if node is not None and not isinstance(node, (*_COMPOUND, ast.Pass)):
