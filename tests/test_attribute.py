@@ -119,7 +119,8 @@ def test_top_sites_by_frame_and_stack():
 
 def test_a_vocabulary_counts_only_where_a_norm_weight_proves_its_hidden_size():
     llama2 = 32000 * 4096 * 2                    # also 64000 × 2048, 128000 × 1024 and 256000 × 512 × 2 bytes
-    assert vocab_hints(np.array([llama2, 4096 * 2, 4096 * 4096 * 2])) == {32000}
+    # (32000 × 2048 × 4 B is the same product, with a norm of the same bytes: the same vocabulary)
+    assert vocab_hints(np.array([llama2, 4096 * 2, 4096 * 4096 * 2])) == {(32000, 4096), (32000, 2048)}
     assert vocab_hints(np.array([llama2, 4096 * 4096 * 2])) == frozenset()      # no norm weight: unproven
     # A 2.7B model with a 10,000-token vocabulary: its largest weight is an MLP's (10240 × 2560 × 4 B), which
     # fits 102,400 × 512 × 2 B by coincidence; its norm weights (2560 × 4 B) do not back that up.
@@ -127,14 +128,25 @@ def test_a_vocabulary_counts_only_where_a_norm_weight_proves_its_hidden_size():
     assert vocab_hints(np.array([], dtype=np.int64)) == frozenset()
 
 
+def test_logits_by_size_need_the_hidden_states_of_as_many_tokens():
+    """TinyLlama (vocab 32000, hidden 2048, MLP 5632) over 1000 tokens: its logits, 1000 × 32000 × 4 B, come
+    with 1000 tokens' hidden states; an MLP activation of 1000 × 5632 × 4 B is 176 × 32000 × 4 B, but nothing
+    made 176 tokens' hidden states."""
+    hints = vocab_hints(np.array([32000 * 2048 * 2, 2048 * 2]))
+    made = {1000 * 2048 * 2, 1000 * 5632 * 4, 1000 * 32000 * 4}
+    assert _shape_logits(1000 * 32000 * 4, hints, lambda: made) == (1000, 32000, 4)
+    assert _shape_logits(1000 * 5632 * 4, hints, lambda: made) is None
+
+
 def test_shape_heuristics():
     size = 8000 * 128256 * 4                            # also 4008 × 256000 × 4 and 32064 × 32000 × 4
-    assert _shape_logits(size, frozenset()) is None     # no live vocabulary weight: no guess
+    made = {8000 * 4096 * 2}                            # 8000 tokens' hidden states
+    assert _shape_logits(size, frozenset(), lambda: made) is None     # no live vocabulary weight: no guess
     hints = vocab_hints(np.array([128256 * 4096 * 2, 4096 * 2]))  # Llama-3-8B's embedding and a norm weight
-    assert hints == {128256}
-    assert _shape_logits(size, hints) == (8000, 128256, 4)
-    assert _shape_logits(2**30, frozenset({32768})) is None                 # powers of two are too ambiguous
-    assert _shape_logits(1000, hints) is None
+    assert hints == {(128256, 4096), (128256, 2048)}     # 4096 × 2 B or 2048 × 4 B: the same vocabulary
+    assert _shape_logits(size, hints, lambda: made) == (8000, 128256, 4)
+    assert _shape_logits(2**30, frozenset({(32768, 4096)}), lambda: {2**30}) is None   # powers of two: ambiguous
+    assert _shape_logits(1000, hints, lambda: made) is None
     k, L, b = _shape_scores(4 * 16 * 1024 * 1024 * 4)
     assert k * L * L * b == 4 * 16 * 1024 * 1024 * 4 and 8 <= k <= 4096 and L >= 512
     assert _shape_scores(3 * 5 * 7 * 11) is None

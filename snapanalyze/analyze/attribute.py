@@ -43,10 +43,12 @@ first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those fl
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -390,37 +392,43 @@ def _shape_scores(size: int) -> tuple[int, int, int] | None:
     return None
 
 
-def _shape_logits(size: int, vocab_hints: frozenset[int]) -> tuple[int, int, int] | None:
+def _shape_logits(size: int, hints: frozenset[tuple[int, int]], allocated: Callable[[], AbstractSet[int]]
+                  ) -> tuple[int, int, int] | None:
     """(tokens, vocab, bytes per element) for a ≥ 16 MiB size = T·V·b — or None.
 
-    V must be a known vocabulary whose embedding or lm_head weight (V × hidden) is live on the device
-    (`vocab_hints`): sizes factor over many vocabularies, and tokens × hidden activations look alike
-    otherwise. Among several, the largest V wins. Powers of two are refused as too ambiguous."""
+    V must be the vocabulary of a live embedding or lm_head weight (`vocab_hints`: V with the hidden sizes
+    its norm weights prove), and the trace must also have allocated those T tokens' hidden states, a block
+    of T × hidden × 2 or 4 bytes (`allocated()`: the sizes the trace allocated, but those of live weights):
+    sizes factor over many vocabularies, and an activation T'·F·b (an MLP's 1000 × 5632 × 4 B is 176 ×
+    32000 × 4 B) fits a vocabulary by coincidence, where nothing made 176 tokens' hidden states. Among
+    several, the largest V wins. Powers of two are refused as too ambiguous."""
     if size < (16 << 20) or size & (size - 1) == 0:
         return None
-    found = [(size // (v * b), v, b) for v in vocab_hints for b in (4, 2)
-             if size % (v * b) == 0 and size // (v * b) >= 16]
+    found = [(tokens, v, b) for v, hidden in hints for b in (4, 2)
+             if size % (v * b) == 0 and (tokens := size // (v * b)) >= 16
+             and any(tokens * hidden * h in allocated() for h in (2, 4))]
     return max(found, key=lambda f: (f[1], f[2])) if found else None
 
 
-def vocab_hints(sizes: np.ndarray) -> frozenset[int]:
-    """The vocabulary of the live embedding / lm_head weight, if the weight sizes prove one.
+def vocab_hints(sizes: np.ndarray) -> frozenset[tuple[int, int]]:
+    """The vocabulary of the live embedding / lm_head weight and its hidden sizes, (V, hidden) pairs, if the
+    weight sizes prove one V.
 
     The largest weight block of a language model is its vocabulary matrix, V × hidden × b bytes (b = 2 or 4,
     hidden a multiple of 256), and its norm weights (and biases) are blocks of exactly hidden × b bytes. A
     known V counts only when such a block corroborates its hidden size: one product fits many vocabularies
     (Llama-2's 32000 × 4096 × 2 B is also 64000 × 2048, 128000 × 1024 and 256000 × 512 × 2 B), and a model
     whose vocabulary is not its largest weight (a small vocabulary under wide MLPs) fits one by coincidence.
-    Empty unless exactly one V is corroborated. Power-of-two vocabularies are left out (every power-of-two
-    weight would fit them)."""
+    Empty unless exactly one V is corroborated (with one hidden size per element width that fits). Power-of-two
+    vocabularies are left out (every power-of-two weight would fit them)."""
     if len(sizes) == 0:
         return frozenset()
     largest = int(np.max(sizes))
     present = set(np.unique(sizes).tolist())
-    fits = {v for v in KNOWN_VOCABS if v & (v - 1) for b in (2, 4)
+    fits = {(v, hidden) for v in KNOWN_VOCABS if v & (v - 1) for b in (2, 4)
             if largest % (v * b) == 0 and 512 <= (hidden := largest // (v * b)) <= 32768 and hidden % 256 == 0
             and hidden * b in present}
-    return frozenset(fits) if len(fits) == 1 else frozenset()
+    return frozenset(fits) if len({v for v, _ in fits}) == 1 else frozenset()
 
 
 @dataclass(frozen=True)
@@ -429,7 +437,8 @@ class _Context:
 
     request: str | None            # the instant's request (see `_instant_request`)
     request_why: str               # how it was chosen, for the reason text
-    vocab: frozenset[int]          # the vocabulary of the live embedding weight, if readable
+    vocab: frozenset[tuple[int, int]]  # (vocabulary, hidden) of the live embedding weight, if proven
+    allocated: Callable[[], AbstractSet[int]]  # sizes the device's trace allocated, but a live weight's (on first use)
     scores_floor: int              # half the largest block under a user-code attention function
     mlp_outputs: dict[int, tuple[int, ...]]   # size → alloc indices of live MLP activation outputs (≥ 1 MiB)
     weight_sizes: dict[int, int]   # size → live weights of that size (for autocast copies of them)
@@ -494,7 +503,7 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
     # the block, in a backward pass or under an optimizer step.
     if d.category == "other" and origin == "trace" and not d.owner and not set(d.context) & {"autograd",
                                                                                                 "optimizer"}:
-        logits = _shape_logits(size, ctx.vocab)
+        logits = _shape_logits(size, ctx.vocab, ctx.allocated)
         if logits:
             return Decision("logits", "shape.tokens_x_vocab",
                             f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
@@ -648,6 +657,8 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     ctx = _Context(
         request=request, request_why=request_why,
         vocab=vocab_hints(sizes[weights]),
+        allocated=functools.cache(lambda: set(np.unique(trace.size[trace.action == ALLOC]).tolist())
+                                  - set(sizes[weights].tolist())),
         scores_floor=(int(sizes[attention].max()) if attention.any() else 0) // 2,
         mlp_outputs=_indices_by_size(sizes, alloc_index, (categories == "mlp") & (sizes >= (1 << 20))),
         weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
