@@ -400,8 +400,8 @@ def _shape_logits(size: int, hints: frozenset[tuple[int, int]], allocated: Calla
     its norm weights prove), and the trace must also have allocated those T tokens' hidden states, a block
     of T × hidden × 2 or 4 bytes (`allocated()`: the sizes the trace allocated, but those of live weights):
     sizes factor over many vocabularies, and an activation T'·F·b (an MLP's 1000 × 5632 × 4 B is 176 ×
-    32000 × 4 B) fits a vocabulary by coincidence, where nothing made 176 tokens' hidden states. Among
-    several, the largest V wins. Powers of two are refused as too ambiguous."""
+    32000 × 4 B) fits a vocabulary by coincidence, where nothing made 176 tokens' hidden states. Where both
+    element widths fit, 4 bytes wins (logits are upcast). Powers of two are refused as too ambiguous."""
     if size < (16 << 20) or size & (size - 1) == 0:
         return None
     found = [(tokens, v, b) for v, hidden in hints for b in (4, 2)
@@ -419,12 +419,13 @@ def vocab_hints(sizes: np.ndarray) -> frozenset[tuple[int, int]]:
     known V counts only when such a block corroborates its hidden size: one product fits many vocabularies
     (Llama-2's 32000 × 4096 × 2 B is also 64000 × 2048, 128000 × 1024 and 256000 × 512 × 2 B), and a model
     whose vocabulary is not its largest weight (a small vocabulary under wide MLPs) fits one by coincidence.
-    Empty unless exactly one V is corroborated (with one hidden size per element width that fits). Power-of-two
-    vocabularies are left out (every power-of-two weight would fit them)."""
+    Empty unless exactly one V is corroborated (with each hidden size that fits it: 32000 × 4096 × 2 B and
+    32000 × 2048 × 4 B are one product). Power-of-two vocabularies are left out (every power-of-two weight
+    would fit them)."""
     if len(sizes) == 0:
         return frozenset()
     largest = int(np.max(sizes))
-    present = set(np.unique(sizes).tolist())
+    present = set(sizes.tolist())
     fits = {(v, hidden) for v in KNOWN_VOCABS if v & (v - 1) for b in (2, 4)
             if largest % (v * b) == 0 and 512 <= (hidden := largest // (v * b)) <= 32768 and hidden % 256 == 0
             and hidden * b in present}

@@ -262,20 +262,24 @@ class SourceIndex:
                 drifted = not here.start <= line <= here.end
             elif here is None:
                 return None
-        qualname = ".".join(here.chain) if here else "<module>"
         cls = here.cls if here else ""
-        if drifted:
-            return FrameSource(qualname=qualname, cls=cls, bases=self._bases(cls, parsed) if cls else (),
-                               code="", call="", path=path, drifted=True)
-        stmts = [s for s in parsed.statements if s[0] <= line <= s[1]]
-        node = max(stmts, key=lambda s: (s[0], -s[1]))[2] if stmts else None
-        if node is not None and not isinstance(node, (*_COMPOUND, ast.Pass)):
-            text = " ".join(parsed.lines[node.lineno - 1:(node.end_lineno or node.lineno)])
-        else:
-            text = parsed.lines[line - 1] if 0 < line <= len(parsed.lines) else ""
-        calls = _calls(node) if node is not None else []
-        return FrameSource(qualname=qualname, cls=cls, bases=self._bases(cls, parsed) if cls else (),
-                           code=" ".join(text.split())[:240], call=calls[0] if len(calls) == 1 else "", path=path)
+        code, call = ("", "") if drifted else _statement(parsed, line)
+        return FrameSource(qualname=".".join(here.chain) if here else "<module>", cls=cls,
+                           bases=self._bases(cls, parsed) if cls else (), code=code, call=call, path=path,
+                           drifted=drifted)
+
+
+def _statement(parsed: _File, line: int) -> tuple[str, str]:
+    """The statement at `line` (whitespace collapsed, at most 240 characters) and its only call ("" if none
+    or several)."""
+    stmts = [s for s in parsed.statements if s[0] <= line <= s[1]]
+    node = max(stmts, key=lambda s: (s[0], -s[1]))[2] if stmts else None
+    if node is not None and not isinstance(node, (*_COMPOUND, ast.Pass)):
+        text = " ".join(parsed.lines[node.lineno - 1:(node.end_lineno or node.lineno)])
+    else:
+        text = parsed.lines[line - 1] if 0 < line <= len(parsed.lines) else ""
+    calls = _calls(node) if node is not None else []
+    return " ".join(text.split())[:240], calls[0] if len(calls) == 1 else ""
 
 
 def _common(a: Sequence[str], b: Sequence[str]) -> int:
