@@ -190,7 +190,9 @@ def test_real_sweep_attention_scores_grow_quadratically(real) -> None:  # type: 
         ["weights", "appears", 10000 * 1024 * 2, 256.0, 512.0]]
     cats = real.sweep.categories
     fam_rows = cats[cats["target"] == "attention_related"].set_index("label")["transient_bytes"]
-    assert fam_rows.iloc[-1] > 60 * fam_rows.iloc[0]              # 8× the length, 64× the bytes
+    # 8× the length: the scores grow 64×, a q/k/v projection output live at the peak (attention, from the call
+    # tree) 8×; together more than 50×
+    assert fam_rows.iloc[-1] > 50 * fam_rows.iloc[0]
 
 
 def test_real_sweep_categories_sum_to_the_peak(real) -> None:  # type: ignore[no-untyped-def]

@@ -301,8 +301,9 @@ def test_version_and_help() -> None:
 
 
 def test_attribute_with_the_programs_source(tmp_path: Path) -> None:
-    """--source resolves the hand-written model's frames: its SwiGLU intermediates become mlp, frames show
-    Class.method, and the table says which bytes are inferred; a missing root is one line, exit 2."""
+    """--source resolves the hand-written model's frames: its SwiGLU intermediates are mlp by their class, no
+    longer inferred from the call tree, frames show Class.method, and the table says which bytes are inferred;
+    a missing root is one line, exit 2."""
     stem = "cs336-step-user-metadata-t2.11"
     path = REAL_DIR / f"{stem}.pickle"
     source = REAL_DIR / "source" / stem
@@ -310,8 +311,10 @@ def test_attribute_with_the_programs_source(tmp_path: Path) -> None:
     with_source = run("attribute", str(path), "--source", str(source), "--format", "json")
     assert with_source.exit_code == 0, with_source.output
     cats = {c["category"]: c for c in json.loads(with_source.stdout)["devices"][0]["categories"]}
-    before = {c["category"]: c["bytes"] for c in plain["devices"][0]["categories"]}
-    assert cats["mlp"]["bytes"] > 5 * 2**30 > before.get("mlp", 0)
+    before = {c["category"]: c for c in plain["devices"][0]["categories"]}
+    # without the source the call tree names the MLP, every byte inferred; with it the class decides
+    assert before["mlp"]["inferred_bytes"] == before["mlp"]["bytes"] > 5 * 2**30
+    assert cats["mlp"]["bytes"] > 5 * 2**30 and cats["mlp"]["inferred_bytes"] == 0
     assert any(f.endswith(":SwiGLU.forward") for f in cats["mlp"]["top_frames"])
     assert cats["weights"]["inferred_bytes"] == cats["weights"]["bytes"] > 0
     table = run("attribute", str(path), "--source", str(source)).stdout

@@ -6,7 +6,10 @@ into the device's trace window such as +2.38ms, or µs since the epoch: `time_us
 right after it from the replay, and labels each with a primary category plus tags. First the frames decide
 (`_Decider`: rules by category precedence, lifecycle categories by their outermost frame, op categories by
 their innermost one inside the owning module; with `source`, rules also see each frame's class, qualified
-name and code). Then block-level evidence, strongest first:
+name and code; a category's `not_across` boundaries keep an optimizer step from owning the model its closure
+runs). Where no rule decides, or only a guess from a file's name: the autograd node of a C++-only backward
+stack, else the role of the model code that made the allocation in the trace's call tree (`calltree`), both
+flagged inferred with their evidence. Then block-level evidence, strongest first:
 - a module span of the collector (`collect.modules`) around the allocation names the module (`modules`),
   above what frames only guess from names;
 - no stack and from before the window: persistent state (`state`: cuBLAS workspace, weights, and in a
@@ -33,9 +36,10 @@ The bytes of the per-block table sum exactly to the instant's active bytes.
 
 `Attribution.blocks` columns: device, address, size (requested bytes), allocated_est, category, tags
 (comma-separated), rule, reason, frame (deciding or innermost meaningful frame, "file:line:function", the
-function as Class.method where the source was found),
-inferred, stack_id, user_metadata, pool, stream, origin, alloc_index, annotation (the program's own text for
-the block, "" for none); its text columns are of object dtype, each distinct text one shared string (a
+function as Class.method where the source was found), owner (the innermost frame of the program's or a
+model library's code that made the block, as `frame` shows it; "" where the stack has none), inferred,
+stack_id, user_metadata, pool, stream, origin, alloc_index, annotation (the program's own text for the block,
+"" for none); its text columns are of object dtype, each distinct text one shared string (a
 quarter of a million blocks would otherwise copy ~200 MB of text into Arrow strings).
 `Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str, largest
 first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those flagged inferred).
@@ -66,14 +70,16 @@ from ..replay import ORIGINS, Timeline, replay
 from ..stacks import StackInterner, frame_site, is_python_frame
 from ..units import fmt_count, fmt_time_us
 from .annotations import annotated_category, annotations_at
+from .calltree import CALLEES, CallTree
 from .modules import ModuleDecision, ModuleIndex
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
-from .rules import RuleSet, load_rules
+from .rules import Category, FrameFacts, RuleSet, load_rules
 from .state import ADVICE, CUBLAS_DEFAULT_WORKSPACE, StateGuess, persistent_state
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
-                 "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index", "annotation"]
+                 "owner", "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index",
+                 "annotation"]
 GATE_UP_GAP = 16   # trace entries between a gate/up output and the activation made from it (read right after)
 SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
                    "inferred_bytes"]
@@ -144,14 +150,17 @@ class _Decider:
     def for_snapshot(cls, snapshot: Snapshot, rules: RuleSet) -> _Decider:
         decider = cls._kept.get(snapshot)
         if decider is None or decider.rules is not rules:
-            decider = cls._kept[snapshot] = cls(snapshot.interner, rules)
+            decider = cls._kept[snapshot] = cls(snapshot.interner, rules, allocation_stacks(snapshot))
         return decider
 
-    def __init__(self, interner: StackInterner, rules: RuleSet) -> None:
+    def __init__(self, interner: StackInterner, rules: RuleSet, tree_stacks: np.ndarray | None = None) -> None:
         self.interner, self.rules = interner, rules        # not the snapshot: it keys `_kept` weakly
+        self.bare = rules.with_source(None)                # the same rules without the source
+        self.tree_stacks = tree_stacks                     # the stacks the call tree is built over
         self.cache: dict[int, Decision] = {-1: Decision("other", "no_frames",
                                                          "the allocation carries no stack frames", -1)}
         self.display_cache: dict[int, int] = {-1: -1}
+        self.owner_cache: dict[int, int] = {-1: -1}
         self.files_cache: dict[int, tuple[tuple[str, bool], ...]] = {}
         self.state_cache: dict[tuple[int, bool, bytes], list[StateGuess]] = {}
 
@@ -181,18 +190,39 @@ class _Decider:
             found = self.files_cache[stack_id] = tuple(seen.items())
         return found
 
-    def drifted_frames(self, stack_id: int) -> list[int]:
-        """The frames of a stack whose line lies outside their function in the source found for them (the
-        checkout differs from the code that ran)."""
-        frames = self.interner.frames
-        return [fid for fid in (self.interner.stacks[stack_id] if stack_id >= 0 else ())
-                if (source := self.rules.facts(frames[fid]).source) is not None and source.drifted]
+    @cached_property
+    def untrusted(self) -> dict[str, list[int]]:
+        """Source files that differ from the code that ran, each with the frames that show it: a file found for
+        the trace's frames decides only if every frame the trace's allocations record in it fits (its line lies
+        inside a function of its name there); one frame outside makes every line of that copy suspect."""
+        if self.rules.source is None:
+            return {}
+        frames, stacks = self.interner.frames, self.interner.stacks
+        ids = self.tree_stacks if self.tree_stacks is not None else range(len(stacks))
+        seen: set[int] = set()
+        out: dict[str, list[int]] = {}
+        for sid in ids:
+            for fid in stacks[int(sid)]:
+                if fid in seen:
+                    continue
+                seen.add(fid)
+                source = self.rules.facts(frames[fid]).source
+                if source is not None and source.drifted:
+                    out.setdefault(source.path, []).append(fid)
+        return out
+
+    def facts(self, frame: tuple[str, int, str]) -> FrameFacts:
+        """What the rules say about a frame, its source left out where its file is `untrusted`."""
+        facts = self.rules.facts(frame)
+        if facts.source is not None and self.untrusted and facts.source.path in self.untrusted:
+            return self.bare.facts(frame)
+        return facts
 
     def qualname(self, frame: tuple[str, int, str] | None) -> str:
         """The frame's qualified name where its source was found ("" otherwise)."""
         if frame is None:
             return ""
-        source = self.rules.facts(frame).source
+        source = self.facts(frame).source
         return source.qualname if source is not None and source.qualname != "<module>" else ""
 
     def display_frame(self, stack_id: int) -> int:
@@ -207,7 +237,7 @@ class _Decider:
         ids = self.interner.stacks[stack_id]
         python = other = chosen = marked = -1
         for fid in ids:
-            facts = self.rules.facts(frames[fid])
+            facts = self.facts(frames[fid])
             if "thread_entry" in facts.context:
                 break
             if facts.plumbing:
@@ -225,7 +255,15 @@ class _Decider:
             if candidate >= 0:
                 break
         self.display_cache[stack_id] = candidate
+        self.owner_cache[stack_id] = chosen
         return candidate
+
+    def owner_frame(self, stack_id: int) -> int:
+        """The owner of a stack's allocation: its innermost frame of the program's or a model library's code
+        (Python, neither plumbing nor a pass-through layer), −1 where it has none (a C++-only backward)."""
+        if stack_id not in self.owner_cache:
+            self.display_frame(stack_id)
+        return self.owner_cache[stack_id]
 
     def decide(self, stack_id: int) -> Decision:
         hit = self.cache.get(stack_id)
@@ -233,25 +271,34 @@ class _Decider:
             return hit
         frames = self.interner.frames
         rules, cats = self.rules.rules, self.rules.categories
+        scoped = self.rules.scoped_tags                  # context tag -> the tags that end its scope
         found: dict[str, tuple[int, int, int]] = {}      # category -> (depth, rule index, frame id)
         proven: set[str] = set()                         # categories a non-confirm rule matched
         context: list[str] = []
+        crossed: set[str] = set()                        # context tags of the frames walked so far
+        code_frames: list[tuple[str, frozenset[str]]] = []   # model code walked so far: file, categories matched
         owner = ""
         allocating = True                                # the next meaningful Python frame allocated
         for depth, fid in enumerate(self.interner.stacks[stack_id]):
-            facts = self.rules.facts(frames[fid])
+            facts = self.facts(frames[fid])
             if facts.plumbing:
-                context.extend(facts.context)
+                context.extend(t for t in facts.context if not scoped.get(t, frozenset()) & crossed)
+                crossed.update(facts.context)
                 continue
-            python = is_python_frame(frames[fid][0])
+            filename = frames[fid][0]
+            python = is_python_frame(filename)
             here = allocating and python and not facts.passthrough
             op_match = False
+            matched: set[str] = set()
             for ri in facts.matched:
                 rule = rules[ri]
                 if rule.allocating and not here:
                     continue
                 cat = rule.category
                 c = cats[cat]
+                if c.not_across and _crosses(c, crossed, code_frames, filename):
+                    continue
+                matched.add(cat)
                 if c.owner == "innermost":
                     if owner:
                         continue
@@ -261,6 +308,8 @@ class _Decider:
                 prev = found.get(cat)
                 if prev is None or (c.owner == "outermost" and depth > prev[0]):
                     found[cat] = (depth, ri, fid)
+            if python and not facts.passthrough:
+                code_frames.append((filename, frozenset(matched)))
             if here:
                 allocating = False
             source = facts.source
@@ -268,10 +317,8 @@ class _Decider:
                 owner = source.qualname
         found = {cat: hit for cat, hit in found.items() if not rules[hit[1]].confirm or cat in proven}
         ctx = tuple(dict.fromkeys(context))
-        if not found:
-            decision = Decision("other", "unmatched", "no rule matched any frame of this stack"
-                                + (f" inside {owner}, which owns it" if owner else ""), -1,
-                                context=ctx, owner=owner)
+        if not found or (len(found) == 1 and rules[next(iter(found.values()))[1]].weak):
+            decision = self._from_tree(stack_id, found, ctx, owner)
         else:
             def key(item: tuple[str, tuple[int, int, int]]) -> tuple[int, int]:
                 cat, (depth, _, _) = item
@@ -284,6 +331,67 @@ class _Decider:
                                 context=ctx, owner=owner)
         self.cache[stack_id] = decision
         return decision
+
+    def _from_tree(self, stack_id: int, found: dict[str, tuple[int, int, int]], ctx: tuple[str, ...],
+                   owner: str) -> Decision:
+        """Where no rule decided (or only a guess from a file name did): the backward node that made the
+        allocation, else the role of the model code that made it (`calltree`), flagged inferred; else the
+        file-name guess, else other."""
+        weak = next(iter(found.items()), None)
+        if "autograd" in ctx and not weak:
+            backward = self.tree.backward(stack_id)
+            if backward is not None:
+                node_rule, node_frame = backward
+                return Decision(node_rule.category, node_rule.name, f"{node_rule.reason}, in a backward pass "
+                                "(inferred from the node's name)", node_frame, inferred=True, context=ctx, owner=owner)
+        hit = self.tree.role(stack_id)
+        if hit is not None:
+            return Decision(hit.category, hit.rule, hit.reason, hit.frame,
+                            tuple(t for t in ([weak[0]] if weak else []) if t != hit.category),
+                            inferred=True, context=ctx, owner=owner)
+        if weak is not None:
+            cat, (_, ri, fid) = weak
+            rule = self.rules.rules[ri]
+            callees, node = self.tree.callee_roles(stack_id)
+            if self.rules.role_data.callees and len(callees) == 1 and cat not in callees:
+                # The file's name says one thing, the code the function calls another (diffusers keeps
+                # FeedForward in attention.py): what ran decides.
+                role = next(iter(callees))
+                where = frame_site(self.interner.frames[node])
+                return Decision(role, CALLEES, f"{where} calls model code whose role is {role} and "
+                                f"none whose role is {cat}, which only its file's name suggests (inferred from the "
+                                "call tree)", node, (cat,), inferred=True, context=ctx, owner=owner)
+            return Decision(cat, rule.name, f"{rule.reason} (a guess from its file's name: inferred)", fid,
+                            tuple(t for t in rule.tags if t != cat), inferred=True, context=ctx, owner=owner)
+        return Decision("other", "unmatched", "no rule matched any frame of this stack"
+                        + (f" inside {owner}, which owns it" if owner else ""), -1, context=ctx, owner=owner)
+
+    @cached_property
+    def tree(self) -> CallTree:
+        stacks = self.tree_stacks if self.tree_stacks is not None else np.arange(len(self.interner.stacks))
+        return CallTree(self.interner, self.rules, stacks.tolist(), self.facts)
+
+
+def allocation_stacks(snapshot: Snapshot) -> np.ndarray:
+    """The distinct stacks of what allocated: every allocation of every device's trace and every block of
+    the end state. Whether a file's other stacks (frees) were kept (`load(frames=...)`) changes none of them,
+    so the call tree built over them, and every role, is the same either way."""
+    found = [snapshot.block_stack_ids(np.arange(len(snapshot.block_columns.get("address", ()))))]
+    for device in snapshot.devices:
+        found.append(snapshot.event_stack_ids(device, np.flatnonzero(snapshot.trace(device).action == ALLOC)))
+    ids = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+    return ids[ids >= 0]
+
+
+def _crosses(category: Category, crossed: set[str], code_frames: list[tuple[str, frozenset[str]]],
+             filename: str) -> bool:
+    """Whether a match of `category` on a frame of `filename` lies across one of its `not_across` boundaries
+    from the allocation: a context tag walked before it, or (``model_code``) a frame of model code in another
+    file that matched no rule of the category (a closure the optimizer step called)."""
+    if crossed.intersection(category.not_across):
+        return True
+    return "model_code" in category.not_across and any(
+        f != filename and category.name not in cats for f, cats in code_frames)
 
 
 def _instant(timeline: Timeline, device: int, at: str) -> tuple[int, str]:
@@ -616,7 +724,7 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         np.zeros(0, dtype=np.int64)
     freers, by_freer = np.unique(free_stacks, return_inverse=True)
     freed_by = [decider.decide(int(sid)) for sid in freers.tolist()]
-    training = any(d.category in _TRAINING or set(d.context) & {"autograd", "optimizer"}
+    training = any(d.category in _TRAINING or set(d.context) & {"autograd", "optimizer", "backward"}
                    for d in (*table.items, *freed_by)) or snapshot.frameless_allocations(device)
     code[frameless_pre] = table.add(_before_window(None, None, ""))
     code[freed_pre] = table.codes([_before_window(None, by, frame_site(*_display(decider, int(sid), by.frame)))
@@ -700,6 +808,12 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         frame_id = d.frame if d.frame >= 0 else decider.display_frame(sid)
         frame = frames[frame_id] if frame_id >= 0 else None
         sites.append(frame_site(frame, decider.qualname(frame)))
+    # The owner shown: each distinct stack's innermost frame of model code.
+    owners = []
+    for sid in stacks.tolist():
+        fid = decider.owner_frame(int(sid))
+        frame = frames[fid] if fid >= 0 else None
+        owners.append(frame_site(frame, decider.qualname(frame)))
     of = table.columns()
     rows = np.lexsort((addr, -sizes.astype(np.int64))) if by_size else np.arange(len(live))
     code_after, inverse = code_after[rows], inverse[rows]
@@ -717,6 +831,7 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         "size": sizes[rows].astype(np.int64), "allocated_est": allocated_est[rows].astype(np.int64),
         "category": decided("category"), "tags": decided("tags"), "rule": decided("rule"),
         "reason": decided("reason"), "frame": texts(np.asarray(sites, dtype=object)[inverse]),
+        "owner": texts(np.asarray(owners, dtype=object)[by_stack.reshape(-1)[rows]]),
         "inferred": of["inferred"][code_after], "stack_id": stack[rows],
         "user_metadata": texts(metadata[rows]), "pool": texts(pools[rows]), "stream": streams[rows].astype(np.int64),
         "origin": texts(origin[rows]), "alloc_index": alloc_index[rows].astype(np.int64),
@@ -893,6 +1008,7 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
 
 
 _INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages|lib/python\d[\d.]*)/|^<")
+_PACKAGE = re.compile(r"(^|/)(?:site|dist)-packages/(([^/]+)/.+)$")     # a package's file: its relative path, name
 
 
 def _source_note(decider: _Decider, stack_ids: list[int]) -> list[str]:
@@ -913,13 +1029,19 @@ def _source_note(decider: _Decider, stack_ids: list[int]) -> list[str]:
     if missing:
         notes.append(f"{missing} of {len(files)} file(s) of the program's own code in the live stacks were not "
                      "found under --source: their frames decide by file and function name only")
-    drifted = {fid for sid in stack_ids for fid in decider.drifted_frames(int(sid))}
-    if drifted:
-        one = len(drifted) == 1
-        notes.append(f"{fmt_count(len(drifted), 'frame')} in the live stacks {'falls' if one else 'fall'} outside "
-                     f"{'its' if one else 'their'} function in the --source checkout, which differs from the code "
-                     f"that ran: {'its function was' if one else 'their functions were'} found by name, the code "
-                     "at the line not used")
+    frames = decider.interner.frames
+    for _, fids in sorted(decider.untrusted.items()):
+        named = frames[fids[0]][0]
+        installed = _PACKAGE.search(named)
+        one = len(fids) == 1
+        shown = ", ".join(f"{frames[f][0].rsplit('/', 1)[-1]}:{frames[f][1]}:{frames[f][2]}"
+                          for f in fids[:3]) + (f" and {len(fids) - 3} more" if len(fids) > 3 else "")
+        where = installed.group(2) if installed else named.rsplit("/", 1)[-1]
+        fix = (f"install the {installed.group(3)} that ran, or pass its site-packages with --source" if installed
+               else "pass the checkout of the code that ran with --source")
+        notes.append(f"{fmt_count(len(fids), 'frame')} the trace records in {where} {'lies' if one else 'lie'} "
+                     f"outside {'its function' if one else 'their functions'} in the copy found ({shown}): it "
+                     f"differs from the code that ran, so nothing from that file decides; {fix}")
     return notes
 
 

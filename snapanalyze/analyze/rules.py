@@ -1,15 +1,17 @@
 """Attribution rules as data: categories, frame rules and plumbing patterns, loaded from TOML.
 
 Contract: `load_rules(user_file=None, source=None)` returns a RuleSet built from `categories.toml` and the
-shipped rule packs (`rulepacks/{torch,vllm,sglang,transformers,training,generic}.toml`, in that order), with a user's
-TOML file layered on top: its `[[categories]]` are added (or redefine a shipped one's precedence/owner), its
-`[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` and `[[passthrough]]` are added, and
-`disable = [names]` switches shipped rules off. A rule matches a frame when every pattern it gives matches
-(Python regexes, `re.search`): `file` (paths with '/' separators) and `function` on the frame itself;
+shipped rule packs (`rulepacks/*.toml`, in the order of PACKS) and the call-tree roles (`roles.toml`, see
+`calltree`), with a user's TOML file layered on top: its `[[categories]]` are added (or redefine a shipped
+one's precedence/owner), its `[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` and
+`[[passthrough]]` are added, and `disable = [names]` switches shipped rules, roles and backward-node rules off.
+A rule matches a frame when every pattern it gives matches (Python regexes, `re.search`): `file` (paths with
+'/' separators) and `function` on the frame itself;
 `qualname` (``Class.method``), `class` (the enclosing class or any of its bases), `code` (the statement at
 the line) and `call` (the only call that statement makes) on what the program's source says about the frame
 (`load.source`), so a rule giving any of those four matches only frames whose source was found. `where =
-"allocating"` limits a rule to the allocating line (the innermost meaningful Python frame); `confirm = true`
+"allocating"` limits a rule to the allocating line (the innermost meaningful Python frame); `weak = true`
+makes a rule a guess from a name that the call tree's role overrules (and that is flagged inferred); `confirm = true`
 makes a rule a hint that counts only when another frame of the same stack proves the same category (an
 activation function is MLP only inside an MLP). `[[plumbing]]` frames never decide and are hidden; their
 `tags` mark the stack's context (``autograd``, ``autocast``, ``optimizer``). `[[passthrough]]` frames (a
@@ -31,8 +33,9 @@ from typing import Any
 
 from ..errors import RulesError
 from ..load.source import FrameSource, SourceIndex
+from .calltree import RoleData, parse_roles
 
-PACKS = ("torch", "vllm", "sglang", "transformers", "training", "generic")
+PACKS = ("torch", "vllm", "sglang", "transformers", "training", "lightning", "adapters", "pyg", "generic")
 OWNERS = ("outermost", "innermost")
 SOURCE_KEYS = ("qualname", "class", "code", "call")
 Frame = tuple[str, int, str]
@@ -44,6 +47,12 @@ class Category:
     precedence: int
     owner: str
     description: str = ""
+    # Context tags across which a match of this category does not own an allocation: a frame of the category
+    # owns only what its own code allocates, not what a call it makes runs (an optimizer step that runs the
+    # model through a closure). "model_code" stands for a frame of the program's or a model library's code in
+    # another file that matches no rule of this category.
+    not_across: tuple[str, ...] = ()
+    context_tag: str = ""             # the context tag that marks a stack as inside this category's scope
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class Rule:
     call: re.Pattern[str] | None = None
     allocating: bool = False          # where = "allocating": only on the allocating line
     confirm: bool = False             # a hint another frame of the stack must confirm
+    weak: bool = False                # a guess from a file name, which the call tree's evidence overrides
 
     @property
     def needs_source(self) -> bool:
@@ -131,9 +141,15 @@ class RuleSet:
     passthrough: list[Rule] = field(default_factory=list)
     modules: list[ModuleRule] = field(default_factory=list)
     source: SourceIndex | None = None
+    role_data: RoleData = field(default_factory=RoleData)
     _frame_cache: dict[Frame, FrameFacts] = field(default_factory=dict, repr=False)
     _plumbing_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
     _bound: dict[int, tuple[SourceIndex | None, RuleSet]] = field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def scoped_tags(self) -> dict[str, frozenset[str]]:
+        """Context tag of a category's scope (`context_tag`) -> the tags that end that scope (`not_across`)."""
+        return {c.context_tag: frozenset(c.not_across) for c in self.categories.values() if c.context_tag}
 
     def with_source(self, source: SourceIndex | None) -> RuleSet:
         """These rules bound to a source index: a RuleSet with its own frame cache, made once per index."""
@@ -143,7 +159,7 @@ class RuleSet:
         if kept is None or kept[0] is not source:
             kept = self._bound[id(source)] = (source, RuleSet(
                 categories=self.categories, rules=self.rules, plumbing=self.plumbing, sources=self.sources,
-                passthrough=self.passthrough, modules=self.modules, source=source))
+                passthrough=self.passthrough, modules=self.modules, source=source, role_data=self.role_data))
         return kept[1]
 
     def facts(self, frame: Frame) -> FrameFacts:
@@ -197,7 +213,7 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
     if not isinstance(name, str) or not name:
         raise RulesError(f"{where}: a rule needs a 'name'")
     where = f"{where}: rule '{name}'"
-    known = {"name", "category", "reason", "file", "function", "tags", *SOURCE_KEYS, "where", "confirm"}
+    known = {"name", "category", "reason", "file", "function", "tags", *SOURCE_KEYS, "where", "confirm", "weak"}
     unknown = set(item) - known
     if unknown:
         raise RulesError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(known)})")
@@ -212,8 +228,9 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
         raise RulesError(f"{where}: plumbing matches on 'file' and 'function' only")
     if item.get("where", "any") not in ("any", "allocating"):
         raise RulesError(f"{where}: 'where' must be \"any\" or \"allocating\"")
-    if not isinstance(item.get("confirm", False), bool):
-        raise RulesError(f"{where}: 'confirm' must be true or false")
+    for flag in ("confirm", "weak"):
+        if not isinstance(item.get(flag, False), bool):
+            raise RulesError(f"{where}: '{flag}' must be true or false")
     tags = item.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise RulesError(f"{where}: 'tags' must be a list of strings")
@@ -226,7 +243,8 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
                 qualname=_compile(item.get("qualname"), where, "qualname"),
                 cls=_compile(item.get("class"), where, "class"),
                 code=_compile(item.get("code"), where, "code"), call=_compile(item.get("call"), where, "call"),
-                allocating=item.get("where") == "allocating", confirm=bool(item.get("confirm", False)))
+                allocating=item.get("where") == "allocating", confirm=bool(item.get("confirm", False)),
+                weak=bool(item.get("weak", False)))
 
 
 def _module_rule(item: Any, where: str, pack: str, categories: dict[str, Category]) -> ModuleRule:
@@ -280,8 +298,15 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category]) -> N
         if not isinstance(precedence, int) or owner not in OWNERS:
             raise RulesError(f"{where}: category '{name}': precedence must be an integer and owner one of "
                              f"{OWNERS}")
+        not_across = item.get("not_across", list(base.not_across) if base else [])
+        context_tag = item.get("context_tag", base.context_tag if base else "")
+        if not isinstance(not_across, list) or not all(isinstance(t, str) for t in not_across) \
+                or not isinstance(context_tag, str):
+            raise RulesError(f"{where}: category '{name}': not_across must be a list of tags and context_tag "
+                             "a string")
         into[name] = Category(name, precedence, owner, str(item.get("description", base.description
-                                                                     if base else "")))
+                                                                     if base else "")),
+                              tuple(not_across), context_tag)
 
 
 def _rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, Category],
@@ -328,6 +353,8 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         passthrough += _rules_of(doc, where, pack, categories, "passthrough")
         module_rules += _module_rules_of(doc, where, pack, categories)
         sources.append(where)
+    role_data = parse_roles(_read_toml(base.joinpath("roles.toml").read_text(), "roles.toml"), "roles.toml",
+                            list(categories), _compile)
     user: list[Rule] = []
     if user_file is not None:
         where = str(user_file)
@@ -348,7 +375,8 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         disable = doc.get("disable", [])
         if not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
             raise RulesError(f"{where}: 'disable' must be a list of rule names")
-        names = {r.name for r in (*shipped, *plumbing, *passthrough)} | {m.name for m in module_rules}
+        names = {r.name for r in (*shipped, *plumbing, *passthrough)} | {m.name for m in module_rules} \
+            | role_data.names()
         missing = [d for d in disable if d not in names]
         if missing:
             raise RulesError(f"{where}: 'disable' names unknown rule(s): {', '.join(missing)}")
@@ -356,6 +384,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         plumbing = [p for p in plumbing if p.name not in disable]
         passthrough = [p for p in passthrough if p.name not in disable]
         module_rules = [m for m in module_rules if m.name not in disable]
+        role_data = role_data.without(set(disable))
         sources.insert(0, where)
     seen: dict[str, str] = {}
     for r in user + shipped:
@@ -363,4 +392,4 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
             raise RulesError(f"{r.pack}: rule name '{r.name}' is used twice")
         seen[r.name] = r.pack
     return RuleSet(categories=categories, rules=user + shipped, plumbing=plumbing, sources=sources,
-                   passthrough=passthrough, modules=module_rules)
+                   passthrough=passthrough, modules=module_rules, role_data=role_data)

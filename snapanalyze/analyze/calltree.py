@@ -1,0 +1,410 @@
+"""Roles of model code from the call tree: what a function calls, over every stack through it, says what it is.
+
+Contract: `CallTree(interner, rules).role(stack_id)` returns the `RoleHit` of the function of model code that
+made a stack's allocation (its innermost frame of the program's or a model library's code), or None.
+
+The tree: every stack of the trace, walked from its outermost frame in, is a path of *nodes*, one per frame of
+model code (Python, not plumbing, not a pass-through layer, not the standard library). A node is a function
+under one caller: its file and name and the frame of model code that called it (file, line, function), so the
+`forward` of an MLP and of an attention in one file, called from two lines of a block, are two nodes, and the
+forty layers of a model, called from one line in a loop, are one. A node's *kinds* (`roles.toml` [[kinds]])
+come from the calls it makes: the innermost frame with a kind among the library frames between it and the
+next model code below it (torch's Linear, F.softmax, an `at::_ops::silu` C++ frame), the name of a function of
+model code it calls (`apply_rotary_pos_emb`, a hand-written `silu`), and what a building block it calls does
+(a child that calls no model code and whose kinds are building blocks, such as a hand-written Linear; a child
+that calls nothing at all is `elementwise`). [[roles]] then give nodes their categories, children first: the
+first role whose conditions the node's kinds (and its children's roles) meet. A node whose own calls have no
+kind but whose roled children all agree (a message-passing `propagate`) takes their role. An allocation is
+decided by its own node's role, or, where that node is a building block (it works for its caller), by the
+role of the nearest caller that has one, at most `_CLIMB` callers up.
+
+Built once per (snapshot, rules), over the distinct stacks, each distinct frame classified once. Every role is
+evidence from what ran, not from a name the node carries: the caller flags it inferred and shows the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RulesError
+from ..stacks import is_python_frame
+
+if TYPE_CHECKING:
+    from ..stacks import StackInterner
+    from .rules import FrameFacts, RuleSet
+
+CALLEES = "calltree.callees"
+_CLIMB = 4                 # callers a building block's allocation looks up for a role
+_SAME_FUNCTION_GAP = 30    # lines of one function name under one caller this far apart are two functions
+_STDLIB = re.compile(r"(^|/)lib/python\d[\d.]*/(?!site-packages/|dist-packages/)|^<")
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one frame says about the node above it (see roles.toml)."""
+
+    name: str
+    file: re.Pattern[str] | None
+    function: re.Pattern[str] | None
+    on_code: bool                  # matches a function of model code the node calls (by its name)
+
+    def matches(self, filename: str, function: str) -> bool:
+        return ((self.file is None or self.file.search(filename) is not None)
+                and (self.function is None or self.function.search(function) is not None))
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    category: str
+    reason: str
+    all: frozenset[str] = frozenset()
+    any: frozenset[str] = frozenset()
+    none: frozenset[str] = frozenset()
+    children: frozenset[str] = frozenset()
+    blocks_only: bool = False
+
+    def fits(self, kinds: set[str], child_roles: set[str], blocks_only: bool) -> bool:
+        return (self.all <= kinds and (not self.any or bool(self.any & kinds)) and not self.none & kinds
+                and (not self.children or bool(self.children & child_roles))
+                and (blocks_only or not self.blocks_only))
+
+
+@dataclass(frozen=True)
+class BackwardRule:
+    name: str
+    category: str
+    reason: str
+    node: re.Pattern[str]
+
+
+@dataclass(frozen=True)
+class RoleData:
+    """roles.toml, parsed: kinds, roles, backward-node rules and the building-block kinds."""
+
+    kinds: tuple[Kind, ...] = ()
+    roles: tuple[Role, ...] = ()
+    backward: tuple[BackwardRule, ...] = ()
+    building_blocks: frozenset[str] = frozenset()
+    callees: bool = True           # `calltree.callees`: the roles a function calls overrule its file's name
+
+    def names(self) -> set[str]:
+        return {r.name for r in self.roles} | {b.name for b in self.backward} | {CALLEES}
+
+    def without(self, names: set[str]) -> RoleData:
+        return RoleData(self.kinds, tuple(r for r in self.roles if r.name not in names),
+                        tuple(b for b in self.backward if b.name not in names), self.building_blocks,
+                        self.callees and CALLEES not in names)
+
+
+@dataclass(frozen=True)
+class RoleHit:
+    """A stack's role: the category, the role that gave it, the evidence, and the frame of the node it is of."""
+
+    category: str
+    rule: str
+    reason: str
+    frame: int
+
+
+@dataclass
+class _Node:
+    frame: int                     # a frame of this node (the first seen: its line is one call site)
+    parent: int                    # node id of the caller (−1: outermost model code)
+    depth: int
+    kinds: set[str] = field(default_factory=set)
+    children: set[int] = field(default_factory=set)
+    examples: dict[str, str] = field(default_factory=dict)   # kind -> the function that showed it
+    stacks: int = 0
+    role: Role | None = None
+    via: str = ""                  # how the role came (for the reason)
+    block: bool = False            # a building block: it works for its caller
+    shown: set[str] = field(default_factory=set)   # its kinds with those of the building blocks it calls
+
+
+class CallTree:
+    """The call tree of model code over an interner's stacks, with each node's role (see the module doc)."""
+
+    def __init__(self, interner: StackInterner, rules: RuleSet, stacks: Sequence[int],
+                 facts: Callable[[tuple[str, int, str]], FrameFacts] | None = None) -> None:
+        self.interner, self.rules, self.data = interner, rules, rules.role_data
+        self.facts = facts or rules.facts   # what the rules say about a frame (the caller may leave sources out)
+        self.stacks = stacks               # the ids of the stacks it is built over
+        self._code: dict[int, bool] = {}
+        self._kind: dict[int, str] = {}
+        self.nodes: list[_Node] = []
+        self._stack_node: dict[int, int] = {}
+        self._part: dict[tuple[str, str, int], dict[int, int]] = {}
+        self._built = False
+        self._hits: dict[int, RoleHit | None] = {}
+
+    # -- frames -------------------------------------------------------------------------------------
+    def is_code(self, fid: int) -> bool:
+        """A frame of model code: Python, not plumbing, not a pass-through layer, not the standard library."""
+        hit = self._code.get(fid)
+        if hit is None:
+            frame = self.interner.frames[fid]
+            facts = self.facts(frame)
+            hit = self._code[fid] = (is_python_frame(frame[0]) and not facts.plumbing and not facts.passthrough
+                                     and _STDLIB.search(frame[0]) is None)
+        return hit
+
+    def kind(self, fid: int) -> str:
+        """The kind one frame shows ("" for none): library kinds for library frames, code kinds (by the
+        function's name) for frames of model code."""
+        hit = self._kind.get(fid)
+        if hit is None:
+            filename, _, function = self.interner.frames[fid]
+            code = self.is_code(fid)
+            hit = next((k.name for k in self.data.kinds if k.on_code == code and k.matches(filename, function)), "")
+            self._kind[fid] = hit
+        return hit
+
+    # -- building -----------------------------------------------------------------------------------
+    def _build(self) -> None:
+        if self._built:
+            return
+        stacks, frames = self.interner.stacks, self.interner.frames
+        # Pass 1: each stack's frames of model code, and the lines each function shows under each caller.
+        walks: list[tuple[int, list[int]]] = []
+        lines: dict[tuple[str, str, int], set[int]] = {}
+        for sid in self.stacks:
+            stack = stacks[sid]
+            code = [i for i, fid in enumerate(stack) if self.is_code(fid)]
+            if not code:
+                continue
+            walks.append((sid, code))
+            for j, i in enumerate(code):
+                lines.setdefault(self._function(stack[i], stack[code[j + 1]] if j + 1 < len(code) else -1),
+                                 set()).add(frames[stack[i]][1])
+        # One function name under one caller line can be two functions (`x + self.mlp(self.norm(x))` calls two
+        # `forward`s of one file from one line): without the source, lines far apart are told apart.
+        self._part = {key: _parts(found) for key, found in lines.items()}
+        self.nodes, self._stack_node = [], {}
+        index: dict[tuple[tuple[str, str, int], int], int] = {}
+        for sid, code in walks:
+            self._walk(sid, stacks[sid], code, index)
+        self._built = True
+        self._assign()
+
+    def _function(self, fid: int, caller: int) -> tuple[str, str, int]:
+        """A function of model code under its caller: file, name (its qualified name where the source says),
+        the caller's frame id."""
+        filename, _, function = self.interner.frames[fid]
+        source = self.facts(self.interner.frames[fid]).source
+        return filename, source.qualname if source is not None else function, caller
+
+    def _walk(self, sid: int, stack: Sequence[int], code: list[int],
+              index: dict[tuple[tuple[str, str, int], int], int]) -> None:
+        frames = self.interner.frames
+        parent = -1
+        for j in range(len(code) - 1, -1, -1):
+            i = code[j]
+            fid = stack[i]
+            function = self._function(fid, stack[code[j + 1]] if j + 1 < len(code) else -1)
+            key = (function, self._part[function].get(frames[fid][1], 0))
+            node_id = index.get(key)
+            if node_id is None:
+                node_id = index[key] = len(self.nodes)
+                self.nodes.append(_Node(fid, parent, self.nodes[parent].depth + 1 if parent >= 0 else 0))
+            node = self.nodes[node_id]
+            node.stacks += 1
+            if parent >= 0:
+                self.nodes[parent].children.add(node_id)
+            below = code[j - 1] + 1 if j else 0
+            for k in range(below, i):                       # innermost first: the first kind is the call's
+                kind = self.kind(stack[k])
+                if kind:
+                    node.kinds.add(kind)
+                    node.examples.setdefault(kind, _name(frames[stack[k]]))
+                    break
+            parent = node_id
+        self._stack_node[sid] = parent
+
+    def _assign(self) -> None:
+        frames = self.interner.frames
+        blocks = self.data.building_blocks
+        for node in sorted(self.nodes, key=lambda n: -n.depth):      # children before their callers
+            kinds = set(node.kinds)
+            examples = dict(node.examples)
+            child_roles: set[str] = set()
+            unroled_calls = False
+            for c in node.children:
+                child = self.nodes[c]
+                name = _site(frames[child.frame])
+                by_name = self.kind(child.frame)
+                if by_name:
+                    kinds.add(by_name)
+                    examples.setdefault(by_name, name)
+                elif child.block:
+                    # A building block that only multiplies by a matrix is a (hand-written) linear layer.
+                    shown = {"linear"} if child.shown == {"matmul"} else child.shown
+                    kinds |= shown
+                    for k in shown:
+                        examples.setdefault(k, child.examples.get(k, name))
+                elif not child.children and not child.kinds and child.role is None:
+                    kinds.add("elementwise")          # calls nothing that shows: a hand-written elementwise op
+                    examples.setdefault("elementwise", name)
+                    continue
+                if child.role is not None:
+                    child_roles.add(child.role.category)
+                elif not child.block:
+                    unroled_calls = True
+            only_blocks = all(self.nodes[c].block or not self.nodes[c].children for c in node.children)
+            role = next((r for r in self.data.roles if r.fits(kinds, child_roles, only_blocks)), None)
+            node.role, node.via, node.shown, node.examples = role, "", kinds, examples
+            if role is not None:
+                shown_kinds = [k for k in (*sorted(role.all), *sorted(role.any & kinds)) if k in examples]
+                plural = "s" if node.stacks != 1 else ""
+                node.via = (f"{role.reason} (beneath it, in {node.stacks:,} stack{plural}: "
+                            f"{', '.join(dict.fromkeys(examples[k] for k in shown_kinds))})")
+            elif kinds <= {"elementwise"} and len(child_roles) == 1 and not unroled_calls:
+                # Its own calls show nothing, and the model code it calls agrees: a dispatcher of that role.
+                category = next(iter(child_roles))
+                node.role = next(r for c in node.children if (r := self.nodes[c].role) is not None
+                                 and r.category == category)
+                node.via = f"calls only model code whose role is {category} (and helpers that show nothing)"
+            # A building block works for its caller: no role of its own, and what it and the code it calls
+            # show is building blocks only (a hand-written Linear, a norm). One that shows nothing is no block:
+            # nothing says it works for anyone.
+            node.block = node.role is None and bool(kinds) and kinds <= blocks and only_blocks
+
+    # -- answers ------------------------------------------------------------------------------------
+    def role(self, stack_id: int) -> RoleHit | None:
+        """The role of the node that made a stack's allocation (see the module docstring), or None."""
+        if stack_id in self._hits:
+            return self._hits[stack_id]
+        self._build()
+        node_id = self._stack_node.get(stack_id, -1)
+        hit = None
+        climbed = 0
+        made = self.interner.frames[self.nodes[node_id].frame] if node_id >= 0 else None
+        while node_id >= 0 and climbed <= _CLIMB:
+            node = self.nodes[node_id]
+            if node.role is not None:
+                where = _site(self.interner.frames[node.frame])
+                reason = f"{where} {node.via}" if made is None or not climbed else \
+                    f"made in {_site(made)}, which works for {where}, which {node.via}"
+                hit = RoleHit(node.role.category, node.role.name, reason + " (inferred from the call tree)",
+                              node.frame)
+                break
+            # Up through building blocks, and from a helper its caller calls by a name of a kind (the
+            # allocation in `apply_rotary_pos_emb` is its attention caller's).
+            if not node.block and not (climbed == 0 and self.kind(node.frame)):
+                break
+            node_id, climbed = node.parent, climbed + 1
+        self._hits[stack_id] = hit
+        return hit
+
+    def callee_roles(self, stack_id: int) -> tuple[set[str], int]:
+        """The categories of the roles of the model code that the function which made a stack's allocation
+        calls, and that function's frame (−1 where the stack has no model code)."""
+        self._build()
+        node_id = self._stack_node.get(stack_id, -1)
+        if node_id < 0:
+            return set(), -1
+        node = self.nodes[node_id]
+        return {r.category for c in node.children if (r := self.nodes[c].role) is not None}, node.frame
+
+    def backward(self, stack_id: int) -> tuple[BackwardRule, int] | None:
+        """The backward rule of a stack's innermost autograd node (`…::generated::<Name>::apply`) and that
+        frame, or None."""
+        if stack_id < 0 or not self.data.backward:
+            return None
+        frames = self.interner.frames
+        for fid in self.interner.stacks[stack_id]:
+            m = _AUTOGRAD_NODE.search(frames[fid][2])
+            if m:
+                found = next((b for b in self.data.backward if b.node.search(m.group(1))), None)
+                return (found, fid) if found is not None else None
+        return None
+
+
+def _parts(lines: set[int]) -> dict[int, int]:
+    """Each line's part: lines sorted, a new part wherever the gap to the previous exceeds
+    _SAME_FUNCTION_GAP."""
+    out, part, last = {}, 0, None
+    for line in sorted(lines):
+        if last is not None and line - last > _SAME_FUNCTION_GAP:
+            part += 1
+        out[line], last = part, line
+    return out
+
+
+_AUTOGRAD_NODE = re.compile(r"torch::autograd::generated::(\w+)::apply\b")
+
+
+def _name(frame: tuple[str, int, str]) -> str:
+    return frame[2].split("(", 1)[0]
+
+
+def _site(frame: tuple[str, int, str]) -> str:
+    """A frame of model code as evidence: `model.py:120:forward`."""
+    return f"{frame[0].rsplit('/', 1)[-1]}:{frame[1]}:{_name(frame)}"
+
+
+# -- loading ----------------------------------------------------------------------------------------
+
+def parse_roles(doc: dict[str, Any], where: str, categories: Sequence[str],
+                compile_pattern: Any) -> RoleData:
+    """roles.toml's document, validated (RulesError names the file and the entry)."""
+    unknown = set(doc) - {"building_blocks", "kinds", "roles", "backward"}
+    if unknown:
+        raise RulesError(f"{where}: unknown top-level key(s) {sorted(unknown)}")
+    blocks = doc.get("building_blocks", [])
+    if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
+        raise RulesError(f"{where}: building_blocks must be a list of kind names")
+    kinds = []
+    for item in _tables(doc, "kinds", where):
+        here = f"{where}: kind {item.get('name')!r}"
+        _keys(item, {"name", "file", "function", "on"}, here)
+        if item.get("on", "library") not in ("library", "code") or not isinstance(item.get("name"), str):
+            raise RulesError(f"{here}: needs a name, and 'on' must be \"library\" or \"code\"")
+        if "file" not in item and "function" not in item:
+            raise RulesError(f"{here}: give 'file' or 'function'")
+        kinds.append(Kind(item["name"], compile_pattern(item.get("file"), here, "file"),
+                          compile_pattern(item.get("function"), here, "function"), item.get("on") == "code"))
+    known = {k.name for k in kinds} | {"elementwise"}
+    roles = []
+    for item in _tables(doc, "roles", where):
+        here = f"{where}: role {item.get('name')!r}"
+        _keys(item, {"name", "category", "reason", "all", "any", "none", "children", "blocks_only"}, here)
+        if item.get("category") not in categories or not isinstance(item.get("name"), str) \
+                or not isinstance(item.get("reason"), str):
+            raise RulesError(f"{here}: needs a name, a reason and a known category")
+        sets = {}
+        for key in ("all", "any", "none", "children"):
+            value = item.get(key, [])
+            pool = set(categories) if key == "children" else known
+            if not isinstance(value, list) or not set(value) <= pool:
+                raise RulesError(f"{here}: '{key}' must list known {'categories' if key == 'children' else 'kinds'}")
+            sets[key] = frozenset(value)
+        if not isinstance(item.get("blocks_only", False), bool):
+            raise RulesError(f"{here}: 'blocks_only' must be true or false")
+        roles.append(Role(item["name"], item["category"], item["reason"], **sets,
+                          blocks_only=item.get("blocks_only", False)))
+    backward = []
+    for item in _tables(doc, "backward", where):
+        here = f"{where}: backward rule {item.get('name')!r}"
+        _keys(item, {"name", "category", "reason", "node"}, here)
+        node = compile_pattern(item.get("node"), here, "node")
+        if item.get("category") not in categories or node is None or not isinstance(item.get("reason"), str):
+            raise RulesError(f"{here}: needs a node pattern, a reason and a known category")
+        backward.append(BackwardRule(str(item["name"]), item["category"], item["reason"], node))
+    return RoleData(tuple(kinds), tuple(roles), tuple(backward), frozenset(blocks))
+
+
+def _tables(doc: dict[str, Any], key: str, where: str) -> list[dict[str, Any]]:
+    items = doc.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise RulesError(f"{where}: '{key}' must be an array of tables ([[{key}]])")
+    return items
+
+
+def _keys(item: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = set(item) - allowed
+    if unknown:
+        raise RulesError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(allowed)})")

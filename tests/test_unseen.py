@@ -1,0 +1,314 @@
+"""Programs nobody here has seen: synthetic stacks with the frame structure of the library versions we read
+(paths, function names, call nesting), one test per way the rules once failed on real unseen programs.
+
+Each stack is written innermost frame first, as torch records it. The versions each structure was read from
+are named at the stack; no test here is keyed on a corpus file.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from conftest import BASE, SnapshotBuilder, write_pickle
+
+from snapanalyze import attribute, load
+
+MiB = 1 << 20
+SP = "/opt/conda/lib/python3.11/site-packages/"
+Frame = tuple[str, int, str]
+
+
+def py(path: str, line: int, function: str) -> Frame:
+    return (path if path.startswith("/") else SP + path, line, function)
+
+
+def cpp(function: str) -> Frame:
+    return ("??", 0, function)
+
+
+CALL = [py("torch/nn/modules/module.py", 1747, "_call_impl"), py("torch/nn/modules/module.py", 1736,
+                                                                  "_wrapped_call_impl")]
+LINEAR = [py("torch/nn/modules/linear.py", 125, "forward"), *CALL]
+
+
+def blocks(tmp_path, stacks: dict[str, list[Frame]], size: int = 4 * MiB, name: str = "unseen") -> pd.DataFrame:
+    """Each named stack allocates one live block; the blocks' rows by name."""
+    b = SnapshotBuilder()
+    b.segment(BASE, [(size, size, "active_allocated")] * len(stacks))
+    for k, frames in enumerate(stacks.values()):
+        b.alloc(BASE + k * size, size, frames=[{"filename": f, "line": line, "name": n} for f, line, n in frames])
+    got = attribute(load(write_pickle(tmp_path / f"{name}.pickle", b.build()))).blocks.sort_values("address")
+    return got.assign(name=list(stacks)).set_index("name")
+
+
+# -- 1. an optimizer step that runs the model ---------------------------------------------------------------
+# lightning 2.4.0 automatic optimisation with torch 2.5 Adam: LightningOptimizer.step (core/optimizer.py:154)
+# -> Strategy.optimizer_step -> Precision.optimizer_step -> Optimizer.step wrapper (optimizer.py:487, _use_grad)
+# -> Adam.step, which calls `closure()` -> Precision._wrap_closure -> Closure.__call__ -> closure ->
+# _training_step -> strategy.training_step -> the user's training_step -> the DiT.
+
+L = "lightning/pytorch/"
+STEP = [py("torch/optim/optimizer.py", 79, "_use_grad"), py("torch/optim/optimizer.py", 487, "wrapper"),
+        py(L + "plugins/precision/precision.py", 123, "optimizer_step"),
+        py(L + "strategies/strategy.py", 239, "optimizer_step"), py(L + "core/optimizer.py", 154, "step"),
+        py(L + "core/module.py", 1306, "optimizer_step"), py(L + "trainer/call.py", 171, "_call_lightning_module_hook"),
+        py(L + "loops/optimization/automatic.py", 270, "_optimizer_step"),
+        py(L + "loops/optimization/automatic.py", 192, "run"), py(L + "loops/training_epoch_loop.py", 250, "advance"),
+        py("/home/u/dit/train.py", 80, "main")]
+CLOSURE = [py("/home/u/dit/lit.py", 40, "training_step"), py(L + "strategies/strategy.py", 390, "training_step"),
+           py(L + "trainer/call.py", 319, "_call_strategy_hook"),
+           py(L + "loops/optimization/automatic.py", 320, "_training_step"),
+           py(L + "loops/optimization/automatic.py", 146, "closure"),
+           py("torch/utils/_contextlib.py", 116, "decorate_context"),
+           py(L + "loops/optimization/automatic.py", 138, "__call__"),
+           py(L + "plugins/precision/precision.py", 108, "_wrap_closure"),
+           py("torch/optim/adam.py", 213, "step"), *STEP]
+DIT = "/home/u/dit/models.py"
+BLOCK = [*CALL, py(DIT, 130, "forward"), *CALL, py(DIT, 210, "forward"), *CALL, *CLOSURE]   # DiTBlock, DiT
+ATTN = [py(DIT, 60, "forward"), *BLOCK]                                                     # Attention.forward
+TIMM_MLP = "timm/layers/mlp.py"                                                             # timm 1.0.19 Mlp
+MLP_CALL = [*CALL, py(DIT, 128, "forward"), *CALL, py(DIT, 210, "forward"), *CALL, *CLOSURE]
+
+
+def test_an_optimizer_step_owns_only_its_own_update_not_the_model_its_closure_runs(tmp_path):
+    got = blocks(tmp_path, {
+        "qkv": [*LINEAR, py(DIT, 58, "forward"), *BLOCK],
+        "scores": [py(DIT, 60, "forward"), *BLOCK],                              # q @ k.transpose(-2, -1)
+        "softmax": [py("torch/nn/functional.py", 2140, "softmax"), py(DIT, 61, "forward"), *BLOCK],
+        "fc1": [*LINEAR, py(TIMM_MLP, 44, "forward"), *MLP_CALL],
+        "gelu": [py("torch/nn/modules/activation.py", 734, "forward"), *CALL, py(TIMM_MLP, 45, "forward"),
+                 *MLP_CALL],
+        "fc2": [*LINEAR, py(TIMM_MLP, 49, "forward"), *MLP_CALL],
+        "exp_avg": [py("torch/optim/adam.py", 140, "_init_group"), py("torch/optim/adam.py", 233, "step"), *STEP],
+        "loss": [py("/home/u/dit/lit.py", 42, "training_step"), *CLOSURE[1:]],
+    })
+    assert got["category"].to_dict() == {"qkv": "attention", "scores": "attention", "softmax": "attention",
+                                         "fc1": "mlp", "gelu": "mlp", "fc2": "mlp", "exp_avg": "optimizer_state",
+                                         "loss": "other"}
+    model = got.drop(index=["exp_avg", "loss"])
+    assert model["inferred"].all() and model["rule"].str.startswith("calltree.").all()
+    assert not got.loc["exp_avg", "inferred"] and "lightning" not in got.loc["exp_avg", "frame"]
+    assert "softmax" in got.loc["scores", "reason"]                            # the evidence is named
+
+
+def test_a_plain_closure_passed_to_lbfgs_runs_model_code_the_step_does_not_own(tmp_path):
+    """torch 2.5 LBFGS.step calls `closure()` (lbfgs.py:330) — the user's closure in the training script,
+    which runs the model: no Lightning, the step's frame is the only optimizer frame of the stack."""
+    step = [py("torch/optim/lbfgs.py", 330, "step"), py("torch/optim/optimizer.py", 79, "_use_grad"),
+            py("torch/optim/optimizer.py", 487, "wrapper"), py("/home/u/fit.py", 50, "main")]
+    net = [*CALL, py("/home/u/fit.py", 31, "closure"), *step]
+    got = blocks(tmp_path, {
+        "hidden": [*LINEAR, py("/home/u/net.py", 12, "forward"), *net],
+        "act": [py("torch/nn/functional.py", 1704, "relu"), py("/home/u/net.py", 13, "forward"), *net],
+        "direction": [py("torch/optim/lbfgs.py", 360, "step"), *step[1:]],
+    }, name="lbfgs")
+    assert got.loc["direction", "category"] == "optimizer_state"
+    assert got.loc["hidden", "category"] != "optimizer_state" and got.loc["act", "category"] != "optimizer_state"
+
+
+# -- 2. model libraries without readable source -------------------------------------------------------------
+# transformers 4.48 modeling_qwen2.py: Qwen2MLP.forward (57: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn
+# = nn.SiLU), Qwen2Attention.forward (q_proj 153, apply_rotary_pos_emb 159, attention_interface = integrations/
+# sdpa_attention.py sdpa_attention_forward 176, o_proj 189), Qwen2DecoderLayer.forward (self_attn 241, residual
+# add 252, post_attention_layernorm 256, mlp 257), Qwen2ForCausalLM.forward -> self.loss_function
+# (loss/loss_utils.py ForCausalLMLoss: logits.float(), then fixed_cross_entropy -> F.cross_entropy). A LoRA
+# adapter (peft 0.13 tuners/lora/layer.py Linear.forward) wraps q_proj.
+
+QWEN = "/opt/conda/lib/python3.11/site-packages/transformers/models/qwen2/modeling_qwen2.py"
+MODEL = [*CALL, py(QWEN, 563, "forward"), *CALL, py(QWEN, 838, "forward"), *CALL,
+         py("/home/u/eval/run.py", 20, "main")]
+DEC_ATT = [*CALL, py(QWEN, 241, "forward"), *MODEL]
+DEC_MLP = [*CALL, py(QWEN, 257, "forward"), *MODEL]
+LOSS = [py("transformers/loss/loss_utils.py", 47, "ForCausalLMLoss"), py(QWEN, 866, "forward"), *CALL,
+        py("/home/u/eval/run.py", 20, "main")]
+
+
+def test_transformers_modeling_code_without_its_source_is_decided_by_what_it_calls(tmp_path):
+    got = blocks(tmp_path, {
+        "gate": [*LINEAR, py(QWEN, 57, "forward"), *DEC_MLP],
+        "silu": [py("torch/nn/functional.py", 2380, "silu"), py("torch/nn/modules/activation.py", 432, "forward"),
+                 *CALL, py(QWEN, 57, "forward"), *DEC_MLP],
+        "gate_x_up": [py(QWEN, 57, "forward"), *DEC_MLP],
+        "q_lora": [*LINEAR, py("peft/tuners/lora/layer.py", 557, "forward"), *CALL, py(QWEN, 153, "forward"),
+                   *DEC_ATT],
+        "q_embed": [py(QWEN, 96, "apply_rotary_pos_emb"), py(QWEN, 159, "forward"), *DEC_ATT],
+        "sdpa": [py("transformers/integrations/sdpa_attention.py", 53, "sdpa_attention_forward"),
+                 py(QWEN, 176, "forward"), *DEC_ATT],
+        "o_proj": [*LINEAR, py(QWEN, 189, "forward"), *DEC_ATT],
+        "residual": [py(QWEN, 252, "forward"), *MODEL],
+        "rmsnorm": [py(QWEN, 205, "forward"), *CALL, py(QWEN, 256, "forward"), *MODEL],
+        "logits_fp32": LOSS,
+        "log_softmax": [py("torch/nn/functional.py", 3104, "cross_entropy"),
+                        py("transformers/loss/loss_utils.py", 36, "fixed_cross_entropy"), *LOSS],
+    }, name="qwen2")
+    assert got["category"].to_dict() == {
+        "gate": "mlp", "silu": "mlp", "gate_x_up": "mlp", "q_lora": "attention", "q_embed": "attention",
+        "sdpa": "attention", "o_proj": "attention", "residual": "other", "rmsnorm": "other",
+        "logits_fp32": "logits", "log_softmax": "logits"}
+    tree = got.loc[["gate", "silu", "gate_x_up", "q_lora", "q_embed", "o_proj"]]    # the rest: transformers.toml
+    assert tree["inferred"].all() and tree["rule"].str.startswith("calltree.").all()
+    assert "silu" in got.loc["gate", "reason"] and "apply_rotary_pos_emb" in got.loc["o_proj", "reason"]
+
+
+# diffusers 0.35.1: FeedForward lives in models/attention.py (forward: `for module in self.net: hidden_states =
+# module(hidden_states)`, 1720) and its GELU in models/activations.py (GELU.forward: self.proj 88, self.gelu 89, a
+# method calling F.gelu, a C builtin with no Python frame); BasicTransformerBlock (attention.py) calls self.ff.
+DIFF = "diffusers/models/"
+FF = [*CALL, py(DIFF + "attention.py", 1720, "forward"), *CALL, py(DIFF + "attention.py", 1255, "forward"), *CALL,
+      py(DIFF + "transformers/transformer_2d.py", 450, "forward"), *CALL, py("/home/u/sample.py", 30, "main")]
+
+
+def test_a_file_named_attention_that_holds_the_mlp_is_decided_by_what_its_code_calls(tmp_path):
+    got = blocks(tmp_path, {
+        "proj": [*LINEAR, py(DIFF + "activations.py", 88, "forward"), *FF],
+        "gelu": [py(DIFF + "activations.py", 83, "gelu"), py(DIFF + "activations.py", 89, "forward"), *FF],
+        "ff_out": [*LINEAR, *FF],
+    }, name="diffusers")
+    assert got["category"].to_dict() == {"proj": "mlp", "gelu": "mlp", "ff_out": "mlp"}
+    assert got["inferred"].all() and got.loc["ff_out", "rule"] == "calltree.callees"
+
+
+# -- 5. non-transformer models ------------------------------------------------------------------------------
+# A GNN's per-node update MLP (Linear -> ReLU -> Linear in the user's update_nodes) and torch_geometric 2.6.1
+# GATConv: forward -> self.lin (nn/dense/linear.py) and the generated edge_updater -> GATConv.edge_update ->
+# utils/_softmax.py softmax; the generated propagate -> GATConv.message (alpha.unsqueeze(-1) * x_j).
+
+GNN = "/home/u/gnn/models.py"
+PYG = "torch_geometric/"
+GEN = "/tmp/torch_geometric.nn.conv.gat_conv_GATConv_propagate_k2j1x9.py"
+NODES = [py(GNN, 181, "update_nodes"), py(GNN, 200, "forward"), *CALL, py("/home/u/gnn/train.py", 60, "main")]
+GAT = [py(PYG + "nn/conv/gat_conv.py", 360, "forward"), *CALL, py(GNN, 120, "forward"), *CALL,
+       py("/home/u/gnn/train.py", 60, "main")]
+
+
+def test_per_node_mlps_and_graph_attention_are_named(tmp_path):
+    got = blocks(tmp_path, {
+        "hidden": [*LINEAR, *NODES],
+        "relu": [py("torch/nn/functional.py", 1704, "relu"), *NODES],
+        "out": [*LINEAR, py(GNN, 183, "update_nodes"), *NODES[1:]],
+        "alpha": [py(PYG + "utils/_softmax.py", 60, "softmax"), py(PYG + "nn/conv/gat_conv.py", 420, "edge_update"),
+                  py(GEN, 95, "edge_updater"), *GAT],
+        "message": [py(PYG + "nn/conv/gat_conv.py", 440, "message"), py(GEN, 160, "propagate"), *GAT],
+    }, name="gnn")
+    assert got["category"].to_dict() == {"hidden": "mlp", "relu": "mlp", "out": "mlp", "alpha": "attention",
+                                         "message": "attention"}
+    assert got.loc[["hidden", "relu", "out"], "inferred"].all()
+
+
+# -- 6. backward on the autograd thread: C++ frames only (torch 2.5, stacks="all") ---------------------------
+
+ENGINE = [cpp("torch::autograd::Node::operator()(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)"),
+          cpp("torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::GraphTask>&, "
+              "torch::autograd::Node*, torch::autograd::InputBuffer&, std::shared_ptr<torch::autograd::"
+              "ReadyQueue> const&)"),
+          cpp("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"),
+          cpp("torch::autograd::Engine::thread_init(int, std::shared_ptr<torch::autograd::ReadyQueue> const&, "
+              "bool)"),
+          ("thread48.o", 0, "execute_native_thread_routine"), cpp("start_thread"), cpp("clone")]
+MALLOC = [cpp("torch::unwind::unwind()"),
+          ("CUDACachingAllocator.cpp", 0, "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"
+           "(signed char, unsigned long, CUstream_st*)"),
+          cpp("at::detail::empty_cuda(c10::ArrayRef<long>, c10::TensorOptions const&)")]
+
+
+def _node(op: str, node: str) -> list[Frame]:
+    return [*MALLOC, cpp(f"at::_ops::{op}::call(at::Tensor const&, at::Tensor const&)"),
+            cpp(f"torch::autograd::generated::{node}::apply(std::vector<at::Tensor, std::allocator<at::Tensor> "
+                ">&&)"), *ENGINE]
+
+
+def test_backward_nodes_are_named_by_the_forward_op_they_differentiate(tmp_path):
+    got = blocks(tmp_path, {
+        "dlogits": _node("_log_softmax_backward_data", "LogSoftmaxBackward0"),
+        "dnll": _node("nll_loss_backward", "NllLossBackward0"),
+        "dscores": _node("_softmax_backward_data", "SoftmaxBackward0"),
+        "dsilu": _node("silu_backward", "SiluBackward0"),
+        "dsdpa": _node("_scaled_dot_product_efficient_attention_backward",
+                       "ScaledDotProductEfficientAttentionBackward0"),
+        "drelu": _node("threshold_backward", "ReluBackward0"),
+    }, name="backward")
+    assert got["category"].to_dict() == {"dlogits": "logits", "dnll": "logits", "dscores": "attention",
+                                         "dsilu": "mlp", "dsdpa": "attention", "drelu": "other"}
+    named = got.drop(index=["drelu", "dsdpa"])                # the fused SDPA backward: torch.toml names it
+    assert named["inferred"].all() and named["rule"].str.startswith("backward.").all()
+    assert got.loc["dscores", "frame"] == "torch::autograd::generated::SoftmaxBackward0::apply"
+
+
+# -- DataParallel (torch 2.5 nn/parallel): replicas' weights are broadcast on every forward ------------------
+
+def test_data_parallel_replicas_hold_copies_of_the_weights(tmp_path):
+    dp = [py("torch/nn/parallel/data_parallel.py", 184, "forward"), *CALL, py("/home/u/train.py", 44, "main")]
+    worker = [py("torch/nn/parallel/parallel_apply.py", 96, "_worker"),
+              py("/usr/lib/python3.11/threading.py", 1010, "run"),
+              py("/usr/lib/python3.11/threading.py", 1073, "_bootstrap_inner"),
+              py("/usr/lib/python3.11/threading.py", 1030, "_bootstrap")]
+    got = blocks(tmp_path, {
+        "replica_weight": [py("torch/nn/parallel/comm.py", 67, "broadcast_coalesced"),
+                           py("torch/nn/parallel/_functions.py", 22, "forward"),
+                           py("torch/autograd/function.py", 575, "apply"),
+                           py("torch/nn/parallel/replicate.py", 80, "_broadcast_coalesced_reshape"),
+                           py("torch/nn/parallel/replicate.py", 127, "replicate"),
+                           py("torch/nn/parallel/data_parallel.py", 199, "replicate"), *dp],
+        "input_shard": [py("torch/nn/parallel/comm.py", 205, "scatter"),
+                        py("torch/nn/parallel/_functions.py", 100, "forward"),
+                        py("torch/autograd/function.py", 575, "apply"),
+                        py("torch/nn/parallel/scatter_gather.py", 31, "scatter_map"),
+                        py("torch/nn/parallel/scatter_gather.py", 46, "scatter"),
+                        py("torch/nn/parallel/scatter_gather.py", 62, "scatter_kwargs"),
+                        py("torch/nn/parallel/data_parallel.py", 182, "scatter"), *dp],
+        "replica_act": [*LINEAR, py("/home/u/net.py", 12, "forward"), *CALL, *worker],
+    }, name="dp")
+    assert got["category"].to_dict() == {"replica_weight": "weights", "input_shard": "inputs",
+                                         "replica_act": "other"}
+
+
+# -- 3. a library checkout of another version ---------------------------------------------------------------
+# A modeling_qwen2.py laid out as another release: line 57, the MLP's line in the run (4.48), lies inside
+# Qwen2Attention.forward here, a function of the frame's name, so that frame alone cannot tell; but the run's
+# apply_rotary_pos_emb line (96) and its decoder-layer lines fall outside functions of their names here.
+
+OTHER_RELEASE = "import torch\nfrom torch import nn\n\n\n" + "\n" * 46 + '''class Qwen2Attention(nn.Module):
+    def forward(self, hidden_states):
+        query_states = self.q_proj(hidden_states)
+        key_states = self.k_proj(hidden_states)
+        value_states = self.v_proj(hidden_states)
+        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3))
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+        attn_output = torch.matmul(attn_weights, value_states)
+        return self.o_proj(attn_output)
+
+
+def rotate_half(x):
+    return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+''' + "\n" * 60 + '''
+def apply_rotary_pos_emb(q, k, cos, sin):
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+class Qwen2MLP(nn.Module):
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+'''
+
+
+def test_a_library_copy_of_another_version_decides_nothing_and_the_note_says_what_to_install(tmp_path):
+    root = tmp_path / "env" / "lib" / "python3.11" / "site-packages" / "transformers" / "models" / "qwen2"
+    root.mkdir(parents=True)
+    (root / "modeling_qwen2.py").write_text(OTHER_RELEASE)
+    assert OTHER_RELEASE.splitlines()[56].strip().startswith("attn_weights = nn.functional.softmax")   # line 57
+    stacks = {"gate": [*LINEAR, py(QWEN, 57, "forward"), *DEC_MLP],
+              "silu": [py("torch/nn/functional.py", 2380, "silu"), py("torch/nn/modules/activation.py", 432,
+                                                                      "forward"), *CALL, py(QWEN, 57, "forward"),
+                       *DEC_MLP],
+              "q_embed": [py(QWEN, 96, "apply_rotary_pos_emb"), py(QWEN, 159, "forward"), *DEC_ATT]}
+    b = SnapshotBuilder()
+    b.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated")] * len(stacks))
+    for k, frames in enumerate(stacks.values()):
+        b.alloc(BASE + k * 4 * MiB, 4 * MiB, frames=[{"filename": f, "line": n, "name": fn} for f, n, fn in frames])
+    result = attribute(load(write_pickle(tmp_path / "drift.pickle", b.build())), source=tmp_path / "env")
+    got = result.blocks.sort_values("address").assign(name=list(stacks)).set_index("name")
+    assert got["category"].to_dict() == {"gate": "mlp", "silu": "mlp", "q_embed": "attention"}
+    assert got["inferred"].all() and not got["rule"].str.startswith("transformers.").any()
+    assert not got["frame"].str.contains("Qwen2Attention").any()
+    note = next(n for n in result.notes if "modeling_qwen2.py" in n)
+    assert "transformers/models/qwen2/modeling_qwen2.py" in note and "modeling_qwen2.py:96:apply_rotary_pos_emb" in note
+    assert "install the transformers that ran, or pass its site-packages with --source" in note
