@@ -298,8 +298,9 @@ def test_run_timelines_draw_nvml_used_and_the_phases(tp2_page: str) -> None:
 
 def test_the_phase_table_flags_inferred_category_bytes(tp2_page: str) -> None:
     page = body(tp2_page)
-    assert page.count('<span class="flag" title="decided by sizes, lifetimes, layout or time rather than proven by a '
-                      'frame">296.00 MiB inferred</span>') >= 1       # rank 0's prefill: gate/up told by size
+    # rank 0's prefill: gate/up told by size
+    assert page.count('<span class="flag" title="decided by sizes, lifetimes, layout, time, the call tree or a name '
+                      'rather than proven by a frame">296.00 MiB inferred</span>') >= 1
 
 
 def _values(y: Any) -> list[float]:
@@ -581,7 +582,8 @@ def test_inferred_bytes_are_flagged_in_the_verdict_lines() -> None:
     page = body(build_report(load(SCENARIOS / "concurrent_requests.pickle"), samples=4))
     assert headline(page).endswith("7.34 GiB concurrent_request made the difference, on top of 2.30 GiB weights "
                                    "(inferred).")
-    assert "inferred: decided by sizes, lifetimes, layout or time rather than proven by a frame" in verdict_top(page)
+    assert ("inferred: decided by sizes, lifetimes, layout, time, the call tree or a name rather than proven by a "
+            "frame") in verdict_top(page)
     proven = body(build_report(load(SCENARIOS / "oom_fragmentation.pickle"), samples=4))
     assert "inferred" not in verdict_top(proven)
 

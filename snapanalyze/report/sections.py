@@ -109,11 +109,18 @@ def category_rows(view: RankView, device: int, event_index: int) -> list[dict[st
     summary = attribution.summary[attribution.summary["device"] == device]
     blocks = attribution.blocks[attribution.blocks["device"] == device]
     inferred = blocks[blocks["inferred"].astype(bool)].groupby("category")["size"].sum()
+    # Each category's largest owner: the code that made most of its bytes (named where the category is `other`
+    # or inferred, so that a reader knows whose bytes they are).
+    by_owner = blocks[blocks["owner"] != ""].groupby(["category", "owner"], sort=False)["size"].sum()
+    top_owner = by_owner.sort_values(ascending=False, kind="stable").groupby(level=0, sort=False).head(1)
+    owners = {cat: (owner, int(n)) for (cat, owner), n in top_owner.items()}
     label = view.redactor.label
     known = list(view.rules.categories)
     return [{"category": r.category, "bytes": int(r.bytes), "share": float(r.share), "blocks": int(r.blocks),
              "inferred": int(inferred.get(r.category, 0)), "color": plots.category_color(r.category, known),
-             "sites": [(label(site), int(n)) for site, n in zip(r.top_frames, r.top_frame_bytes)]}
+             "sites": [(label(site), int(n)) for site, n in zip(r.top_frames, r.top_frame_bytes)],
+             "owner": label(owners[r.category][0]) if r.category in owners else "",
+             "owner_bytes": owners[r.category][1] if r.category in owners else 0}
             for r in summary.itertuples()]
 
 
@@ -244,8 +251,8 @@ def _phase_rows(view: RankView, device: int) -> tuple[list[dict[str, Any]], int]
 # -- the verdict: a headline, a line per device, the program and its advice; the sentences folded below ----
 
 VERDICT_FIRST = ("oom",)      # sections whose verdict sentences open the folded details (then ORDER's order)
-INFERRED_NOTE = ("inferred: decided by sizes, lifetimes, layout or time rather than proven by a frame, pool or "
-                 "metadata (Rules that fired gives the reason).")
+INFERRED_NOTE = ("inferred: decided by sizes, lifetimes, layout, time, the call tree or a name rather than proven "
+                 "by a frame, pool or metadata (Rules that fired gives the reason).")
 _ENGINES: weakref.WeakKeyDictionary[RankView, Engine] = weakref.WeakKeyDictionary()
 
 
@@ -268,12 +275,18 @@ def engine_of(view: RankView) -> Engine:
     return found
 
 
-def _flagged(row: dict[str, Any]) -> str:
-    """"9.56 GiB logits", with "(inferred)" or "(… inferred)" when frames did not prove it."""
+def _flagged(row: dict[str, Any], owner: bool = False) -> str:
+    """"9.56 GiB logits", with "(inferred)" or "(… inferred)" when frames did not prove it, and, where the
+    category is `other` or inferred, the code that made most of it: "78.3 GiB other (78.1 GiB made in
+    models.py:181:update_nodes)"."""
     text = f"{fmt_bytes(row['bytes'])} {row['category']}"
+    notes = []
     if row["inferred"]:
-        text += " (inferred)" if row["inferred"] >= row["bytes"] else f" ({fmt_bytes(row['inferred'])} inferred)"
-    return text
+        notes.append("inferred" if row["inferred"] >= row["bytes"] else f"{fmt_bytes(row['inferred'])} inferred")
+    if owner and row.get("owner") and (row["category"] == "other" or row["inferred"]):
+        share = "" if row["owner_bytes"] >= row["bytes"] else f"{fmt_bytes(row['owner_bytes'])} "
+        notes.append(f"{share}made in {row['owner']}")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _held(rows: list[dict[str, Any]]) -> str:
@@ -305,15 +318,16 @@ class _Live:
         return f"only {self.held}" if self.held else "nothing"
 
 
-def _live(view: RankView, device: int, index: int, top: int = 1, rest: bool = True) -> _Live:
+def _live(view: RankView, device: int, index: int, top: int = 1, rest: bool = True, owners: bool = False) -> _Live:
     """`_Live` at `index` of `device`: the `top` categories that rose (then, with `rest`, the others as
-    "N more"), on top of the categories that stay (PERSISTENT)."""
+    "N more"), on top of the categories that stay (PERSISTENT); with `owners`, the code that made most of a
+    category named `other` or inferred."""
     rows = [r for r in category_rows(view, device, index) if r["bytes"] > 0]
     transient = [r for r in rows if r["category"] not in PERSISTENT]
     persistent = [r for r in rows if r["category"] in PERSISTENT]
     named = transient if rest and len(transient) <= top + 1 else transient[:top]
     others = transient[len(named):] if rest else []
-    parts = [_flagged(r) for r in named]
+    parts = [_flagged(r, owners) for r in named]
     if others:
         parts.append(f"{len(others)} more categor{'y' if len(others) == 1 else 'ies'} "
                      f"({fmt_bytes(sum(r['bytes'] for r in others))})")
@@ -412,7 +426,7 @@ def _peak_headline(report: Report, view: RankView, device: int) -> tuple[str, st
                      "the difference")
             return text + ".", str(top["category"]), False
         return text + ".", None, False
-    live = _live(view, device, index, rest=False)
+    live = _live(view, device, index, rest=False, owners=True)
     label = view.main(device).label
     first = (f"The peak on {view.where(device)} was {fmt_bytes(active)} active" if label == "peak 1" else
              f"At {label} on {view.where(device)}, {fmt_bytes(active)} were active")

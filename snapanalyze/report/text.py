@@ -101,8 +101,8 @@ def _records(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) 
     return "\n".join(out[:-1])
 
 
-INFERRED_LEGEND = ("inferred = bytes decided by sizes, lifetimes, layout or time rather than proven by a frame, "
-                   "pool or metadata")
+INFERRED_LEGEND = ("inferred = bytes decided by sizes, lifetimes, layout, time, the call tree or a name rather "
+                   "than proven by a frame, pool or metadata")
 
 
 def inferred_share(inferred: int, total: int) -> str:
