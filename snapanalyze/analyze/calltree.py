@@ -146,10 +146,16 @@ class CallTree:
         """A frame of model code: Python, not plumbing, not a pass-through layer, not the standard library."""
         hit = self._code.get(fid)
         if hit is None:
-            frame = self.interner.frames[fid]
-            facts = self.facts(frame)
-            hit = self._code[fid] = (is_python_frame(frame[0]) and not facts.plumbing and not facts.passthrough
-                                     and _STDLIB.search(frame[0]) is None)
+            filename, _, function = frame = self.interner.frames[fid]
+            if not is_python_frame(filename) or _STDLIB.search(filename) is not None:
+                hit = False
+            elif self.rules.source is None:          # by file and function alone: no rule matching needed
+                hit = not self.rules.is_plumbing(filename, function) and \
+                    not self.rules.is_passthrough(filename, function)
+            else:
+                facts = self.facts(frame)
+                hit = not facts.plumbing and not facts.passthrough
+            self._code[fid] = hit
         return hit
 
     def kind(self, fid: int) -> str:
@@ -194,7 +200,7 @@ class CallTree:
         """A function of model code under its caller: file, name (its qualified name where the source says),
         the caller's frame id."""
         filename, _, function = self.interner.frames[fid]
-        source = self.facts(self.interner.frames[fid]).source
+        source = self.facts(self.interner.frames[fid]).source if self.rules.source is not None else None
         return filename, source.qualname if source is not None else function, caller
 
     def _walk(self, sid: int, stack: Sequence[int], code: list[int],

@@ -144,6 +144,7 @@ class RuleSet:
     role_data: RoleData = field(default_factory=RoleData)
     _frame_cache: dict[Frame, FrameFacts] = field(default_factory=dict, repr=False)
     _plumbing_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
+    _passthrough_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
     _bound: dict[int, tuple[SourceIndex | None, RuleSet]] = field(default_factory=dict, repr=False)
 
     @functools.cached_property
@@ -186,6 +187,14 @@ class RuleSet:
         """(is plumbing, indices of matching rules in order) for one frame, by its file and function alone."""
         facts = (self if self.source is None else self.with_source(None)).facts((filename, 0, function))
         return facts.plumbing, facts.matched
+
+    def is_passthrough(self, filename: str, function: str) -> bool:
+        """Whether a frame is a pass-through layer by its file and function alone (no source)."""
+        hit = self._passthrough_cache.get((filename, function))
+        if hit is None:
+            hit = self._passthrough_cache[(filename, function)] = any(p.matches(filename, function)
+                                                                      for p in self.passthrough)
+        return hit
 
     def is_plumbing(self, filename: str, function: str) -> bool:
         hit = self._plumbing_cache.get((filename, function))
