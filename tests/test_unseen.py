@@ -106,7 +106,8 @@ def test_a_plain_closure_passed_to_lbfgs_runs_model_code_the_step_does_not_own(t
 
 
 # -- 2. model libraries without readable source -------------------------------------------------------------
-# transformers 4.48 modeling_qwen2.py: Qwen2MLP.forward (57: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn
+# transformers modeling_qwen2.py, call structure as in 4.44-4.56 (line numbers illustrative, not one release's):
+# Qwen2MLP.forward (57: down_proj(act_fn(gate_proj(x)) * up_proj(x)), act_fn
 # = nn.SiLU), Qwen2Attention.forward (q_proj 153, apply_rotary_pos_emb 159, attention_interface = integrations/
 # sdpa_attention.py sdpa_attention_forward 176, o_proj 189), Qwen2DecoderLayer.forward (self_attn 241, residual
 # add 252, post_attention_layernorm 256, mlp 257), Qwen2ForCausalLM.forward -> self.loss_function
@@ -262,7 +263,7 @@ def test_data_parallel_replicas_hold_copies_of_the_weights(tmp_path):
 
 
 # -- 3. a library checkout of another version ---------------------------------------------------------------
-# A modeling_qwen2.py laid out as another release: line 57, the MLP's line in the run (4.48), lies inside
+# A modeling_qwen2.py laid out as another release: line 57, the MLP's line in the run, lies inside
 # Qwen2Attention.forward here, a function of the frame's name, so that frame alone cannot tell; but the run's
 # apply_rotary_pos_emb line (96) and its decoder-layer lines fall outside functions of their names here.
 

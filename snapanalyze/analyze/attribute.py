@@ -153,7 +153,7 @@ class _Decider:
             decider = cls._kept[snapshot] = cls(snapshot.interner, rules, allocation_stacks(snapshot))
         return decider
 
-    def __init__(self, interner: StackInterner, rules: RuleSet, tree_stacks: np.ndarray | None = None) -> None:
+    def __init__(self, interner: StackInterner, rules: RuleSet, tree_stacks: np.ndarray) -> None:
         self.interner, self.rules = interner, rules        # not the snapshot: it keys `_kept` weakly
         self.bare = rules.with_source(None)                # the same rules without the source
         self.tree_stacks = tree_stacks                     # the stacks the call tree is built over
@@ -198,11 +198,10 @@ class _Decider:
         if self.rules.source is None:
             return {}
         frames, stacks = self.interner.frames, self.interner.stacks
-        ids = self.tree_stacks if self.tree_stacks is not None else range(len(stacks))
         seen: set[int] = set()
         out: dict[str, list[int]] = {}
-        for sid in ids:
-            for fid in stacks[int(sid)]:
+        for sid in self.tree_stacks.tolist():
+            for fid in stacks[sid]:
                 if fid in seen:
                     continue
                 seen.add(fid)
@@ -368,8 +367,7 @@ class _Decider:
 
     @cached_property
     def tree(self) -> CallTree:
-        stacks = self.tree_stacks if self.tree_stacks is not None else np.arange(len(self.interner.stacks))
-        return CallTree(self.interner, self.rules, stacks.tolist(), self.facts)
+        return CallTree(self.interner, self.rules, self.tree_stacks.tolist(), self.facts)
 
 
 def allocation_stacks(snapshot: Snapshot) -> np.ndarray:

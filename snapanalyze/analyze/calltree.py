@@ -1,9 +1,12 @@
 """Roles of model code from the call tree: what a function calls, over every stack through it, says what it is.
 
-Contract: `CallTree(interner, rules).role(stack_id)` returns the `RoleHit` of the function of model code that
-made a stack's allocation (its innermost frame of the program's or a model library's code), or None.
+Contract: `CallTree(interner, rules, stacks, facts=None).role(stack_id)` returns the `RoleHit` of the
+function of model code that made a stack's allocation (its innermost frame of the program's or a model
+library's code), or None; `callee_roles` the roles of what that function calls; `backward` the rule of a
+C++-only backward stack's autograd node. `stacks` are the ids the tree is built over (the allocations');
+`facts` what the rules say about a frame (the caller may leave an untrusted source out).
 
-The tree: every stack of the trace, walked from its outermost frame in, is a path of *nodes*, one per frame of
+The tree: every stack given, walked from its outermost frame in, is a path of *nodes*, one per frame of
 model code (Python, not plumbing, not a pass-through layer, not the standard library). A node is a function
 under one caller: its file and name and the frame of model code that called it (file, line, function), so the
 `forward` of an MLP and of an attention in one file, called from two lines of a block, are two nodes, and the
@@ -11,12 +14,14 @@ forty layers of a model, called from one line in a loop, are one. A node's *kind
 come from the calls it makes: the innermost frame with a kind among the library frames between it and the
 next model code below it (torch's Linear, F.softmax, an `at::_ops::silu` C++ frame), the name of a function of
 model code it calls (`apply_rotary_pos_emb`, a hand-written `silu`), and what a building block it calls does
-(a child that calls no model code and whose kinds are building blocks, such as a hand-written Linear; a child
-that calls nothing at all is `elementwise`). [[roles]] then give nodes their categories, children first: the
-first role whose conditions the node's kinds (and its children's roles) meet. A node whose own calls have no
-kind but whose roled children all agree (a message-passing `propagate`) takes their role. An allocation is
-decided by its own node's role, or, where that node is a building block (it works for its caller), by the
-role of the nearest caller that has one, at most `_CLIMB` callers up.
+(a child with no role whose kinds, with those of the building blocks it calls, are building blocks only, such
+as a hand-written Linear; a child that calls nothing that shows anything is `elementwise`). [[roles]] then
+give nodes their categories, children first: the first role whose conditions the node's kinds (and its
+children's roles) meet. A node whose own calls show nothing but whose roled children all agree (a
+message-passing `propagate`) takes their role. An allocation is decided by its own node's role, or, where
+that node is a building block (it works for its caller) or a helper its caller calls by a name of a kind
+(`apply_rotary_pos_emb`), by the role of the nearest caller that has one, at most `_CLIMB` callers up. A
+node that shows nothing is no building block: nothing says it works for anyone.
 
 Built once per (snapshot, rules), over the distinct stacks, each distinct frame classified once. Every role is
 evidence from what ran, not from a name the node carries: the caller flags it inferred and shows the reason.

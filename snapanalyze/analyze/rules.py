@@ -190,18 +190,18 @@ class RuleSet:
 
     def is_passthrough(self, filename: str, function: str) -> bool:
         """Whether a frame is a pass-through layer by its file and function alone (no source)."""
-        hit = self._passthrough_cache.get((filename, function))
-        if hit is None:
-            hit = self._passthrough_cache[(filename, function)] = any(p.matches(filename, function)
-                                                                      for p in self.passthrough)
-        return hit
+        return _any_match(self._passthrough_cache, self.passthrough, filename, function)
 
     def is_plumbing(self, filename: str, function: str) -> bool:
-        hit = self._plumbing_cache.get((filename, function))
-        if hit is None:
-            hit = self._plumbing_cache[(filename, function)] = any(p.matches(filename, function)
-                                                                    for p in self.plumbing)
-        return hit
+        return _any_match(self._plumbing_cache, self.plumbing, filename, function)
+
+
+def _any_match(cache: dict[tuple[str, str], bool], rules: list[Rule], filename: str, function: str) -> bool:
+    """Whether any of `rules` matches a frame by its file and function, cached per (file, function)."""
+    hit = cache.get((filename, function))
+    if hit is None:
+        hit = cache[(filename, function)] = any(r.matches(filename, function) for r in rules)
+    return hit
 
 
 def _compile(pattern: Any, where: str, what: str) -> re.Pattern[str] | None:
