@@ -11,6 +11,7 @@ import pandas as pd
 from conftest import BASE, SnapshotBuilder, write_pickle
 
 from snapanalyze import attribute, load
+from snapanalyze.analyze.rules import HEURISTICS, load_rules
 
 MiB = 1 << 20
 SP = "/opt/conda/lib/python3.11/site-packages/"
@@ -313,3 +314,104 @@ def test_a_library_copy_of_another_version_decides_nothing_and_the_note_says_wha
     note = next(n for n in result.notes if "modeling_qwen2.py" in n)
     assert "transformers/models/qwen2/modeling_qwen2.py" in note and "modeling_qwen2.py:96:apply_rotary_pos_emb" in note
     assert "install the transformers that ran, or pass its site-packages with --source" in note
+
+
+# -- 4. `.grad` tensors moved with their module by Module._apply ---------------------------------------------
+# torch 2.13 nn/modules/module.py (read here): `_apply` recurses into children, then per parameter
+# `param_applied = fn(param)` (line 964) and, with a gradient, `grad_applied = fn(param_grad)` (line 1008) right
+# after it, then `fn(buf)` per buffer (line 1034); torch 1.8-2.12 have the same order (`fn(param.grad)`).
+
+def _moved(tmp_path, layout: list[tuple[str, int, int]], name: str, rules=None) -> pd.DataFrame:
+    """`model.cuda()` with the trace on: each (name, _apply line, size) allocates one live block, in order."""
+    apply_ = [py("torch/nn/modules/module.py", 915, "_apply"), py("torch/nn/modules/module.py", 1084, "cuda"),
+              py("/home/u/train.py", 30, "main")]
+    b = SnapshotBuilder()
+    b.segment(BASE, [(size, size, "active_allocated") for _, _, size in layout])
+    addr = BASE
+    for _, line, size in layout:
+        frames = [py("torch/nn/modules/module.py", 1084, "<lambda>"), py("torch/nn/modules/module.py", line, "_apply"),
+                  *apply_]
+        b.alloc(addr, size, frames=[{"filename": f, "line": n, "name": fn} for f, n, fn in frames])
+        addr += size
+    got = attribute(load(write_pickle(tmp_path / f"{name}.pickle", b.build())), rules=rules).blocks
+    return got.sort_values("address").assign(name=[n for n, _, _ in layout]).set_index("name")
+
+
+def test_grads_moved_with_their_module_are_gradients_not_weights(tmp_path):
+    C = 64 * 1024
+    got = _moved(tmp_path, [
+        ("fc1.weight", 964, 4 * MiB), ("fc1.weight.grad", 1008, 4 * MiB), ("fc1.bias", 964, C),
+        ("fc1.bias.grad", 1008, C), ("fc2.weight", 964, 4 * MiB), ("fc2.weight.grad", 1008, 4 * MiB),
+        ("bn.weight", 964, C), ("bn.weight.grad", 1008, C), ("bn.bias", 964, C), ("bn.bias.grad", 1008, C),
+        ("bn.running_mean", 1034, C), ("bn.running_var", 1034, C), ("bn.num_batches_tracked", 1034, 512)],
+        name="apply_grads")
+    grads = got.index.str.endswith(".grad")
+    assert (got.loc[grads, "category"] == "gradients").all()
+    assert (got.loc[~grads, "category"] == "weights").all()        # parameters and buffers (a BatchNorm's too)
+    assert got.loc[grads, "inferred"].all() and (got.loc[grads, "rule"] == "order.apply_grad").all()
+    assert "module.py:1008:_apply" in got.loc["fc1.weight.grad", "reason"]
+
+
+def test_every_heuristic_can_be_disabled_by_name(tmp_path):
+    user = tmp_path / "rules.toml"
+    user.write_text('disable = ["order.apply_grad"]\n')
+    got = _moved(tmp_path, [("w", 964, 4 * MiB), ("w.grad", 1008, 4 * MiB), ("b", 964, MiB), ("b.grad", 1008, MiB)],
+                 name="apply_off", rules=load_rules(user))
+    assert (got["category"] == "weights").all()
+    for name in HEURISTICS:                              # each is a name `disable` accepts
+        user.write_text(f'disable = ["{name}"]\n')
+        assert not load_rules(user).enabled(name)
+
+
+def test_a_module_moved_without_grads_is_all_weights(tmp_path):
+    got = _moved(tmp_path, [("w1", 964, 4 * MiB), ("w2", 964, 4 * MiB), ("rm", 1034, 4 * MiB),
+                            ("rv", 1034, 4 * MiB)], name="apply_plain")
+    assert (got["category"] == "weights").all()
+
+
+# -- 4. a retained forward graph from before the window ------------------------------------------------------
+# GPT-2-style eager attention (transformers 4.48 models/gpt2/modeling_gpt2.py: eager_attention_forward, called
+# from GPT2Attention.forward): the program keeps each step's outputs with their grad_fn, so every step's scores
+# stay live. The blocks of earlier steps carry no frames (recording began later); the window shows the same
+# site making blocks of that size and freeing none of them.
+
+GPT2 = "transformers/models/gpt2/modeling_gpt2.py"
+SCORES = [py("torch/nn/functional.py", 2140, "softmax"), py(GPT2, 66, "eager_attention_forward"),
+          py(GPT2, 341, "forward"), *CALL, py(GPT2, 640, "forward"), *CALL, py("/home/u/eval.py", 21, "main")]
+
+
+def _retained(tmp_path, name: str, freed_too: bool = False, oom: bool = False) -> pd.DataFrame:
+    b = SnapshotBuilder()
+    b.frames = False                                    # blocks from before the window: no frames
+    before = [("w", 4 * MiB)] * 4 + [("old_scores", 8 * MiB)] * 6
+    b.segment(BASE, [(size, size, "active_allocated") for _, size in before])
+    b.frames = True
+    now = BASE + (64 << 20)
+    b.segment(now, [(8 * MiB, 8 * MiB, "active_allocated")] * 3 + [(8 * MiB, 8 * MiB, "inactive")])
+    frames = [{"filename": f, "line": n, "name": fn} for f, n, fn in SCORES]
+    for k in range(3):
+        b.alloc(now + k * 8 * MiB, 8 * MiB, frames=frames)
+    if freed_too:                                       # the same site also made one the window frees
+        b.alloc(now + 3 * 8 * MiB, 8 * MiB, frames=frames)
+        b.free(now + 3 * 8 * MiB, 8 * MiB, frames=frames)
+    if oom:
+        b.event("oom", None, 64 * MiB, device_free=MiB)
+    got = attribute(load(write_pickle(tmp_path / f"{name}.pickle", b.build()))).blocks
+    got = got[got["origin"] != "trace"].sort_values("address")
+    return got.assign(name=[n for n, _ in before]).reset_index(drop=True)
+
+
+def test_frameless_blocks_the_size_of_activations_the_program_keeps_are_those_activations(tmp_path):
+    got = _retained(tmp_path, "retained")
+    old = got[got["name"] == "old_scores"]
+    # eager attention materialises the scores that a fused kernel avoids (transformers.toml): fallback_kernel
+    assert (old["category"] == "fallback_kernel").all() and old["inferred"].all()
+    assert (old["rule"] == "state.retained_activation").all()
+    assert "modeling_gpt2.py:66:eager_attention_forward" in old["reason"].iloc[0]
+    assert (got.loc[got["name"] == "w", "category"] == "weights").all()
+
+
+def test_frameless_blocks_stay_state_where_the_program_frees_those_activations_or_ran_out(tmp_path):
+    for name, kw in (("freed", {"freed_too": True}), ("oom", {"oom": True})):
+        got = _retained(tmp_path, name, **kw)
+        assert (got["category"] == "weights").all(), name

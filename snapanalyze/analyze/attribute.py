@@ -72,14 +72,16 @@ from ..units import fmt_count, fmt_time_us
 from .annotations import annotated_category, annotations_at
 from .calltree import CALLEES, CallTree
 from .modules import ModuleDecision, ModuleIndex
+from .moves import apply_frame, grad_copy_frames
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
 from .rules import Category, FrameFacts, RuleSet, load_rules
-from .state import ADVICE, CUBLAS_DEFAULT_WORKSPACE, StateGuess, persistent_state
+from .state import ADVICE, CUBLAS_DEFAULT_WORKSPACE, Retained, StateGuess, persistent_state
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
                  "owner", "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index",
                  "annotation"]
+APPLY_GRAD = "order.apply_grad"
 GATE_UP_GAP = 16   # trace entries between a gate/up output and the activation made from it (read right after)
 SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
                    "inferred_bytes"]
@@ -150,28 +152,44 @@ class _Decider:
     def for_snapshot(cls, snapshot: Snapshot, rules: RuleSet) -> _Decider:
         decider = cls._kept.get(snapshot)
         if decider is None or decider.rules is not rules:
-            decider = cls._kept[snapshot] = cls(snapshot.interner, rules, allocation_stacks(snapshot))
+            decider = cls._kept[snapshot] = cls(snapshot.interner, rules, allocation_stacks(snapshot),
+                                                grad_copies(snapshot))
         return decider
 
-    def __init__(self, interner: StackInterner, rules: RuleSet, tree_stacks: np.ndarray) -> None:
+    def __init__(self, interner: StackInterner, rules: RuleSet, tree_stacks: np.ndarray,
+                 grad_frames: dict[int, str] | None = None) -> None:
         self.interner, self.rules = interner, rules        # not the snapshot: it keys `_kept` weakly
         self.bare = rules.with_source(None)                # the same rules without the source
         self.tree_stacks = tree_stacks                     # the stacks the call tree is built over
+        # `Module._apply` lines that copy a .grad (`moves`), where the order heuristic is enabled
+        self.grad_frames = (grad_frames or {}) if rules.enabled(APPLY_GRAD) else {}
         self.cache: dict[int, Decision] = {-1: Decision("other", "no_frames",
                                                          "the allocation carries no stack frames", -1)}
         self.display_cache: dict[int, int] = {-1: -1}
         self.owner_cache: dict[int, int] = {-1: -1}
         self.files_cache: dict[int, tuple[tuple[str, bool], ...]] = {}
-        self.state_cache: dict[tuple[int, bool, bytes], list[StateGuess]] = {}
+        self.state_cache: dict[tuple[Any, ...], list[StateGuess]] = {}
+        self.retained_cache: dict[int, tuple[pd.DataFrame, dict[int, Retained]]] = {}
 
-    def persistent(self, device: int, sizes: np.ndarray, addresses: np.ndarray, training: bool) -> list[StateGuess]:
+    def persistent(self, device: int, sizes: np.ndarray, addresses: np.ndarray, training: bool,
+                   retained: dict[int, Retained]) -> list[StateGuess]:
         """`state.persistent_state` of these blocks, kept: blocks live throughout the window are the same at
         every instant of a device."""
-        key = (device, training, sizes.tobytes() + addresses.tobytes())
+        key = (device, training, sizes.tobytes() + addresses.tobytes(), tuple(sorted(retained.items())))
         found = self.state_cache.get(key)
         if found is None:
-            found = self.state_cache[key] = persistent_state(sizes, addresses, training)
+            found = self.state_cache[key] = persistent_state(sizes, addresses, training, retained,
+                                                             self.rules.enabled)
         return found
+
+    def retained(self, snapshot: Snapshot, device: int, lifetimes: pd.DataFrame | None) -> dict[int, Retained]:
+        """Activations the device's window shows the program keeping, by size (`kept_activations`), kept."""
+        if lifetimes is None:
+            return {}
+        hit = self.retained_cache.get(device)
+        if hit is None or hit[0] is not lifetimes:
+            hit = self.retained_cache[device] = (lifetimes, kept_activations(snapshot, device, lifetimes, self))
+        return hit[1]
 
     def program_files(self, stack_id: int) -> tuple[tuple[str, bool], ...]:
         """The program's own files in a stack (Python files outside installed packages and the standard
@@ -328,6 +346,11 @@ class _Decider:
             tags = tuple(dict.fromkeys([*rule.tags, *(c for c in found if c != cat)]))
             decision = Decision(cat, rule.name, rule.reason, fid, tuple(t for t in tags if t != cat),
                                 context=ctx, owner=owner)
+        if decision.category == "weights" and self.grad_frames:
+            moved = apply_frame(frames, self.interner.stacks[stack_id])
+            if moved in self.grad_frames:
+                decision = Decision("gradients", APPLY_GRAD, self.grad_frames[moved], moved, inferred=True,
+                                    context=ctx, owner=owner)
         self.cache[stack_id] = decision
         return decision
 
@@ -352,7 +375,7 @@ class _Decider:
             cat, (_, ri, fid) = weak
             rule = self.rules.rules[ri]
             callees, node = self.tree.callee_roles(stack_id)
-            if self.rules.role_data.callees and len(callees) == 1 and cat not in callees:
+            if self.rules.enabled(CALLEES) and len(callees) == 1 and cat not in callees:
                 # The file's name says one thing, the code the function calls another (diffusers keeps
                 # FeedForward in attention.py): what ran decides.
                 role = next(iter(callees))
@@ -379,6 +402,58 @@ def allocation_stacks(snapshot: Snapshot) -> np.ndarray:
         found.append(snapshot.event_stack_ids(device, np.flatnonzero(snapshot.trace(device).action == ALLOC)))
     ids = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
     return ids[ids >= 0]
+
+
+ACTIVATIONS = ("attention", "mlp", "logits", "fallback_kernel", "vision_encoder")
+RETAINED_MIN_SIZE = 1 << 20       # smaller sizes coincide too often to speak for a kept activation
+RETAINED_MIN_BLOCKS = 2           # one kept output is a result the program holds, not a retained graph
+
+
+def kept_activations(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, decider: _Decider
+                     ) -> dict[int, Retained]:
+    """Sizes of the activations the window shows the program keeping: blocks of ≥ 1 MiB made in the window
+    by attention, MLP, logits or vision code (their frames decide), never freed, at call sites none of whose
+    allocations the window frees, at least two of a size. None where the trace ends at an OOM (the failing
+    step's activations are live there) or has no events. Where several categories share a size, the one with
+    the most such blocks."""
+    trace = snapshot.trace(device)
+    if not len(trace) or bool((trace.action == OOM).any()):
+        return {}
+    alloc = lifetimes["alloc_index"].to_numpy()
+    free = lifetimes["free_index"].to_numpy()
+    sizes = lifetimes["size"].to_numpy()
+    mine = np.flatnonzero(alloc >= 0)
+    stacks = snapshot.event_stack_ids(device, alloc[mine])
+    freed_at = np.unique(stacks[free[mine] >= 0])
+    keep = (free[mine] < 0) & (sizes[mine] >= RETAINED_MIN_SIZE) & (stacks >= 0) & ~np.isin(stacks, freed_at)
+    if not keep.any():
+        return {}
+    pairs, counts = np.unique(np.stack([stacks[keep], sizes[mine][keep]], axis=1), axis=0, return_counts=True)
+    best: dict[int, dict[str, list[Any]]] = {}      # size -> category -> [blocks, site of the largest share]
+    for (sid, size), n in zip(pairs.tolist(), counts.tolist()):
+        d = decider.decide(sid)
+        if d.category not in ACTIVATIONS:
+            continue
+        hit = best.setdefault(size, {}).setdefault(d.category, [0, "", 0])
+        hit[0] += n
+        if n > hit[2]:
+            hit[1], hit[2] = frame_site(*_display(decider, sid, d.frame)), n
+    out = {}
+    for size, cats in best.items():
+        cat, (n, site, _) = max(cats.items(), key=lambda kv: kv[1][0])
+        if n >= RETAINED_MIN_BLOCKS:
+            out[size] = Retained(cat, n, site)
+    return out
+
+
+def grad_copies(snapshot: Snapshot) -> dict[int, str]:
+    """`moves.grad_copy_frames` over every device's allocations, in trace order."""
+    allocations = []
+    for device in snapshot.devices:
+        trace = snapshot.trace(device)
+        at = np.flatnonzero(trace.action == ALLOC)
+        allocations.append((snapshot.event_stack_ids(device, at), trace.size[at]))
+    return grad_copy_frames(snapshot.interner.frames, snapshot.interner.stacks, allocations)
 
 
 def _crosses(category: Category, crossed: set[str], code_frames: list[tuple[str, frozenset[str]]],
@@ -551,6 +626,7 @@ class _Context:
     weight_sizes: dict[int, int]   # size → live weights of that size (for autocast copies of them)
     copy_sizes: dict[int, int]     # size → live blocks made by an autocast cast, of that size
     in_backward: bool              # the allocation that reached the instant ran in a backward pass
+    enabled: Callable[[str], bool] = lambda name: True   # `RuleSet.enabled`: heuristics a rules file kept
 
 
 # State that lives across steps (the rest of a peak rises on top of it); frame decisions in these categories
@@ -587,7 +663,9 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
                         f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool", d.frame,
                         tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
     # A workspace its frames prove (a backward thread's cuBLAS handle caches one) is never a .grad.
-    if d.category not in (*_LIFECYCLE, "workspace") and "autograd" in d.context and not ctx.in_backward:
+    on = ctx.enabled
+    if d.category not in (*_LIFECYCLE, "workspace") and "autograd" in d.context and not ctx.in_backward \
+            and on("lifetime.survived_backward"):
         return Decision("gradients", "lifetime.survived_backward",
                         "allocated by the autograd engine in a backward pass and still live after that backward "
                         "ended: a parameter's .grad (the engine hands a gradient buffer to .grad)", d.frame,
@@ -599,7 +677,7 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
                         f"{ctx.request!r}", d.frame,
                         tuple(x for x in (request, d.category, *d.tags) if x != "other"), inferred=request_by_time)
     if d.category not in _LIFECYCLE and "autocast" in d.context and size * 2 in ctx.weight_sizes \
-            and ctx.copy_sizes.get(size, 0) <= ctx.weight_sizes[size * 2]:
+            and ctx.copy_sizes.get(size, 0) <= ctx.weight_sizes[size * 2] and on("shape.autocast_weight_copy"):
         n, m = ctx.weight_sizes[size * 2], ctx.copy_sizes.get(size, 0)
         return Decision("weights", "shape.autocast_weight_copy",
                         f"made by an autocast cast and exactly half the size of a live weight ({size * 2:,} B): a "
@@ -610,22 +688,24 @@ def _signals(d: Decision, size: int, pool: str, request: str, request_by_time: b
     # the block, in a backward pass or under an optimizer step.
     if d.category == "other" and origin == "trace" and not d.owner and not set(d.context) & {"autograd",
                                                                                                 "optimizer"}:
-        logits = _shape_logits(size, ctx.vocab, ctx.allocated)
+        logits = _shape_logits(size, ctx.vocab, ctx.allocated) if on("shape.tokens_x_vocab") else None
         if logits:
             return Decision("logits", "shape.tokens_x_vocab",
                             f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
                             "vocabulary whose weight is live (inferred from the size)", d.frame, inferred=True)
-        if size % 2 == 0 and any(0 < j - alloc <= GATE_UP_GAP for j in ctx.mlp_outputs.get(size // 2, ())):
+        if size % 2 == 0 and on("shape.gate_up_of_mlp") and any(
+                0 < j - alloc <= GATE_UP_GAP for j in ctx.mlp_outputs.get(size // 2, ())):
             return Decision("mlp", "shape.gate_up_of_mlp",
                             f"size = 2 × a live MLP activation output ({size // 2:,} bytes) allocated right after "
                             "it: the fused gate/up projection that feeds it (inferred from the size and order)",
                             d.frame, inferred=True)
-    if size == CUBLAS_DEFAULT_WORKSPACE and persistent and d.category in ("other", "attention", "mlp", "logits"):
+    if size == CUBLAS_DEFAULT_WORKSPACE and persistent and d.category in ("other", "attention", "mlp", "logits") \
+            and on("shape.cublas_workspace"):
         return Decision("workspace", "shape.cublas_workspace",
                         f"never freed, and its size is PyTorch's default cuBLAS workspace ({size:,} B), which the "
                         "first matmul on a stream allocates (inferred from the size)", d.frame,
                         tuple(x for x in (d.category,) if x != "other"), inferred=True)
-    if _user_attention(d) and size >= max(ctx.scores_floor, 8 << 20):
+    if _user_attention(d) and size >= max(ctx.scores_floor, 8 << 20) and on("shape.attention_scores"):
         scores = _shape_scores(size)
         if scores:
             return Decision("fallback_kernel", "shape.attention_scores",
@@ -685,10 +765,11 @@ def _instant_request(snapshot: Snapshot, device: int, event: int, markers: pd.Da
 
 def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decider,
            markers: pd.DataFrame | None = None, at_time: int | None = None,
-           at_index: int | None = None, by_size: bool = False) -> tuple[pd.DataFrame, str | None, int]:
+           at_index: int | None = None, by_size: bool = False, window: pd.DataFrame | None = None
+           ) -> tuple[pd.DataFrame, str | None, int]:
     """Label the given block lifetimes (rows of `DeviceTimeline.lifetimes`), in their order (`by_size`: by
     size, largest first, then address); `at_index` / `at_time`: the instant they are live at, if one (its
-    allocation names the instant's request)."""
+    allocation names the instant's request); `window`: every lifetime of the device (what the program kept)."""
     alloc_index = live["alloc_index"].to_numpy()
     block_row = live["block_row"].to_numpy()
     free_index = live["free_index"].to_numpy()
@@ -727,7 +808,8 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
     code[frameless_pre] = table.add(_before_window(None, None, ""))
     code[freed_pre] = table.codes([_before_window(None, by, frame_site(*_display(decider, int(sid), by.frame)))
                                    for sid, by in zip(freers.tolist(), freed_by)])[by_freer.reshape(-1)]
-    guesses = decider.persistent(device, sizes[persistent], addr[persistent], training)
+    guesses = decider.persistent(device, sizes[persistent], addr[persistent], training,
+                                 decider.retained(snapshot, device, window))
     if guesses:                                          # a few distinct guesses, shared by many blocks
         _, first, inverse = np.unique(np.fromiter(map(id, guesses), dtype=np.uint64, count=len(guesses)),
                                       return_index=True, return_inverse=True)
@@ -769,14 +851,14 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         scores_floor=(int(sizes[attention].max()) if attention.any() else 0) // 2,
         mlp_outputs=_indices_by_size(sizes, alloc_index, (categories == "mlp") & (sizes >= (1 << 20))),
         weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
-        in_backward="autograd" in decider.decide(instant_stack).context,
+        in_backward="autograd" in decider.decide(instant_stack).context, enabled=decider.rules.enabled,
     )
     code_after = _signals_by_key(table, code, sizes, pools, metadata, by_time, origin, stack, free_index,
                                  alloc_index, ctx)
     of = table.columns()
     final_cat = of["category"][code_after]
     scores = frozenset(sizes[(final_cat == "fallback_kernel") & (sizes >= 8 << 20)].tolist())
-    if scores:
+    if scores and decider.rules.enabled("shape.scores_backward"):
         hit = np.flatnonzero(of["backward_other"][code_after] & np.isin(sizes, list(scores)))
         if len(hit):
             pairs = np.stack([code_after[hit], sizes[hit]], axis=1)
@@ -984,7 +1066,7 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
         dt = timeline[d]
         index, label = _instant(timeline, d, at)
         blocks, request, ambiguous = _label(snapshot, d, dt.live_at(index), decider, markers, dt.time_at(index),
-                                            index, by_size=True)
+                                            index, by_size=True, window=dt.lifetimes)
         parts.append(blocks)
         instants[d] = Instant(d, index, label, dt.time_at(index), dt.active_at(index), dt.reserved_at(index),
                               dt.baseline_active, request)
@@ -1054,7 +1136,8 @@ def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,
     of a window) with the same rules, signals and heuristics as `attribute`, one row each in their order
     (columns as `Attribution.blocks`). Context signals (the main request, size hints) are taken over the
     given set together, so a label can differ from `attribute` at one instant in rare cases."""
-    return _label(snapshot, device, lifetimes, _Decider.for_snapshot(snapshot, rules or load_rules()), markers)[0]
+    return _label(snapshot, device, lifetimes, _Decider.for_snapshot(snapshot, rules or load_rules()), markers,
+                  window=lifetimes)[0]
 
 
 def top_sites(attribution: Attribution, by: str = "frame", category: str | None = None,

@@ -94,15 +94,13 @@ class RoleData:
     roles: tuple[Role, ...] = ()
     backward: tuple[BackwardRule, ...] = ()
     building_blocks: frozenset[str] = frozenset()
-    callees: bool = True           # `calltree.callees`: the roles a function calls overrule its file's name
 
     def names(self) -> set[str]:
-        return {r.name for r in self.roles} | {b.name for b in self.backward} | {CALLEES}
+        return {r.name for r in self.roles} | {b.name for b in self.backward}
 
     def without(self, names: set[str]) -> RoleData:
         return RoleData(self.kinds, tuple(r for r in self.roles if r.name not in names),
-                        tuple(b for b in self.backward if b.name not in names), self.building_blocks,
-                        self.callees and CALLEES not in names)
+                        tuple(b for b in self.backward if b.name not in names), self.building_blocks)
 
 
 @dataclass(frozen=True)

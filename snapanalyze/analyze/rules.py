@@ -35,6 +35,25 @@ from ..errors import RulesError
 from ..load.source import FrameSource, SourceIndex
 from .calltree import RoleData, parse_roles
 
+# The heuristics of attribution, by name, in the order they apply after the rules and the call tree's roles
+# (module docstring of `attribute`); a rules file's `disable` list accepts each name. Every one is flagged
+# inferred wherever it decides.
+HEURISTICS = {
+    "calltree.callees": "a function whose callees have one role takes it over its file's name",
+    "order.apply_grad": "Module._apply's copy right after a parameter's, of its size, is that parameter's .grad",
+    "state.retained_activation": "a frame-less block from before the window with the size of activations the "
+                                 "window shows the program keeping is one of them",
+    "state.copies": "frame-less persistent sizes repeating k times in a training program are parameters and "
+                    "k − 1 copies of state",
+    "state.cublas_workspace": "a frame-less persistent block of PyTorch's default cuBLAS workspace size",
+    "lifetime.survived_backward": "made by the autograd engine and live after its backward: a .grad",
+    "shape.autocast_weight_copy": "an autocast cast half the size of a live weight is its 16-bit copy",
+    "shape.tokens_x_vocab": "tokens × a live vocabulary × 2 or 4 bytes is logits",
+    "shape.gate_up_of_mlp": "twice a live MLP output, made right before it, is the fused gate/up projection",
+    "shape.cublas_workspace": "a never-freed block of the default cuBLAS workspace size",
+    "shape.attention_scores": "B·H·L² × 2 or 4 bytes under user attention code is materialised scores",
+    "shape.scores_backward": "a backward block of the size of live attention scores is their gradient",
+}
 PACKS = ("torch", "vllm", "sglang", "transformers", "training", "lightning", "adapters", "pyg", "generic")
 OWNERS = ("outermost", "innermost")
 SOURCE_KEYS = ("qualname", "class", "code", "call")
@@ -142,6 +161,7 @@ class RuleSet:
     modules: list[ModuleRule] = field(default_factory=list)
     source: SourceIndex | None = None
     role_data: RoleData = field(default_factory=RoleData)
+    disabled: frozenset[str] = frozenset()     # names of `HEURISTICS` a rules file disabled
     _frame_cache: dict[Frame, FrameFacts] = field(default_factory=dict, repr=False)
     _plumbing_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
     _passthrough_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
@@ -160,8 +180,13 @@ class RuleSet:
         if kept is None or kept[0] is not source:
             kept = self._bound[id(source)] = (source, RuleSet(
                 categories=self.categories, rules=self.rules, plumbing=self.plumbing, sources=self.sources,
-                passthrough=self.passthrough, modules=self.modules, source=source, role_data=self.role_data))
+                passthrough=self.passthrough, modules=self.modules, source=source, role_data=self.role_data,
+                disabled=self.disabled))
         return kept[1]
+
+    def enabled(self, heuristic: str) -> bool:
+        """Whether a named heuristic (`HEURISTICS`) may decide: no rules file disabled it."""
+        return heuristic not in self.disabled
 
     def facts(self, frame: Frame) -> FrameFacts:
         """What the rules (and the bound source) say about one frame, cached per distinct frame."""
@@ -365,6 +390,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
     role_data = parse_roles(_read_toml(base.joinpath("roles.toml").read_text(), "roles.toml"), "roles.toml",
                             list(categories), _compile)
     user: list[Rule] = []
+    disabled: frozenset[str] = frozenset()
     if user_file is not None:
         where = str(user_file)
         try:
@@ -385,7 +411,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         if not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
             raise RulesError(f"{where}: 'disable' must be a list of rule names")
         names = {r.name for r in (*shipped, *plumbing, *passthrough)} | {m.name for m in module_rules} \
-            | role_data.names()
+            | role_data.names() | set(HEURISTICS)
         missing = [d for d in disable if d not in names]
         if missing:
             raise RulesError(f"{where}: 'disable' names unknown rule(s): {', '.join(missing)}")
@@ -394,6 +420,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         passthrough = [p for p in passthrough if p.name not in disable]
         module_rules = [m for m in module_rules if m.name not in disable]
         role_data = role_data.without(set(disable))
+        disabled = frozenset(disable) & set(HEURISTICS)
         sources.insert(0, where)
     seen: dict[str, str] = {}
     for r in user + shipped:
@@ -401,4 +428,4 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
             raise RulesError(f"{r.pack}: rule name '{r.name}' is used twice")
         seen[r.name] = r.pack
     return RuleSet(categories=categories, rules=user + shipped, plumbing=plumbing, sources=sources,
-                   passthrough=passthrough, modules=module_rules, role_data=role_data)
+                   passthrough=passthrough, modules=module_rules, role_data=role_data, disabled=disabled)

@@ -1,11 +1,15 @@
 """Persistent state from before the trace window: what blocks with no frames most likely are, and why.
 
-Contract: `persistent_state(sizes, addresses, training)` takes the blocks that were live before the window
-began, are never freed in it and carry no stack (allocated before `_record_memory_history` started, or
+Contract: `persistent_state(sizes, addresses, training, retained, enabled)` takes the blocks that were live
+before the window began, are never freed in it and carry no stack (allocated before `_record_memory_history` started, or
 after it stopped), and returns one `StateGuess` per block (category, rule, reason; every one is inferred).
 The evidence, strongest first:
 - a block of exactly PyTorch's default cuBLAS workspace size (``:4096:2:16:8`` = 8,519,680 bytes, what
   `CublasHandlePool.cpp` allocates per handle and stream before Hopper) is that `workspace`;
+- a block of a size that the window shows the program keeping as an activation (`retained`: in-window blocks
+  of that size, made by attention, MLP, logits or vision code, never freed, at call sites none of whose
+  allocations the window frees) is one of those activations, held since an earlier step (a retained graph,
+  outputs kept with their grad_fn);
 - the rest is the program's persistent state: parameters and buffers, plus, in a training program, one
   copy per parameter of each per-parameter state. Those copies repeat the parameters' size multiset, so
   every size that occurs more than once occurs a multiple of k times, k − 1 being the number of state
@@ -21,6 +25,7 @@ Without training evidence everything is `weights`. The caller flags all of it `i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,14 +68,28 @@ def copies(sizes: np.ndarray) -> int:
     return k
 
 
-def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool) -> list[StateGuess]:
-    """One guess per block (see the module docstring); `sizes` and `addresses` are parallel arrays. Blocks
-    with the same guess share one StateGuess (a few distinct ones however many blocks)."""
+@dataclass(frozen=True)
+class Retained:
+    """Activations of one size the window shows the program keeping: their category and the evidence."""
+    category: str
+    blocks: int                    # in-window blocks of the size, never freed
+    site: str                      # where the trace shows them made ("file:line:function")
+
+
+def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
+                     retained: dict[int, Retained] | None = None,
+                     enabled: Callable[[str], bool] = lambda name: True) -> list[StateGuess]:
+    """One guess per block (see the module docstring); `sizes` and `addresses` are parallel arrays;
+    `enabled(name)`: whether the heuristic of that name (`state.cublas_workspace`, `state.retained_activation`,
+    `state.copies`) may decide. Blocks with the same guess share one StateGuess (a few distinct ones however
+    many blocks)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     addresses = np.asarray(addresses, dtype=np.uint64)
-    workspace = sizes == CUBLAS_DEFAULT_WORKSPACE
-    rest = np.flatnonzero(~workspace)
-    k = copies(sizes[rest]) if training else 1
+    workspace = (sizes == CUBLAS_DEFAULT_WORKSPACE) & enabled("state.cublas_workspace")
+    retained = (retained or {}) if enabled("state.retained_activation") else {}
+    kept = np.isin(sizes, list(retained)) & ~workspace if retained else np.zeros(len(sizes), dtype=bool)
+    rest = np.flatnonzero(~workspace & ~kept)
+    k = copies(sizes[rest]) if training and enabled("state.copies") else 1
     k = k if k in _ROLES else 1
     plain = StateGuess("weights", "state.persistent",
                        "no frames, live before the window and never freed: persistent state, taken as the "
@@ -83,6 +102,14 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool) -
                                     f"no frames, live before the window and never freed; its size is PyTorch's "
                                     f"default cuBLAS workspace ({CUBLAS_DEFAULT_WORKSPACE:,} B = 4096 KiB × 2 + "
                                     "16 KiB × 8)")
+    for size in np.unique(sizes[kept]).tolist():
+        r = retained[size]
+        out[kept & (sizes == size)] = StateGuess(
+            r.category, "state.retained_activation",
+            f"no frames, live before the window and never freed; the window shows this program keeping {r.category} "
+            f"activations of exactly this size ({size:,} B): {r.blocks} made at {r.site} are never freed, nor is "
+            "any other allocation there. So this is most likely one of them from an earlier step, still held (a "
+            f"retained autograd graph, or outputs kept with their grad_fn) — inferred from the size; {ADVICE}")
     if k > 1:
         roles = _ROLES[k]
         order = rest[np.lexsort((addresses[rest], sizes[rest]))]     # by size, then address
