@@ -534,3 +534,18 @@ def test_blocks_sharing_stacks_are_labelled_as_each_is_alone(tmp_path):
         alone = label_lifetimes(snap, 0, lifetimes.iloc[context + [i]])
         pd.testing.assert_frame_equal(together.iloc[[i]].reset_index(drop=True),
                                       alone.iloc[[-1]].reset_index(drop=True), check_exact=True)
+
+
+def test_each_block_names_the_record_function_span_its_allocation_ran_in(tmp_path):
+    b = SnapshotBuilder()                                           # allocations at t0 + 1, 2, 3 ms
+    b.segment(BASE, [(MiB, MiB, "active_allocated")] * 3)
+    for k in range(3):                                              # before any span, in "prefill", in both
+        b.alloc(BASE + k * MiB, MiB)
+    snap = b.build()
+    snap["external_annotations"] = [
+        {"name": "prefill", "stage": "START", "device": 0, "time_us": b.t0 + 1500},
+        {"name": "attention", "stage": "START", "device": 0, "time_us": b.t0 + 2500},
+        {"name": "attention", "stage": "END", "device": 0, "time_us": b.t0 + 3010},
+        {"name": "prefill", "stage": "END", "device": 0, "time_us": b.t0 + 3020}]
+    got = attribute(load(write_pickle(tmp_path / "spans.pickle", snap))).blocks.sort_values("address")
+    assert got["span"].tolist() == ["", "prefill", "attention"]

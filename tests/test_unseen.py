@@ -415,3 +415,18 @@ def test_frameless_blocks_stay_state_where_the_program_frees_those_activations_o
     for name, kw in (("freed", {"freed_too": True}), ("oom", {"oom": True})):
         got = _retained(tmp_path, name, **kw)
         assert (got["category"] == "weights").all(), name
+
+
+# -- 1b. a program's own Optimizer subclass, without its source ----------------------------------------------
+# torch 2.6 and 2.13 optim/optimizer.py: Optimizer.profile_hook_step wraps every subclass's step in `wrapper`,
+# which calls it (`out = func(*args, **kwargs)`); the interpreter's C frames lie between the two.
+
+def test_the_step_torch_optims_wrapper_calls_is_the_optimizers_own_update(tmp_path):
+    interp = [("/usr/local/src/conda/python-3.12.3/Python/ceval.c", 578, "PyEval_EvalCode")]
+    wrapper = [*interp, py("torch/optim/optimizer.py", 493, "wrapper"), py("/home/u/train.py", 118, "run")]
+    got = blocks(tmp_path, {
+        "exp_avg": [py("/home/u/cs336/adapters.py", 887, "step"), *wrapper],
+        "own_loop_step": [py("/home/u/train.py", 40, "step"), py("/home/u/train.py", 118, "run")],
+    }, name="subclass_step")
+    assert got["category"].to_dict() == {"exp_avg": "optimizer_state", "own_loop_step": "other"}
+    assert got.loc["exp_avg", "rule"] == "torch.optimizer_state.subclass_step"

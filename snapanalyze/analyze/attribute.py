@@ -39,7 +39,9 @@ The bytes of the per-block table sum exactly to the instant's active bytes.
 function as Class.method where the source was found), owner (the innermost frame of the program's or a
 model library's code that made the block, as `frame` shows it; "" where the stack has none), inferred,
 stack_id, user_metadata, pool, stream, origin, alloc_index, annotation (the program's own text for the block,
-"" for none); its text columns are of object dtype, each distinct text one shared string (a
+"" for none), span (the innermost `record_function` span open when the block was allocated, e.g.
+"Optimizer.step#AdamW.step" or a program's "prefill" range; "" for none or a block from before the window);
+its text columns are of object dtype, each distinct text one shared string (a
 quarter of a million blocks would otherwise copy ~200 MB of text into Arrow strings).
 `Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str, largest
 first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those flagged inferred).
@@ -76,11 +78,12 @@ from .moves import apply_frame, grad_copy_frames
 from .peaks import find_peaks, global_peak_index
 from .requests import RequestIndex, event_requests, request_at
 from .rules import Category, FrameFacts, RuleSet, load_rules
+from .spans import open_spans
 from .state import ADVICE, CUBLAS_DEFAULT_WORKSPACE, Retained, StateGuess, persistent_state
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
                  "owner", "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index",
-                 "annotation"]
+                 "annotation", "span"]
 APPLY_GRAD = "order.apply_grad"
 GATE_UP_GAP = 16   # trace entries between a gate/up output and the activation made from it (read right after)
 SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
@@ -296,7 +299,8 @@ class _Decider:
         code_frames: list[tuple[str, frozenset[str]]] = []   # model code walked so far: file, categories matched
         owner = ""
         allocating = True                                # the next meaningful Python frame allocated
-        for depth, fid in enumerate(self.interner.stacks[stack_id]):
+        stack = self.interner.stacks[stack_id]
+        for depth, fid in enumerate(stack):
             facts = self.facts(frames[fid])
             if facts.plumbing:
                 context.extend(t for t in facts.context if not scoped.get(t, frozenset()) & crossed)
@@ -310,6 +314,8 @@ class _Decider:
             for ri in facts.matched:
                 rule = rules[ri]
                 if rule.allocating and not here:
+                    continue
+                if rule.caller is not None and not rule.called_by(_caller(frames, stack, depth)):
                     continue
                 cat = rule.category
                 c = cats[cat]
@@ -444,6 +450,14 @@ def kept_activations(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, d
         if n >= RETAINED_MIN_BLOCKS:
             out[size] = Retained(cat, n, site)
     return out
+
+
+def _caller(frames: list[tuple[str, int, str]], stack: tuple[int, ...], depth: int) -> tuple[str, int, str] | None:
+    """The Python frame that called the one at `depth` (the interpreter's own C frames between them skipped)."""
+    for fid in stack[depth + 1:]:
+        if is_python_frame(frames[fid][0]):
+            return frames[fid]
+    return None
 
 
 def grad_copies(snapshot: Snapshot) -> dict[int, str]:
@@ -894,6 +908,9 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         fid = decider.owner_frame(int(sid))
         frame = frames[fid] if fid >= 0 else None
         owners.append(frame_site(frame, decider.qualname(frame)))
+    span = np.full(len(live), "", dtype=object)          # the record_function span the allocation ran in
+    if trace.time_us is not None and from_trace.any():
+        span[from_trace] = open_spans(snapshot, device, trace.time_us[alloc_index[from_trace]])
     of = table.columns()
     rows = np.lexsort((addr, -sizes.astype(np.int64))) if by_size else np.arange(len(live))
     code_after, inverse = code_after[rows], inverse[rows]
@@ -915,7 +932,7 @@ def _label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: _Decide
         "inferred": of["inferred"][code_after], "stack_id": stack[rows],
         "user_metadata": texts(metadata[rows]), "pool": texts(pools[rows]), "stream": streams[rows].astype(np.int64),
         "origin": texts(origin[rows]), "alloc_index": alloc_index[rows].astype(np.int64),
-        "annotation": texts(notes[rows])},
+        "annotation": texts(notes[rows]), "span": texts(span[rows])},
         columns=BLOCK_COLUMNS)
     return df, ctx.request, requests.ambiguous
 

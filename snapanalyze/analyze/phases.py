@@ -39,6 +39,7 @@ from ..model import ANNOTATE, Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, SourceRoots, attribute, bind_source
 from .rules import RuleSet, load_rules
+from .spans import annotation_spans
 
 PHASE_SPAN_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
 SPAN_COLUMNS = ["phase", "occurrence", "label", "kind", "source", "device", "start_us", "end_us", "depth", "attrs"]
@@ -47,31 +48,6 @@ PHASE_COLUMNS = ["device", "phase", "occurrence", "label", "kind", "source", "st
                  "after_bytes", "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories",
                  "top_category_bytes", "top_category_inferred_bytes", "attrs"]
 PHASE_PREFIX = "phase:"   # the collector annotates collect.phase("x") as record_function "phase:x"
-
-
-def annotation_spans(snapshot: Snapshot) -> list[dict[str, Any]]:
-    """`record_function` START/END pairs per (device, name), innermost first: dicts of name, device,
-    start_us (None: an END whose START was before the window), end_us (None: still open), depth."""
-    out: list[dict[str, Any]] = []
-    ann = snapshot.annotations
-    if not len(ann):
-        return out
-    ann = ann.sort_values("time_us", kind="stable", na_position="first")
-    open_: dict[tuple[int, str], list[int | None]] = {}
-    for row in ann.itertuples(index=False):
-        key = (int(row.device), str(row.name))
-        t = None if row.time_us is pd.NA else int(row.time_us)
-        if str(row.stage).upper() == "START":
-            open_.setdefault(key, []).append(t)
-        elif str(row.stage).upper() == "END":
-            starts = open_.get(key)
-            start = starts.pop() if starts else None         # an END without START began before the window
-            out.append({"name": key[1], "device": key[0], "start_us": start, "end_us": t,
-                        "depth": len(starts or [])})
-    for (device, name), starts in open_.items():
-        out.extend({"name": name, "device": device, "start_us": s, "end_us": None, "depth": i}
-                   for i, s in enumerate(starts))
-    return out
 
 
 def _metadata_spans(snapshot: Snapshot) -> list[dict[str, Any]]:

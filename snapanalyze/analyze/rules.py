@@ -11,7 +11,9 @@ A rule matches a frame when every pattern it gives matches (Python regexes, `re.
 the line) and `call` (the only call that statement makes) on what the program's source says about the frame
 (`load.source`), so a rule giving any of those four matches only frames whose source was found. `where =
 "allocating"` limits a rule to the allocating line (the innermost meaningful Python frame); `weak = true`
-makes a rule a guess from a name that the call tree's role overrules (and that is flagged inferred); `confirm = true`
+makes a rule a guess from a name that the call tree's role overrules (and that is flagged inferred); `caller`
+(a regex over the Python frame that called it, as "file:function") limits a rule to frames that frame calls (the method
+torch.optim's step wrapper calls is an optimizer's own step, whatever its file); `confirm = true`
 makes a rule a hint that counts only when another frame of the same stack proves the same category (an
 activation function is MLP only inside an MLP). `[[plumbing]]` frames never decide and are hidden; their
 `tags` mark the stack's context (``autograd``, ``autocast``, ``optimizer``). `[[passthrough]]` frames (a
@@ -92,6 +94,12 @@ class Rule:
     allocating: bool = False          # where = "allocating": only on the allocating line
     confirm: bool = False             # a hint another frame of the stack must confirm
     weak: bool = False                # a guess from a file name, which the call tree's evidence overrides
+    caller: re.Pattern[str] | None = None   # over the calling Python frame, "file:function" (None: any)
+
+    def called_by(self, frame: Frame | None) -> bool:
+        """Whether the rule's `caller` pattern (if any) accepts the frame that called the matched one."""
+        return self.caller is None or (frame is not None and self.caller.search(f"{frame[0]}:{frame[2]}")
+                                       is not None)
 
     @property
     def needs_source(self) -> bool:
@@ -208,10 +216,11 @@ class RuleSet:
             self._frame_cache[frame] = hit
         return hit
 
-    def match_frame(self, filename: str, function: str) -> tuple[bool, tuple[int, ...]]:
-        """(is plumbing, indices of matching rules in order) for one frame, by its file and function alone."""
+    def match_frame(self, filename: str, function: str, caller: Frame | None = None) -> tuple[bool, tuple[int, ...]]:
+        """(is plumbing, indices of matching rules in order) for one frame, by its file and function alone,
+        called from the Python frame `caller` (a rule with a `caller` pattern matches only where it fits)."""
         facts = (self if self.source is None else self.with_source(None)).facts((filename, 0, function))
-        return facts.plumbing, facts.matched
+        return facts.plumbing, tuple(i for i in facts.matched if self.rules[i].called_by(caller))
 
     def is_passthrough(self, filename: str, function: str) -> bool:
         """Whether a frame is a pass-through layer by its file and function alone (no source)."""
@@ -247,7 +256,8 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
     if not isinstance(name, str) or not name:
         raise RulesError(f"{where}: a rule needs a 'name'")
     where = f"{where}: rule '{name}'"
-    known = {"name", "category", "reason", "file", "function", "tags", *SOURCE_KEYS, "where", "confirm", "weak"}
+    known = {"name", "category", "reason", "file", "function", "tags", *SOURCE_KEYS, "where", "confirm", "weak",
+             "caller"}
     unknown = set(item) - known
     if unknown:
         raise RulesError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(known)})")
@@ -278,7 +288,7 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
                 cls=_compile(item.get("class"), where, "class"),
                 code=_compile(item.get("code"), where, "code"), call=_compile(item.get("call"), where, "call"),
                 allocating=item.get("where") == "allocating", confirm=bool(item.get("confirm", False)),
-                weak=bool(item.get("weak", False)))
+                weak=bool(item.get("weak", False)), caller=_compile(item.get("caller"), where, "caller"))
 
 
 def _module_rule(item: Any, where: str, pack: str, categories: dict[str, Category]) -> ModuleRule:
