@@ -9,12 +9,15 @@ their innermost one inside the owning module; with `source`, rules also see each
 name and code; a category's `not_across` boundaries keep an optimizer step from owning the model its closure
 runs). Where no rule decides, or only a guess from a file's name: the autograd node of a C++-only backward
 stack, else the role of the model code that made the allocation in the trace's call tree (`calltree`), both
-flagged inferred with their evidence. Then block-level evidence, strongest first:
+flagged inferred with their evidence. A `Module._apply` copy that the trace's order shows to be a
+parameter's .grad (`moves`) is gradients, not weights. Every heuristic is named in `rules.HEURISTICS` and a
+rules file may disable it. Then block-level evidence, strongest first:
 - a module span of the collector (`collect.modules`) around the allocation names the module (`modules`),
   above what frames only guess from names;
-- no stack and from before the window: persistent state (`state`: cuBLAS workspace, weights, and in a
-  training program gradients / optimizer moments as copies of the parameters), or state an optimizer step
-  freed (it replaced it), or unknown, said plainly with how to record it;
+- no stack and from before the window: persistent state (`state`: cuBLAS workspace, activations of a size
+  the window shows the program keeping (`kept_activations`: a retained graph), weights, and in a training
+  program gradients / optimizer moments as copies of the parameters), or state an optimizer step freed (it
+  replaced it), or unknown, said plainly with how to record it;
 - a private pool (named by the alloc entry's `pool_id` from torch 2.12, else by the end state) →
   `graph_capture` (unless frames prove a MemPool user: weights or KV cache in a pool);
 - made by the autograd engine and still live after that backward ended → `gradients`;
