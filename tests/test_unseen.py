@@ -319,7 +319,8 @@ def test_a_library_copy_of_another_version_decides_nothing_and_the_note_says_wha
 # -- 4. `.grad` tensors moved with their module by Module._apply ---------------------------------------------
 # torch 2.13 nn/modules/module.py (read here): `_apply` recurses into children, then per parameter
 # `param_applied = fn(param)` (line 964) and, with a gradient, `grad_applied = fn(param_grad)` (line 1008) right
-# after it, then `fn(buf)` per buffer (line 1034); torch 1.8-2.12 have the same order (`fn(param.grad)`).
+# after it, then `fn(buf)` per buffer (line 1034); older releases' `_apply` (found with the search tool, lines
+# not read) have the same order (`fn(param.grad)`).
 
 def _moved(tmp_path, layout: list[tuple[str, int, int]], name: str, rules=None) -> pd.DataFrame:
     """`model.cuda()` with the trace on: each (name, _apply line, size) allocates one live block, in order."""

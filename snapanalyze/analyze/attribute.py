@@ -163,12 +163,12 @@ class _Decider:
         return decider
 
     def __init__(self, interner: StackInterner, rules: RuleSet, tree_stacks: np.ndarray,
-                 grad_frames: dict[int, str] | None = None) -> None:
+                 grad_frames: dict[int, str]) -> None:
         self.interner, self.rules = interner, rules        # not the snapshot: it keys `_kept` weakly
         self.bare = rules.with_source(None)                # the same rules without the source
         self.tree_stacks = tree_stacks                     # the stacks the call tree is built over
         # `Module._apply` lines that copy a .grad (`moves`), where the order heuristic is enabled
-        self.grad_frames = (grad_frames or {}) if rules.enabled(APPLY_GRAD) else {}
+        self.grad_frames = grad_frames if rules.enabled(APPLY_GRAD) else {}
         self.cache: dict[int, Decision] = {-1: Decision("other", "no_frames",
                                                          "the allocation carries no stack frames", -1)}
         self.display_cache: dict[int, int] = {-1: -1}
@@ -643,7 +643,7 @@ class _Context:
     weight_sizes: dict[int, int]   # size → live weights of that size (for autocast copies of them)
     copy_sizes: dict[int, int]     # size → live blocks made by an autocast cast, of that size
     in_backward: bool              # the allocation that reached the instant ran in a backward pass
-    enabled: Callable[[str], bool] = lambda name: True   # `RuleSet.enabled`: heuristics a rules file kept
+    enabled: Callable[[str], bool]  # `RuleSet.enabled`: the heuristics a rules file kept
 
 
 # State that lives across steps (the rest of a peak rises on top of it); frame decisions in these categories

@@ -5,7 +5,8 @@ per device, the stack id and requested size of each allocation in trace order, a
 evidence} for the frames of torch's `Module._apply` (torch/nn/modules/module.py) at which every allocation
 is a copy of a parameter's gradient.
 
-What torch does (read in torch 1.8–1.13's and 2.0–2.13's nn/modules/module.py): `Module.to()` / `.cuda()` /
+What torch does (read in torch 2.13's nn/modules/module.py, and in older releases' `_apply` found with the
+search tool, which write `fn(param.grad)`): `Module.to()` / `.cuda()` /
 `.half()` call `_apply(fn)`, which recurses into the children, then for each parameter runs
 `param_applied = fn(param)` and, if the parameter has a gradient, `grad_applied = fn(param.grad)` (2.13:
 `fn(param_grad)`) right after it, then `fn(buf)` for each buffer. So a gradient's copy is the allocation
@@ -13,7 +14,7 @@ made right after its parameter's, of the same size, at a later line of the same 
 `_apply` moves gradients when at least two allocations were made there and every one of them directly
 follows (among that device's `_apply` allocations) one of the same size at an earlier line of `_apply`.
 The buffer line fails it (a module's buffers follow one another at one line), as does the parameter line.
-Cost: one pass over the `_apply` allocations only, in columns.
+Cost: one pass over the distinct frames and stacks, then over the allocations in columns.
 """
 
 from __future__ import annotations
@@ -29,24 +30,25 @@ _MODULE_FILE = re.compile(r"(^|/)torch/nn/modules/module\.py$")
 MIN_COPIES = 2
 
 
+def is_apply(frame: Frame) -> bool:
+    """Whether a frame is torch's `Module._apply`."""
+    return frame[2] == "_apply" and _MODULE_FILE.search(frame[0]) is not None
+
+
 def apply_frame(frames: Sequence[Frame], stack: Sequence[int]) -> int:
     """The innermost `Module._apply` frame of a stack (the module whose tensors it copies), −1 if none."""
-    for fid in stack:
-        filename, _, name = frames[fid]
-        if name == "_apply" and _MODULE_FILE.search(filename):
-            return fid
-    return -1
+    return next((fid for fid in stack if is_apply(frames[fid])), -1)
 
 
 def grad_copy_frames(frames: Sequence[Frame], stacks: Sequence[Sequence[int]],
                      allocations: Iterable[tuple[np.ndarray, np.ndarray]]) -> dict[int, str]:
     """{frame id of an `_apply` line that copies gradients: evidence} (see the module docstring)."""
-    apply_fids = {fid for fid, (filename, _, name) in enumerate(frames)
-                  if name == "_apply" and _MODULE_FILE.search(filename)}
+    apply_fids = {fid for fid, frame in enumerate(frames) if is_apply(frame)}
     if not apply_fids:
         return {}
     of_stack = np.array([apply_frame(frames, s) if apply_fids.intersection(s) else -1 for s in stacks]
                         if len(stacks) else [], dtype=np.int64)
+    line_of = np.array([frame[1] for frame in frames], dtype=np.int64)      # per frame id
     good: dict[int, int] = {}          # frame id -> allocations that follow a same-size earlier-line one
     seen: dict[int, int] = {}          # frame id -> allocations made there
     for stack_ids, sizes in allocations:
@@ -58,7 +60,7 @@ def grad_copy_frames(frames: Sequence[Frame], stacks: Sequence[Sequence[int]],
         if not len(where):
             continue
         fid, size = fid[where], np.asarray(sizes)[where]
-        line = np.array([frames[f][1] for f in fid.tolist()], dtype=np.int64)
+        line = line_of[fid]
         follows = np.zeros(len(fid), dtype=bool)
         follows[1:] = (size[1:] == size[:-1]) & (line[1:] > line[:-1])
         uniq, inverse, counts = np.unique(fid, return_inverse=True, return_counts=True)

@@ -11,10 +11,10 @@ A rule matches a frame when every pattern it gives matches (Python regexes, `re.
 the line) and `call` (the only call that statement makes) on what the program's source says about the frame
 (`load.source`), so a rule giving any of those four matches only frames whose source was found. `where =
 "allocating"` limits a rule to the allocating line (the innermost meaningful Python frame); `weak = true`
-makes a rule a guess from a name that the call tree's role overrules (and that is flagged inferred); `caller`
-(a regex over the Python frame that called it, as "file:function") limits a rule to frames that frame calls (the method
-torch.optim's step wrapper calls is an optimizer's own step, whatever its file); `confirm = true`
-makes a rule a hint that counts only when another frame of the same stack proves the same category (an
+makes a rule a guess from a name that the call tree's role overrules (and that is flagged inferred);
+`caller` (a regex over the Python frame that called it, as "file:function") limits a rule to frames that
+frame calls (the method torch.optim's step wrapper calls is an optimizer's own step, whatever its file);
+`confirm = true` makes a rule a hint that counts only when another frame of the same stack proves the same category (an
 activation function is MLP only inside an MLP). `[[plumbing]]` frames never decide and are hidden; their
 `tags` mark the stack's context (``autograd``, ``autocast``, ``optimizer``). `[[passthrough]]` frames (a
 Linear, a norm, torch itself) decide nothing of their own: the module that called them does. A malformed

@@ -1,9 +1,9 @@
 """Persistent state from before the trace window: what blocks with no frames most likely are, and why.
 
 Contract: `persistent_state(sizes, addresses, training, retained, enabled)` takes the blocks that were live
-before the window began, are never freed in it and carry no stack (allocated before `_record_memory_history` started, or
-after it stopped), and returns one `StateGuess` per block (category, rule, reason; every one is inferred).
-The evidence, strongest first:
+before the window began, are never freed in it and carry no stack (allocated before `_record_memory_history`
+started, or after it stopped), and returns one `StateGuess` per block (category, rule, reason; every one is
+inferred). The evidence, strongest first:
 - a block of exactly PyTorch's default cuBLAS workspace size (``:4096:2:16:8`` = 8,519,680 bytes, what
   `CublasHandlePool.cpp` allocates per handle and stream before Hopper) is that `workspace`;
 - a block of a size that the window shows the program keeping as an activation (`retained`: in-window blocks
