@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .display import HtmlDisplay
+from .frame_source import FrameSources
 from .stacks import StackInterner
 
 if TYPE_CHECKING:                     # pandas loads on first use: `peaks` on a converted run never needs it
@@ -183,6 +184,7 @@ class Snapshot(HtmlDisplay):
     _frameless: dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
     warnings: tuple[str, ...] = ()   # what validation found the analysis can live with (load.validate)
     host: Snapshot | None = None     # pinned host memory (torch ≥ 2.14), on device HOST_DEVICE; never in the above
+    sources: FrameSources | None = field(default=None, repr=False)   # its frames' source (`load(source=...)`)
 
     @cached_property
     def segments(self) -> pd.DataFrame:

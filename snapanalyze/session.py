@@ -18,6 +18,7 @@ a rank that fails on its input into a problem naming it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -45,7 +46,7 @@ from .analyze.sweep import (
     points_from_phases,
 )
 from .errors import BadInputError, UsageError
-from .load import load
+from .load import SourceIndex, SourceRoots, load
 from .load.runs import RunEntry
 from .load.runs import entries as run_entries
 from .load.samples import (
@@ -75,6 +76,7 @@ class Run:
     progress: Callable[[str], None] | None = None     # told "loading rank N" before each load
     given: str = ""                                   # the path as the user wrote it, for messages
     frames: bool | str = True                         # which stacks each load keeps (`load.load`)
+    source: SourceIndex | None = None                 # the program's source each load resolves frames with
     loads: int = 0
     _loaded: dict[Path, tuple[Snapshot, Timeline]] = field(default_factory=dict, repr=False)
 
@@ -84,7 +86,7 @@ class Run:
         if found is None:
             if self.progress is not None:
                 self.progress(f"loading rank {entry.rank}")
-            snapshot = load(entry.path, frames=self.frames)
+            snapshot = load(entry.path, frames=self.frames, source=self.source)
             found = self._loaded[entry.path] = (snapshot, replay(snapshot))
             self.loads += 1
         return found
@@ -136,12 +138,14 @@ class RankData:
         return self.run.samples.markers_of(self.rank)
 
 
-def open_run(path: str | Path, progress: Callable[[str], None] | None = None, frames: bool | str = True) -> Run:
+def open_run(path: str | Path, progress: Callable[[str], None] | None = None, frames: bool | str = True,
+             source: SourceRoots = None) -> Run:
     """The run directory (or rank=N directory) at `path` (see the module docstring); `progress` hears of each
-    snapshot load; `frames` says which stacks each load keeps (as `load.load`'s)."""
+    snapshot load; `frames` says which stacks each load keeps and `source` what each resolves them with (as
+    `load.load`'s)."""
     root = Path(path)
     return Run(path=root, samples=read_run(root), entries=run_entries(root), directories=rank_directories(root),
-               progress=progress, given=str(path), frames=frames)
+               progress=progress, given=str(path), frames=frames, source=SourceIndex.of(source))
 
 
 def is_run_path(path: str | Path) -> bool:
@@ -164,10 +168,11 @@ class RankTask:
     nvml: pd.DataFrame
     markers: pd.DataFrame
     frames: bool | str = True
+    source: SourceIndex | None = None
 
     def loaded(self) -> LoadedRank:
         """The rank loaded and replayed here (an `analyze.ranks.RankInput`)."""
-        snapshot = load(self.path, frames=self.frames)
+        snapshot = load(self.path, frames=self.frames, source=self.source)
         return LoadedRank(self.rank, self.tag, self.path, self.nvml, self.markers, snapshot, replay(snapshot))
 
 
@@ -186,7 +191,7 @@ class LoadedRank:
 
 def rank_task(data: RankData) -> RankTask:
     """What a worker needs to read `data`'s rank on its own."""
-    return RankTask(data.rank, data.tag, data.path, data.nvml, data.markers, data.run.frames)
+    return RankTask(data.rank, data.tag, data.path, data.nvml, data.markers, data.run.frames, data.run.source)
 
 
 def measure_task(task: RankTask, rules: RuleSet) -> rank_analysis.RankMeasure:
@@ -299,13 +304,14 @@ def convert_file(job: tuple[Path, Path], force: bool = False, rules: RuleSet | N
 # -- OOMs -----------------------------------------------------------------------------------------------------
 
 def explain_path(path: str | Path, rank: int | None = None, tag: str | None = None, rules: RuleSet | None = None,
-                 capacity: int | None = None) -> tuple[list[SnapshotOoms], list[str]]:
+                 capacity: int | None = None, source: SourceRoots = None) -> tuple[list[SnapshotOoms], list[str]]:
     """Explain the OOMs of a snapshot file, or of every rank of a run (its ``oom-<n>`` snapshots first, else
     ``final``), with each rank's NVML samples, markers and capacity; returns the explanations and the
-    problems found (missing ranks, NVML parts, snapshots), which are not fatal."""
+    problems found (missing ranks, NVML parts, snapshots), which are not fatal. `source`: the program's
+    checkout, which each load resolves frames with."""
     p = Path(path)
     if is_run_path(p):
-        run = open_run(p)
+        run = open_run(p, source=source)
         chosen, problems = run.ranks(tag=tag, rank=rank, prefer_oom=True)
         if not chosen:
             raise BadInputError(p, "no snapshot to explain: " + "; ".join(problems))
@@ -316,7 +322,7 @@ def explain_path(path: str | Path, rank: int | None = None, tag: str | None = No
             run.forget(data.entry)
         return out, problems
     owner = rank_of(p)
-    snapshot = load(p, rank, tag)
+    snapshot = load(p, rank, tag, source=source)
     if owner is None:
         return [SnapshotOoms(None, None, p, explain_oom(snapshot, capacity=capacity, rules=rules))], []
     found = rank_path(p)
@@ -347,12 +353,19 @@ class SweepInput:
     shape: dict[str, Any] | None
     rank: int | None = None
     tag: str | None = None
+    source: SourceIndex | None = None       # the program's source its load resolves frames with
 
 
 def sweep_inputs(inputs: Sequence[str], shape_from: str = "filename", rank: int | None = None,
-                 tag: str | None = None) -> list[SweepInput]:
+                 tag: str | None = None, source: SourceRoots = None) -> list[SweepInput]:
     """The inputs of a sweep and their shapes, read from names or the manifest without loading a snapshot
-    (see `sweep_points`). Raises UsageError when a shape is missing or there is no input."""
+    (see `sweep_points`); `source`: the program's checkout each load resolves frames with. Raises
+    UsageError when a shape is missing or there is no input."""
+    index = SourceIndex.of(source)
+    return [dataclasses.replace(item, source=index) for item in _sweep_inputs(inputs, shape_from, rank, tag)]
+
+
+def _sweep_inputs(inputs: Sequence[str], shape_from: str, rank: int | None, tag: str | None) -> list[SweepInput]:
     if shape_from == "filename":
         if not inputs:
             raise UsageError("capacity: give the snapshot files or runs of the sweep")
@@ -376,7 +389,7 @@ def sweep_inputs(inputs: Sequence[str], shape_from: str = "filename", rank: int 
 
 def input_points(item: SweepInput) -> list[SweepPoint]:
     """The points of one input, loaded: the input itself with its shape, or its shaped phases."""
-    snapshot = load(item.path, item.rank, item.tag)
+    snapshot = load(item.path, item.rank, item.tag, source=item.source)
     if item.shape is not None:
         return [SweepPoint(item.label, item.path, item.shape, snapshot)]
     found = points_from_phases(item.label, item.path, snapshot, markers_for(item.path, item.rank, item.tag))
@@ -405,12 +418,13 @@ def sweep_points(inputs: Sequence[str], shape_from: str = "filename", rank: int 
 
 def measure_sweep_inputs(inputs: Sequence[str], shape_from: str = "filename", rank: int | None = None,
                          tag: str | None = None, rules: RuleSet | None = None, device: int | None = None,
-                         executor: Executor | None = None, progress: Callable[[str], None] | None = None) -> Sweep:
+                         executor: Executor | None = None, progress: Callable[[str], None] | None = None,
+                         source: SourceRoots = None) -> Sweep:
     """`measure_sweep(sweep_points(...))`, each input loaded and measured on its own (`measure_input`: on
     `executor` when given, where only its rows come back) — the same Sweep, but for `Sweep.points`, which
     are then `MeasuredPoint`s. An input that cannot be read or placed fails the sweep once the others are
     done, with every such input named."""
-    items = sweep_inputs(inputs, shape_from, rank, tag)
+    items = sweep_inputs(inputs, shape_from, rank, tag, source)
     rules = rules or load_rules()
     work = functools.partial(measure_input, rules=rules, device=device)
     measured: list[MeasuredPoint] = []

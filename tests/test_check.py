@@ -8,9 +8,7 @@ from conftest import ROOT
 from snapanalyze import load
 from snapanalyze.analyze.attribute import attribute
 from snapanalyze.analyze.check import BudgetExceeded, check, parse_bytes, parse_limits
-from snapanalyze.analyze.rules import load_rules
 from snapanalyze.errors import SnapanalyzeError, UsageError
-from snapanalyze.load.source import SourceIndex
 from snapanalyze.replay import replay
 
 REAL = ROOT / "fixtures" / "real" / "cs336-medium-ctx1024-inference-t2.11.pickle"
@@ -85,8 +83,7 @@ def test_transient_and_category_limits() -> None:
 def test_other_transients_than_at_the_peak_count_for_a_category() -> None:
     # mlp (SwiGLU, known from the program's source) holds 192 MiB at its own high-water mark (three 4 × 1024 ×
     # 4096 fp32 intermediates) but nothing at the global peak (in attention)
-    rules = load_rules(source=SourceIndex.of(SOURCE))
-    row = check(load(REAL), max_category={"mlp": 100 * MiB}, rules=rules).rows.iloc[0]
+    row = check(load(REAL, source=SOURCE), max_category={"mlp": 100 * MiB}).rows.iloc[0]
     assert row["at_peak_bytes"] == 0 and row["actual_bytes"] == 3 * 4 * 1024 * 4096 * 4 and not row["ok"]
 
 

@@ -4,6 +4,7 @@ interpreter: pandas costs ≈ 0.3–0.4 s of a command that otherwise takes abou
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -59,3 +60,21 @@ def test_peaks_on_a_converted_run_never_imports_pandas(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script, str(run), "attribute"], capture_output=True, text=True,
                           cwd=ROOT, check=True)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["pandas"]
+
+
+# Analyses that still read a loader's type (issue 26 moves these out): the rank and sweep inputs.
+ANALYSES_READING_LOAD = {"ranks.py", "sweep.py"}
+
+
+def test_attribution_reads_source_as_data_and_imports_no_loader() -> None:
+    """`--source` is resolved where files become data (`load(..., source=)`); the analyses read the map the
+    snapshot carries, so none of them imports `load` (but the two named above) or opens a file."""
+    importing = set()
+    for path in sorted((Path(snapanalyze.__file__).parent / "analyze").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 2 and (node.module or "").split(".")[0] == "load":
+                importing.add(path.name)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                importing.add(path.name)
+    assert importing <= ANALYSES_READING_LOAD, importing - ANALYSES_READING_LOAD

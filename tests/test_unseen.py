@@ -306,14 +306,15 @@ def test_a_library_copy_of_another_version_decides_nothing_and_the_note_says_wha
     b.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated")] * len(stacks))
     for k, frames in enumerate(stacks.values()):
         b.alloc(BASE + k * 4 * MiB, 4 * MiB, frames=[{"filename": f, "line": n, "name": fn} for f, n, fn in frames])
-    result = attribute(load(write_pickle(tmp_path / "drift.pickle", b.build())), source=tmp_path / "env")
+    result = attribute(load(write_pickle(tmp_path / "drift.pickle", b.build()), source=tmp_path / "env"))
     got = result.blocks.sort_values("address").assign(name=list(stacks)).set_index("name")
     assert got["category"].to_dict() == {"gate": "mlp", "silu": "mlp", "q_embed": "attention"}
     assert got["inferred"].all() and not got["rule"].str.startswith("transformers.").any()
     assert not got["frame"].str.contains("Qwen2Attention").any()
     note = next(n for n in result.notes if "modeling_qwen2.py" in n)
     assert "transformers/models/qwen2/modeling_qwen2.py" in note and "modeling_qwen2.py:96:apply_rotary_pos_emb" in note
-    assert "install the transformers that ran, or pass its site-packages with --source" in note
+    assert "install the transformers that ran (--env-source reads this environment's), or pass its site-packages " \
+           "with --source" in note
 
 
 # -- 4. `.grad` tensors moved with their module by Module._apply ---------------------------------------------

@@ -1,11 +1,12 @@
 """Attribute every live byte at an instant to one category, naming the rule and frame that decided it.
 
-Contract: `attribute(snapshot, at="peak", rules=None, source=None)` picks an instant per device (`peak`,
+Contract: `attribute(snapshot, at="peak", rules=None)` picks an instant per device (`peak`,
 `peak:N`, `event:I`, `time:T` with T a UTC date-time as the outputs print it or in ISO 8601, an offset
 into the device's trace window such as +2.38ms, or µs since the epoch: `time_us_of`), takes the blocks live
 right after it from the replay, and labels each with a primary category plus tags. First the frames decide
 (`_Decider`: rules by category precedence, lifecycle categories by their outermost frame, op categories by
-their innermost one inside the owning module; with `source`, rules also see each frame's class, qualified
+their innermost one inside the owning module; where the snapshot carries its frames' source
+(`Snapshot.sources`, from `load(path, source=...)`), rules also see each frame's class, qualified
 name and code; a category's `not_across` boundaries keep an optimizer step from owning the model its closure
 runs). Where no rule decides, or only a guess from a file's name: the autograd node of a C++-only backward
 stack, else the role of the model code that made the allocation in the trace's call tree (`calltree`), both
@@ -53,7 +54,6 @@ first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those fl
 from __future__ import annotations
 
 import functools
-import os
 import re
 import weakref
 from collections.abc import Callable, Sequence
@@ -69,7 +69,6 @@ import pandas as pd
 
 from ..display import HtmlDisplay
 from ..errors import UsageError
-from ..load.source import SourceIndex
 from ..model import ALLOC, OOM, Snapshot
 from ..replay import ORIGINS, Timeline, replay
 from ..stacks import StackInterner, frame_site, is_python_frame
@@ -95,7 +94,6 @@ SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames
 KNOWN_VOCABS = (32000, 32001, 32064, 32256, 32768, 49152, 50257, 50272, 50280, 51200, 64000, 65024, 65536,
                 92544, 100352, 102400, 128000, 128256, 129280, 151646, 151936, 152064, 163840, 200064,
                 201088, 256000, 262144, 262208)
-SourceRoots = SourceIndex | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
 
 
 @dataclass(frozen=True)
@@ -156,6 +154,7 @@ class _Decider:
 
     @classmethod
     def for_snapshot(cls, snapshot: Snapshot, rules: RuleSet) -> _Decider:
+        rules = rules.with_source(snapshot.sources)        # the source the snapshot carries (`load(source=)`)
         decider = cls._kept.get(snapshot)
         if decider is None or decider.rules is not rules:
             decider = cls._kept[snapshot] = cls(snapshot.interner, rules, allocation_stacks(snapshot),
@@ -1069,11 +1068,11 @@ def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
 
 def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None,
               device: int | None = None, timeline: Timeline | None = None,
-              markers: pd.DataFrame | None = None, source: SourceRoots = None) -> Attribution:
+              markers: pd.DataFrame | None = None) -> Attribution:
     """Attribute the live bytes at `at` on each device (or one); see the module docstring. `markers` (a
-    run's, `load.samples.markers_for`) lets request marker spans name requests the metadata does not;
-    `source` (directories of the program's checkout, or a `SourceIndex`) resolves frames to their classes."""
-    rules = bind_source(rules or load_rules(), source)
+    run's, `load.samples.markers_for`) lets request marker spans name requests the metadata does not; the
+    source the snapshot carries (`load(path, source=...)`) resolves frames to their classes."""
+    rules = rules or load_rules()
     timeline = timeline or replay(snapshot)
     devices = [device] if device is not None else sorted(timeline.devices)
     for d in devices:
@@ -1103,6 +1102,7 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
                          "keep their frame categories")
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
     notes.extend(_source_note(decider, blocks["stack_id"].unique().tolist()))
+    notes.extend(_installed_note(decider, blocks))
     return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks, rules=rules,
                        notes=tuple(notes))
 
@@ -1137,17 +1137,51 @@ def _source_note(decider: _Decider, stack_ids: list[int]) -> list[str]:
         shown = ", ".join(f"{frames[f][0].rsplit('/', 1)[-1]}:{frames[f][1]}:{frames[f][2]}"
                           for f in fids[:3]) + (f" and {len(fids) - 3} more" if len(fids) > 3 else "")
         where = installed.group(2) if installed else named.rsplit("/", 1)[-1]
-        fix = (f"install the {installed.group(3)} that ran, or pass its site-packages with --source" if installed
-               else "pass the checkout of the code that ran with --source")
+        fix = (f"install the {installed.group(3)} that ran (--env-source reads this environment's), or pass its "
+               "site-packages with --source" if installed else "pass the checkout of the code that ran with --source")
         notes.append(f"{fmt_count(len(fids), 'frame')} the trace records in {where} {'lies' if one else 'lie'} "
                      f"outside {'its function' if one else 'their functions'} in the copy found ({shown}): it "
                      f"differs from the code that ran, so nothing from that file decides; {fix}")
     return notes
 
 
-def bind_source(rules: RuleSet, source: SourceRoots) -> RuleSet:
-    """`rules` bound to `source` (paths or a SourceIndex); unchanged when `source` is None."""
-    return rules if source is None else rules.with_source(SourceIndex.of(source))
+INSTALLED_NOTE_SHARE = 0.10     # an installed file holding less of a device's live bytes is not worth a note
+
+
+def _installed_note(decider: _Decider, blocks: pd.DataFrame) -> list[str]:
+    """Per device, each installed package's file (a model library: transformers, timm, …) whose source was
+    not read and that made — as the owner of their allocation — at least a tenth of the live bytes in
+    `other` or an inferred category: reading that file could decide them. Named package-relative (no paths
+    in notes), with what to pass."""
+    if not len(blocks):
+        return []
+    frames = decider.interner.frames
+    files: dict[int, str] = {}
+    for sid in blocks["stack_id"].unique().tolist():
+        fid = decider.owner_frame(int(sid)) if sid >= 0 else -1
+        # a copy that was found but differs from the run has its own note (`_source_note`)
+        if fid >= 0 and decider.rules.facts(frames[fid]).source is None \
+                and (hit := _PACKAGE.search(frames[fid][0])):
+            files[int(sid)] = hit.group(2)
+    if not files:
+        return []
+    unsure = (blocks["category"] == "other").to_numpy() | blocks["inferred"].to_numpy(dtype=bool)
+    table = pd.DataFrame({"device": blocks["device"], "file": blocks["stack_id"].map(files),
+                          "size": blocks["size"], "unsure": np.where(unsure, blocks["size"], 0)})
+    totals = table.groupby("device")["size"].sum()
+    source = decider.rules.source
+    notes = []
+    for (device, name), part in table.dropna(subset=["file"]).groupby(["device", "file"], sort=True):
+        share = int(part["unsure"].sum()) / max(int(totals[device]), 1)
+        if share < INSTALLED_NOTE_SHARE:
+            continue
+        package = str(name).split("/", 1)[0]
+        how = (f"this environment has no copy of it: install the {package} that ran"
+               if source is not None and source.environment else
+               f"--env-source reads it from this environment when it has the {package} that ran")
+        notes.append(f"device {device}: {share:.0%} of live bytes, made in {name}, are other or inferred, and its "
+                     f"source is not read here; {how}, or pass that site-packages with --source")
+    return notes
 
 
 def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,

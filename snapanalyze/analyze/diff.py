@@ -40,7 +40,7 @@ from ..errors import UsageError
 from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from ..stacks import is_python_frame, short_path
-from .attribute import Attribution, SourceRoots, attribute, bind_source
+from .attribute import Attribution, attribute
 from .peaks import global_peak_index
 from .phases import find_phase, phase_table, window_peak
 from .rules import RuleSet, load_rules
@@ -191,11 +191,12 @@ def _peak_row(device: int, scope: str, phase: str | None, pa: dict[str, Any], pb
 
 
 def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None = None,
-         rules: RuleSet | None = None, source: SourceRoots = None,
+         rules: RuleSet | None = None,
          markers: tuple[pd.DataFrame | None, pd.DataFrame | None] = (None, None)) -> Diff:
-    """Compare `b` against `a` at the global peak (or the peak of `phase`) of each shared device; `source`:
-    the program's checkout (see `attribute`); `markers`: each side's run markers (their phases and requests)."""
-    rules = bind_source(rules or load_rules(), source)
+    """Compare `b` against `a` at the global peak (or the peak of `phase`) of each shared device (each
+    snapshot's frames resolved with the source it carries: see `attribute`); `markers`: each side's run
+    markers (their phases and requests)."""
+    rules = rules or load_rules()
     ta, tb = replay(a), replay(b)
     shared = sorted(set(ta.devices) & set(tb.devices))
     if device is not None:

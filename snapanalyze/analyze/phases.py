@@ -37,7 +37,7 @@ import pandas as pd
 from ..errors import UsageError
 from ..model import ANNOTATE, Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
-from .attribute import Attribution, SourceRoots, attribute, bind_source
+from .attribute import Attribution, attribute
 from .rules import RuleSet, load_rules
 from .spans import annotation_spans
 
@@ -228,8 +228,7 @@ def _largest(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: pd.DataFrame | None = None,
                 rules: RuleSet | None = None, categories: bool = True, top: int = 3,
                 device: int | None = None, kinds: Collection[str] | None = None,
-                largest: int | None = None, attribute_largest: int | None = None,
-                source: SourceRoots = None) -> pd.DataFrame:
+                largest: int | None = None, attribute_largest: int | None = None) -> pd.DataFrame:
     """Before / peak / after of every span on every device it touches (columns PHASE_COLUMNS).
 
     `kinds`: only spans of these kinds ("phase", "request", "annotation", "metadata"). `largest`: only the
@@ -237,7 +236,7 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
     top `top` categories are attributed for those alone. `attribute_largest`: keep every span but attribute
     only the N largest per device (the others' categories stay empty)."""
     timeline = timeline or replay(snapshot)
-    rules = bind_source(rules or load_rules(), source)
+    rules = rules or load_rules()
     table = spans(snapshot, markers)
     if kinds is not None:
         table = table[table["kind"].isin(list(kinds))]

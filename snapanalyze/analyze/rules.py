@@ -1,6 +1,6 @@
 """Attribution rules as data: categories, frame rules and plumbing patterns, loaded from TOML.
 
-Contract: `load_rules(user_file=None, source=None)` returns a RuleSet built from `categories.toml` and the
+Contract: `load_rules(user_file=None)` returns a RuleSet built from `categories.toml` and the
 shipped rule packs (`rulepacks/*.toml`, in the order of PACKS) and the call-tree roles (`roles.toml`, see
 `calltree`), with a user's TOML file layered on top: its `[[categories]]` are added (or redefine a shipped
 one's precedence/owner), its `[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` and
@@ -9,7 +9,7 @@ A rule matches a frame when every pattern it gives matches (Python regexes, `re.
 '/' separators) and `function` on the frame itself;
 `qualname` (``Class.method``), `class` (the enclosing class or any of its bases), `code` (the statement at
 the line) and `call` (the only call that statement makes) on what the program's source says about the frame
-(`load.source`), so a rule giving any of those four matches only frames whose source was found. `where =
+(`frame_source`), so a rule giving any of those four matches only frames whose source was found. `where =
 "allocating"` limits a rule to the allocating line (the innermost meaningful Python frame); `weak = true`
 makes a rule a guess from a name that the call tree's role overrules (and that is flagged inferred);
 `caller` (a regex over the Python frame that called it, as "file:function") limits a rule to frames that
@@ -20,7 +20,8 @@ activation function is MLP only inside an MLP). `[[plumbing]]` frames never deci
 Linear, a norm, torch itself) decide nothing of their own: the module that called them does. A malformed
 file raises RulesError naming the file and the problem. `[[modules]]` rules match module spans (the
 collector's `module` markers) by `path` (searched in the qualified module path, ``model.layers.3.mlp``) and
-`class`. `source` binds the rules to a `SourceIndex` (`with_source`); matches are cached per distinct frame.
+`class`. `with_source` binds the rules to a snapshot's `FrameSources` (the attribution does, with the
+snapshot's own); matches are cached per distinct frame.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RulesError
-from ..load.source import FrameSource, SourceIndex
+from ..frame_source import FrameSource, FrameSources
 from .calltree import RoleData, parse_roles
 
 # The heuristics of attribution, by name, in the order they apply after the rules and the call tree's roles
@@ -167,21 +168,22 @@ class RuleSet:
     sources: list[str] = field(default_factory=list)
     passthrough: list[Rule] = field(default_factory=list)
     modules: list[ModuleRule] = field(default_factory=list)
-    source: SourceIndex | None = None
+    source: FrameSources | None = None         # a snapshot's frames' source (`with_source`)
     role_data: RoleData = field(default_factory=RoleData)
     disabled: frozenset[str] = frozenset()     # names of `HEURISTICS` a rules file disabled
     _frame_cache: dict[Frame, FrameFacts] = field(default_factory=dict, repr=False)
     _plumbing_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
     _passthrough_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
-    _bound: dict[int, tuple[SourceIndex | None, RuleSet]] = field(default_factory=dict, repr=False)
+    _bound: dict[int, tuple[FrameSources | None, RuleSet]] = field(default_factory=dict, repr=False)
 
     @functools.cached_property
     def scoped_tags(self) -> dict[str, frozenset[str]]:
         """Context tag of a category's scope (`context_tag`) -> the tags that end that scope (`not_across`)."""
         return {c.context_tag: frozenset(c.not_across) for c in self.categories.values() if c.context_tag}
 
-    def with_source(self, source: SourceIndex | None) -> RuleSet:
-        """These rules bound to a source index: a RuleSet with its own frame cache, made once per index."""
+    def with_source(self, source: FrameSources | None) -> RuleSet:
+        """These rules bound to a snapshot's frame sources: a RuleSet with its own frame cache, made once per
+        map."""
         if source is self.source:
             return self
         kept = self._bound.get(id(source))
@@ -361,14 +363,12 @@ def _rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, 
     return [_rule(item, where, pack, categories, key) for item in items]
 
 
-def load_rules(user_file: str | Path | None = None, source: SourceIndex | None = None) -> RuleSet:
-    """The shipped categories and packs, with `user_file` (TOML) layered on top (see module docstring),
-    bound to `source` when given.
+def load_rules(user_file: str | Path | None = None) -> RuleSet:
+    """The shipped categories and packs, with `user_file` (TOML) layered on top (see module docstring).
 
     Without a file the shipped set is parsed once per process and the same RuleSet returned each time
     (treat it as read-only), so repeated attributions share their per-stack decisions."""
-    rules = _shipped_rules() if user_file is None else _build_rules(user_file)
-    return rules.with_source(source)
+    return _shipped_rules() if user_file is None else _build_rules(user_file)
 
 
 @functools.cache

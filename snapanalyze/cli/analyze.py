@@ -13,7 +13,7 @@ import click
 
 from ..errors import UsageError
 from . import main
-from .common import FORMATS, input_argument, rules_for, source_option
+from .common import FORMATS, input_argument, rules_for, source_for, source_option
 from .parallel import parallel_options
 from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
@@ -92,13 +92,13 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 # -- attribute ------------------------------------------------------------------------------------------------
 
 def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | None, rules_file: str | None,
-               source: tuple[str, ...], explain: bool, csv: bool, rank_column: bool) -> dict[str, Any]:
+               source: Any, explain: bool, csv: bool, rank_column: bool) -> dict[str, Any]:
     from ..load import load
 
     t = job.target
-    rules = rules_for(rules_file, source)
+    rules = rules_for(rules_file)
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag, frames="allocations")   # only the stacks attribution reads
+    snapshot = load(t.path, t.rank, t.tag, frames="allocations", source=source)   # only the stacks attribution reads
     from ..analyze.attribute import attribute as attribute_blocks  # pandas after the raw objects are freed
     from ..analyze.phases import attribute_phase
     from ..load.samples import markers_for
@@ -138,11 +138,12 @@ def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str 
     """Attribute every live byte at a peak (or another instant) to a category (per rank of a run)."""
     from ..report.terminal import render_attribution
 
-    rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
+    rules_for(rules_file)                              # a bad --rules or --source fails before any load
+    index = source_for(source)
     if phase is not None and at != "peak":
         raise UsageError("--phase and --at choose the instant two ways: give one of them")
     p = plan(file, rank, tag)
-    work = functools.partial(_attribute, at=at, phase=phase, device=device, rules_file=rules_file, source=source,
+    work = functools.partial(_attribute, at=at, phase=phase, device=device, rules_file=rules_file, source=index,
                              explain=explain, csv=fmt == "csv", rank_column=p.multi)
     with Progress() as progress:
         p, results = each(p, work, progress)

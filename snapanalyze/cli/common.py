@@ -52,28 +52,45 @@ def input_argument(func: Any) -> Any:
     return click.argument("file", type=click.Path(dir_okay=True, path_type=str))(func)
 
 
+ENV_SOURCE_KEY = "snapanalyze.env_source"   # ctx.meta: --env-source was given
+
+
 def source_option(func: Any) -> Any:
-    """--source DIR (repeatable): the program's own source, so frames resolve to their classes and lines."""
+    """--source DIR (repeatable): the program's own source, so frames resolve to their classes and lines;
+    --env-source: installed packages' frames read from this Python's site-packages too (`source_for`)."""
+    def remember(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+        ctx.meta[ENV_SOURCE_KEY] = value
+    func = click.option("--env-source", is_flag=True, expose_value=False, callback=remember,
+                        help="Also read installed packages' frames (transformers, timm, …) from this Python's "
+                             "site-packages; a file decides only if every frame the trace records in it fits, so "
+                             "install the versions that ran.")(func)
     return click.option("--source", "source", multiple=True, type=click.Path(file_okay=False, path_type=str),
                         help="The program's source checkout (repeatable): frames resolve to Class.method and the "
                              "code at their line, which rules can key on.")(func)
 
 
-def rules_for(rules_file: str | None, source: tuple[str, ...] = ()) -> Any:
-    """The rule set of --rules, bound to the --source roots (a UsageError names a missing one); read once per
-    process while the file is unchanged, so each rank's work may ask for it again."""
+def rules_for(rules_file: str | None) -> Any:
+    """The rule set of --rules, read once per process while the file is unchanged, so each rank's work may
+    ask for it again."""
     try:
         stamp = os.stat(rules_file).st_mtime_ns if rules_file is not None else None
     except OSError:
         stamp = None                       # load_rules says what is wrong with it
-    return _rules(rules_file, stamp, tuple(source))
+    return _rules(rules_file, stamp)
 
 
 @functools.lru_cache(maxsize=8)
-def _rules(rules_file: str | None, stamp: int | None, source: tuple[str, ...]) -> Any:
+def _rules(rules_file: str | None, stamp: int | None) -> Any:
     from ..analyze.rules import load_rules
+    return load_rules(rules_file)
+
+
+def source_for(source: tuple[str, ...]) -> Any:
+    """The `load.source.SourceIndex` of --source DIR … and --env-source (None for neither; a UsageError
+    names a missing directory), which each load resolves its frames with."""
     from ..load.source import SourceIndex
-    return load_rules(rules_file, source=SourceIndex.of(list(source)))
+    ctx = click.get_current_context(silent=True)
+    return SourceIndex.of(list(source), environment=bool(ctx is not None and ctx.meta.get(ENV_SOURCE_KEY)))
 
 
 def terminal_width() -> int | None:

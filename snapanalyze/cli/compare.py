@@ -15,7 +15,17 @@ from ..report.compare_documents import capacity_document
 from ..report.compare_terminal import render_capacity, render_check, render_diff
 from ..session import measure_sweep_inputs
 from . import main
-from .common import FORMATS, SIZE, echo_text, emit_json, input_argument, rules_for, source_option, terminal_width
+from .common import (
+    FORMATS,
+    SIZE,
+    echo_text,
+    emit_json,
+    input_argument,
+    rules_for,
+    source_for,
+    source_option,
+    terminal_width,
+)
 from .parallel import executor, parallel_options
 from .per_rank import Job, Step, diff_plan, each, emit, plan, run_document
 from .progress import Progress
@@ -46,9 +56,10 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
 
     Two run directories are compared rank by rank (a snapshot file, or a run of one rank, serves every rank
     of the other); --rank compares one."""
-    rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
+    rules_for(rules_file)                              # a bad --rules or --source fails before any load
+    index = source_for(source)
     p = diff_plan(a, b, rank, tag)
-    work = functools.partial(_diff, phase=phase, device=device, rules_file=rules_file, source=source,
+    work = functools.partial(_diff, phase=phase, device=device, rules_file=rules_file, source=index,
                              everything=everything)
     with Progress() as progress:
         p, results = each(p, work, progress)
@@ -61,7 +72,7 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
 
 
 def _diff(job: Job, step: Step, phase: str | None, device: int | None, rules_file: str | None,
-          source: tuple[str, ...], everything: bool) -> dict[str, Any]:
+          source: Any, everything: bool) -> dict[str, Any]:
     from ..analyze.diff import diff as diff_snapshots
     from ..load import load
     from ..load.samples import markers_for
@@ -69,11 +80,13 @@ def _diff(job: Job, step: Step, phase: str | None, device: int | None, rules_fil
 
     a, b = job.inputs
     step("loading A")
-    snap_a, markers_a = load(a.path, a.rank, a.tag, frames="allocations"), markers_for(a.path, a.rank, a.tag)
+    snap_a = load(a.path, a.rank, a.tag, frames="allocations", source=source)
+    markers_a = markers_for(a.path, a.rank, a.tag)
     step("loading B")
-    snap_b, markers_b = load(b.path, b.rank, b.tag, frames="allocations"), markers_for(b.path, b.rank, b.tag)
+    snap_b = load(b.path, b.rank, b.tag, frames="allocations", source=source)
+    markers_b = markers_for(b.path, b.rank, b.tag)
     step("replaying and attributing both")
-    result = diff_snapshots(snap_a, snap_b, phase=phase, device=device, rules=rules_for(rules_file, source),
+    result = diff_snapshots(snap_a, snap_b, phase=phase, device=device, rules=rules_for(rules_file),
                             markers=(markers_a, markers_b))
     return diff_document(result, everything=everything)
 
@@ -112,12 +125,13 @@ def capacity(inputs: tuple[str, ...], shape_from: str, budget: int | None, trans
 
     Answers past the largest measured shape are labelled extrapolated and stop at 2× it (bound); a regime
     with fewer than 3 shapes is insufficient data, not a number."""
-    rules = rules_for(rules_file, source)
+    rules, index = rules_for(rules_file), source_for(source)
     if budget is None and transient_budget is None and (margin is not None or target is not None or concurrency):
         raise UsageError("capacity: --margin, --target and --concurrency shape the contract; give --budget or "
                          "--transient-budget too")
     with Progress() as progress:
-        sweep = measure_sweep_inputs(list(inputs), shape_from, rank, tag, rules, device, executor(), progress.step)
+        sweep = measure_sweep_inputs(list(inputs), shape_from, rank, tag, rules, device, executor(), progress.step,
+                                     source=index)
         cap = fit_capacity(sweep, driver)
     contract = None
     if budget is not None or transient_budget is not None:
@@ -163,10 +177,11 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
     limits = parse_limits(maxima)
     if budget is None and not limits and max_transient is None:
         raise UsageError("check: give at least one limit (--budget, --max category=size, --max-transient)")
-    rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
+    rules_for(rules_file)                              # a bad --rules or --source fails before any load
+    index = source_for(source)
     p = plan(file, rank, tag)
     work = functools.partial(_check, budget=budget, limits=limits, max_transient=max_transient, metric=metric,
-                             device=device, rules_file=rules_file, source=source)
+                             device=device, rules_file=rules_file, source=index)
     with Progress() as progress:
         p, results = each(p, work, progress)
     doc = results[0]
@@ -187,15 +202,15 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
 
 
 def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max_transient: int | None,
-           metric: str, device: int | None, rules_file: str | None, source: tuple[str, ...]) -> dict[str, Any]:
+           metric: str, device: int | None, rules_file: str | None, source: Any) -> dict[str, Any]:
     from ..analyze.check import check as check_limits
     from ..load import load
     from ..report.compare_documents import check_document
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag, frames="allocations")
+    snapshot = load(t.path, t.rank, t.tag, frames="allocations", source=source)
     step("replaying and measuring" + (" (attributing every category)" if limits else ""))
     result = check_limits(snapshot, budget=budget, max_category=limits, max_transient=max_transient,
-                          metric=metric, rules=rules_for(rules_file, source), device=device)
+                          metric=metric, rules=rules_for(rules_file), device=device)
     return check_document(result)

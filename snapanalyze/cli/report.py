@@ -18,7 +18,7 @@ from .. import layout
 from ..atomic import write_atomic
 from ..errors import UsageError
 from . import main
-from .common import SIZE, input_argument, rules_for, source_option
+from .common import SIZE, input_argument, rules_for, source_for, source_option
 from .parallel import executor, parallel_options, start_early
 from .progress import Progress
 
@@ -61,7 +61,7 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
         raise UsageError(f"{output}: exists already; pass --force to replace it")
     if not output.parent.is_dir():
         raise UsageError(f"{output}: the directory {output.parent} does not exist")
-    rules = rules_for(rules_file, source)
+    rules, index = rules_for(rules_file), source_for(source)
     if rank is None:
         start_early(len(layout.rank_dirs(file)))      # a run: its workers start while plotly and jinja2 import
     progress = Progress()
@@ -70,7 +70,7 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
 
         page = build_path_report(file, rank=rank, tag=tag, compare=baseline, rules=rules, top=top, at=at,
                                  samples=samples, device=device, redact_paths=redact_paths, progress=progress.step,
-                                 capacity=capacity, executor=executor())
+                                 capacity=capacity, executor=executor(), source=index)
         progress.step("writing")
         write_atomic(output, lambda f: f.write(page.encode("utf-8")))
     finally:

@@ -9,7 +9,17 @@ import click
 
 from .. import layout
 from . import main
-from .common import FORMATS, SIZE, echo_text, emit_json, input_argument, rules_for, source_option, terminal_width
+from .common import (
+    FORMATS,
+    SIZE,
+    echo_text,
+    emit_json,
+    input_argument,
+    rules_for,
+    source_for,
+    source_option,
+    terminal_width,
+)
 from .parallel import executor, parallel_options, start_early
 from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
@@ -28,14 +38,14 @@ from .progress import Progress
 def ranks(run: str, tag: str | None, rules_file: str | None,
           source: tuple[str, ...], threshold: float, fmt: str) -> None:
     """One row per rank at its peak: NVML used, memory outside the allocator, top category; the outliers."""
-    rules = rules_for(rules_file, source)
+    rules, index = rules_for(rules_file), source_for(source)
     start_early(len(layout.rank_dirs(run)))
     from ..report.run_documents import ranks_document
     from ..report.run_terminal import render_ranks
     from ..session import compare_ranks, open_run
 
     with Progress() as progress:
-        opened = open_run(run, progress.step, frames="allocations")
+        opened = open_run(run, progress.step, frames="allocations", source=index)
         comparison = compare_ranks(opened, tag=tag, rules=rules, threshold=threshold, executor=executor(),
                                    progress=progress.step)
     doc = ranks_document(comparison)
@@ -62,10 +72,10 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
     from ..report.run_terminal import render_oom
     from ..session import explain_path
 
-    rules = rules_for(rules_file, source)
+    rules, index = rules_for(rules_file), source_for(source)
     with Progress() as progress:
         progress.step("explaining")
-        items, problems = explain_path(file, rank=rank, tag=tag, rules=rules, capacity=capacity)
+        items, problems = explain_path(file, rank=rank, tag=tag, rules=rules, capacity=capacity, source=index)
     doc = oom_document(items, problems, file)
     if fmt == "json":
         emit_json(doc)
@@ -96,16 +106,17 @@ def phases(file: str, rank: int | None, tag: str | None, device: int | None, rul
     rank of a run. The phase column is each phase's name as --phase accepts it (NAME, or NAME#K when repeated)."""
     from ..report.run_terminal import render_phases
 
-    rules_for(rules_file, source)                      # a bad --rules or --source fails before any load
+    rules_for(rules_file)                              # a bad --rules or --source fails before any load
+    index = source_for(source)
     p = plan(file, rank, tag)
-    work = functools.partial(_phases, device=device, rules_file=rules_file, source=source,
+    work = functools.partial(_phases, device=device, rules_file=rules_file, source=index,
                              categories=not no_categories, kinds=kinds or None, largest=largest)
     with Progress() as progress:
         p, results = each(p, work, progress)
     emit(p, results, fmt, render_phases)
 
 
-def _phases(job: Job, step: Step, device: int | None, rules_file: str | None, source: tuple[str, ...],
+def _phases(job: Job, step: Step, device: int | None, rules_file: str | None, source: Any,
             categories: bool, kinds: tuple[str, ...] | None, largest: int | None) -> dict[str, Any]:
     from ..analyze.phases import phase_table
     from ..load import load
@@ -115,11 +126,11 @@ def _phases(job: Job, step: Step, device: int | None, rules_file: str | None, so
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag, frames="allocations")
+    snapshot = load(t.path, t.rank, t.tag, frames="allocations", source=source)
     markers = markers_for(t.path, t.rank, t.tag)
     step("replaying")
     timeline = replay(snapshot)
     step("mapping phases" + (" and attributing their peaks" if categories else ""))
-    table = phase_table(snapshot, timeline, markers=markers, rules=rules_for(rules_file, source),
+    table = phase_table(snapshot, timeline, markers=markers, rules=rules_for(rules_file),
                         categories=categories, device=device, kinds=kinds, largest=largest)
     return phases_document(table, snapshot.source)

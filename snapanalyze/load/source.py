@@ -13,40 +13,36 @@ enclosing class's base-class names (last dotted part, ``nn.Module`` → ``Module
 through classes defined anywhere under the roots. `code` is the statement at the line (whitespace collapsed,
 at most 240 characters); `call` is the dotted name of the only call that statement makes ("" when it makes
 none or several, because then which call allocated is not known). Roots that do not exist are a UsageError.
-Files over 4 MiB are skipped: nothing a program's own module should be.
+Files over 4 MiB are skipped: nothing a program's own module should be. With `environment`, a frame of an
+installed package (``…/site-packages/transformers/models/…``) that neither its own path nor the roots give
+is read at the same package-relative path in this Python's site-packages (found by path: nothing is
+imported); whether that copy is the version that ran is for the caller to check (`drifted` frames).
+`frames(frames)` resolves a snapshot's frames into the `FrameSources` map it carries.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
+import site
 import stat
+import sysconfig
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from ..frame_source import Frame, FrameSource, FrameSources
 
 MAX_FILE_BYTES = 4 << 20
 _SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", ".tox", ".mypy_cache"}
+_PACKAGE = re.compile(r"(?:^|/)(?:site|dist)-packages/([^/]+/.+\.py)$")   # a package's file, relative
 _CLASS_RE = re.compile(r"^[ \t]*class[ \t]+(\w+)", re.MULTILINE)
 _COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.AsyncFor, ast.While, ast.If,
              ast.With, ast.AsyncWith, ast.Try)
-
-
-@dataclass(frozen=True)
-class FrameSource:
-    """What the source says about one frame (see the module docstring)."""
-
-    qualname: str
-    cls: str
-    bases: tuple[str, ...]
-    code: str
-    call: str
-    path: str
-    drifted: bool = False              # the line is outside the frame's function here: code and call unknown
 
 
 @dataclass(frozen=True)
@@ -147,6 +143,7 @@ class SourceIndex:
     """Source roots, parsed on demand (see the module docstring)."""
 
     roots: tuple[Path, ...]
+    environment: bool = False          # installed packages' frames are also looked up in this site-packages
     _by_name: dict[str, list[tuple[str, ...]]] | None = field(default=None, repr=False)
     _files: dict[str, _File | None] = field(default_factory=dict, repr=False)
     _located: dict[str, str | None] = field(default_factory=dict, repr=False)
@@ -154,13 +151,14 @@ class SourceIndex:
     _class_files: dict[str, list[str]] | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, roots: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | SourceIndex | None
-           ) -> SourceIndex | None:
-        """An index over `roots` (one path or several), the given index itself, or None for none."""
-        if roots is None or isinstance(roots, SourceIndex):
+    def of(cls, roots: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | SourceIndex | None,
+           environment: bool = False) -> SourceIndex | None:
+        """An index over `roots` (one path or several), the given index itself, or None for none;
+        `environment`: also find installed packages' files in this Python's site-packages."""
+        if isinstance(roots, SourceIndex):
             return roots
-        items = [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
-        if not items:
+        items = [] if roots is None else [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
+        if not items and not environment:
             return None
         paths = []
         for item in items:
@@ -168,7 +166,15 @@ class SourceIndex:
             if not path.is_dir():
                 raise UsageError(f"--source {item}: not a directory (give the checkout of the program's source)")
             paths.append(path.resolve())
-        return cls(tuple(paths))
+        return cls(tuple(paths), environment=environment)
+
+    def frames(self, frames: Iterable[Frame]) -> FrameSources:
+        """The source of each of `frames` that has one, as the map a snapshot carries (`FrameSources`)."""
+        found = {}
+        for frame in frames:
+            if frame[0].endswith(".py") and (hit := self.resolve(*frame)) is not None:
+                found[frame] = hit
+        return FrameSources(found, environment=self.environment)
 
     # -- finding files ----------------------------------------------------------------------------
     def _index(self) -> dict[str, list[tuple[str, ...]]]:
@@ -186,7 +192,8 @@ class SourceIndex:
         return self._by_name
 
     def locate(self, filename: str) -> str | None:
-        """The file a frame names: at its own path, else the unique longest path-suffix match under the roots."""
+        """The file a frame names: at its own path, else the unique longest path-suffix match under the roots,
+        else (`environment`) an installed package's file at its package-relative path in this site-packages."""
         if filename in self._located:
             return self._located[filename]
         found = None
@@ -198,6 +205,8 @@ class SourceIndex:
             scored = sorted(((_common(parts, c), c) for c in candidates), reverse=True)
             if scored and (len(scored) == 1 or scored[0][0] > scored[1][0]) and (scored[0][0] > 1 or len(scored) == 1):
                 found = str(Path(*reversed(scored[0][1])))
+        if found is None and self.environment and (installed := _PACKAGE.search(filename)) is not None:
+            found = _installed(installed.group(1))
         self._located[filename] = found
         return found
 
@@ -280,6 +289,25 @@ def _statement(parsed: _File, line: int) -> tuple[str, str]:
         text = parsed.lines[line - 1] if 0 < line <= len(parsed.lines) else ""
     calls = _calls(node) if node is not None else []
     return " ".join(text.split())[:240], calls[0] if len(calls) == 1 else ""
+
+
+def _installed(relative: str) -> str | None:
+    """`relative` (a package's file, ``transformers/models/…/modeling_qwen2.py``) in this Python's
+    site-packages: the first regular file of that name there. Nothing is imported."""
+    for root in _site_dirs():
+        path = os.path.join(root, relative)
+        if _regular_file(path):
+            return path
+    return None
+
+
+@functools.cache
+def _site_dirs() -> tuple[str, ...]:
+    """This interpreter's site-packages directories (purelib, platlib, the site module's, the user's)."""
+    paths = sysconfig.get_paths()
+    found = [paths.get("purelib", ""), paths.get("platlib", "")]
+    found += [*getattr(site, "getsitepackages", lambda: [])(), site.getusersitepackages()]
+    return tuple(dict.fromkeys(p for p in found if p and os.path.isdir(p)))
 
 
 def _common(a: Sequence[str], b: Sequence[str]) -> int:

@@ -52,7 +52,7 @@ from ..analyze.ranks import RankComparison
 from ..analyze.rules import RuleSet, load_rules
 from ..analyze.segment_map import SegmentMap, segment_map
 from ..errors import BadInputError, UsageError
-from ..load import load
+from ..load import SourceIndex, SourceRoots, load
 from ..load.runs import RunEntry
 from ..load.samples import RunSamples, rank_path
 from ..model import Snapshot
@@ -385,35 +385,38 @@ def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
 def build_path_context(path: str | Path, rank: int | None = None, tag: str | None = None,
                        compare: str | Path | None = None, rules: RuleSet | None = None,
                        progress: Progress | None = None, executor: Executor | None = None,
-                       **options: Any) -> Report:
+                       source: SourceRoots = None, **options: Any) -> Report:
     """The report of what a user names: a snapshot file, a run directory or a rank=N directory (see the
     module docstring); `compare` adds the diff against that baseline. `options` go to `build_context`;
-    `executor` to `build_run_context`."""
+    `executor` to `build_run_context`; `source` (the program's checkout) to each load."""
+    source = SourceIndex.of(source)
     step = progress or (lambda _: None)
     rules = rules or load_rules()
     inputs = {"path": str(path), "rank": rank, "tag": tag, "compare": None if compare is None else str(compare)}
     inside = rank_path(path)
     if is_run_path(path):
         step("reading the run")
-        context = build_run_context(open_run(path, progress, frames=REPORT_FRAMES), rank, tag, rules=rules,
-                                    progress=progress, inputs=inputs, executor=executor, **options)
+        opened = open_run(path, progress, frames=REPORT_FRAMES, source=source)
+        context = build_run_context(opened, rank, tag, rules=rules, progress=progress, inputs=inputs,
+                                    executor=executor, **options)
     elif inside is not None:
         step("reading the run")
-        context = build_run_context(open_run(inside, progress, frames=REPORT_FRAMES), rules=rules,
+        context = build_run_context(open_run(inside, progress, frames=REPORT_FRAMES, source=source), rules=rules,
                                     progress=progress, inputs=inputs, snapshot_path=path, **options)
     else:
         step("loading")
-        context = build_context(load(path, frames=REPORT_FRAMES), rules=rules, progress=progress, inputs=inputs,
-                                **options)
+        context = build_context(load(path, frames=REPORT_FRAMES, source=source), rules=rules, progress=progress,
+                                inputs=inputs, **options)
     if compare is not None:
-        context = compare_with(context, compare, tag=tag, progress=progress)
+        context = compare_with(context, compare, tag=tag, progress=progress, source=source)
     return context
 
 
 def compare_with(context: Report, baseline: str | Path, tag: str | None = None,
-                 progress: Progress | None = None) -> Report:
+                 progress: Progress | None = None, source: SourceRoots = None) -> Report:
     """`context` with `diffs`: each reported snapshot against `baseline` (a snapshot, or a run whose same
-    rank is taken; a run of one rank serves every rank). Ranks the baseline lacks go to `problems`."""
+    rank is taken; a run of one rank serves every rank), loaded with `source`. Ranks the baseline lacks go
+    to `problems`."""
     step = progress or (lambda _: None)
     run_baseline = is_run_path(baseline)
     cache: dict[int | None, Snapshot] = {}
@@ -425,12 +428,12 @@ def compare_with(context: Report, baseline: str | Path, tag: str | None = None,
         if key not in cache:
             try:
                 cache[key] = load(baseline, key if run_baseline else None, tag if run_baseline else None,
-                                  frames=REPORT_FRAMES)
+                                  frames=REPORT_FRAMES, source=source)
             except UsageError as exc:
                 if key is None:
                     raise UsageError(f"--compare: {exc}") from None
                 try:                                     # a baseline run of one rank serves every rank
-                    cache[key] = load(baseline, None, tag, frames=REPORT_FRAMES)
+                    cache[key] = load(baseline, None, tag, frames=REPORT_FRAMES, source=source)
                 except UsageError:
                     problems.append(f"rank {own}: the baseline {baseline} has no snapshot for it")
                     continue

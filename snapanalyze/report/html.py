@@ -30,8 +30,8 @@ import plotly.offline
 from markupsafe import Markup
 
 from .. import __version__
-from ..analyze.attribute import SourceRoots, bind_source
 from ..analyze.rules import RuleSet, load_rules
+from ..load import SourceRoots
 from ..model import Snapshot
 from ..replay import Timeline
 from ..units import fmt_count
@@ -117,11 +117,10 @@ def render_report(report: Report, sections: Sequence[SectionFunction] = DEFAULT_
 def build_report(snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
                  top: int = 3, at: Sequence[str] = (), samples: int = 32, device: int | None = None,
                  redact_paths: bool = False, inputs: Mapping[str, Any] | None = None,
-                 sections: Sequence[SectionFunction] = DEFAULT_SECTIONS, progress: Progress | None = None,
-                 source: SourceRoots = None) -> str:
-    """The HTML report of one snapshot: `build_context(...)` then `render_report(...)`; `source`: the program's
-    checkout (see `attribute`)."""
-    rules = bind_source(rules or load_rules(), source)
+                 sections: Sequence[SectionFunction] = DEFAULT_SECTIONS, progress: Progress | None = None) -> str:
+    """The HTML report of one snapshot: `build_context(...)` then `render_report(...)` (its frames resolved
+    with the source it carries: see `attribute`)."""
+    rules = rules or load_rules()
     report = build_context(snapshot, timeline=timeline, rules=rules, top=top, at=at, samples=samples,
                            device=device, redact_paths=redact_paths, inputs=inputs, progress=progress)
     return render_report(report, sections, progress)
@@ -135,11 +134,12 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
                       source: SourceRoots = None, executor: Executor | None = None) -> str:
     """The HTML report of a snapshot file or a run directory (every rank, or `rank`), optionally with the
     diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`; `executor`
-    measures a large run's ranks for the comparison (`context.build_run_context`)."""
-    rules = bind_source(rules or load_rules(), source)
+    measures a large run's ranks for the comparison (`context.build_run_context`); `source`: the program's
+    checkout, each snapshot's frames resolved with it as it loads (`load`)."""
+    rules = rules or load_rules()
     report = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
                                  top=top, at=at, samples=samples, device=device, redact_paths=redact_paths,
-                                 capacity=capacity, executor=executor)
+                                 capacity=capacity, executor=executor, source=source)
     return render_report(report, sections, progress)
 
 
