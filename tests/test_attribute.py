@@ -13,7 +13,11 @@ import pytest
 from conftest import BASE, SnapshotBuilder, write_pickle
 
 from snapanalyze import UsageError, attribute, find_peaks, load, replay, top_sites
-from snapanalyze.analyze.attribute import _shape_logits, _shape_scores, vocab_hints
+from snapanalyze.analyze.attribute import STAGES
+from snapanalyze.analyze.attribute.frames import FRAME_STAGES
+from snapanalyze.analyze.attribute.shapes import shape_logits, shape_scores, vocab_hints
+from snapanalyze.analyze.rules import STAGES as NAMED_STAGES
+from snapanalyze.analyze.rules import load_rules
 
 REAL = Path(__file__).parent.parent / "fixtures" / "real"
 SCENARIOS = Path(__file__).parent.parent / "fixtures" / "scenarios"
@@ -134,22 +138,22 @@ def test_logits_by_size_need_the_hidden_states_of_as_many_tokens():
     made 176 tokens' hidden states."""
     hints = vocab_hints(np.array([32000 * 2048 * 2, 2048 * 2]))
     made = {1000 * 2048 * 2, 1000 * 5632 * 4, 1000 * 32000 * 4}
-    assert _shape_logits(1000 * 32000 * 4, hints, lambda: made) == (1000, 32000, 4)
-    assert _shape_logits(1000 * 5632 * 4, hints, lambda: made) is None
+    assert shape_logits(1000 * 32000 * 4, hints, lambda: made) == (1000, 32000, 4)
+    assert shape_logits(1000 * 5632 * 4, hints, lambda: made) is None
 
 
 def test_shape_heuristics():
     size = 8000 * 128256 * 4                            # also 4008 × 256000 × 4 and 32064 × 32000 × 4
     made = {8000 * 4096 * 2}                            # 8000 tokens' hidden states
-    assert _shape_logits(size, frozenset(), lambda: made) is None     # no live vocabulary weight: no guess
+    assert shape_logits(size, frozenset(), lambda: made) is None     # no live vocabulary weight: no guess
     hints = vocab_hints(np.array([128256 * 4096 * 2, 4096 * 2]))  # Llama-3-8B's embedding and a norm weight
     assert hints == {(128256, 4096), (128256, 2048)}     # 4096 × 2 B or 2048 × 4 B: the same vocabulary
-    assert _shape_logits(size, hints, lambda: made) == (8000, 128256, 4)
-    assert _shape_logits(2**30, frozenset({(32768, 4096)}), lambda: {2**30}) is None   # powers of two: ambiguous
-    assert _shape_logits(1000, hints, lambda: made) is None
-    k, L, b = _shape_scores(4 * 16 * 1024 * 1024 * 4)
+    assert shape_logits(size, hints, lambda: made) == (8000, 128256, 4)
+    assert shape_logits(2**30, frozenset({(32768, 4096)}), lambda: {2**30}) is None   # powers of two: ambiguous
+    assert shape_logits(1000, hints, lambda: made) is None
+    k, L, b = shape_scores(4 * 16 * 1024 * 1024 * 4)
     assert k * L * L * b == 4 * 16 * 1024 * 1024 * 4 and 8 <= k <= 4096 and L >= 512
-    assert _shape_scores(3 * 5 * 7 * 11) is None
+    assert shape_scores(3 * 5 * 7 * 11) is None
 
 
 @pytest.mark.skipif(not SCENARIOS.exists(), reason="scenario fixtures not generated")
@@ -188,19 +192,18 @@ def test_repeated_attributions_share_decisions_and_let_the_snapshot_go(tmp_path)
     import gc
     import weakref
 
-    from snapanalyze import load_rules
-    from snapanalyze.analyze.attribute import _Decider
+    from snapanalyze.analyze.attribute.frames import Decider
 
     snap = load(SCENARIOS / "concurrent_requests.pickle")
     rules = load_rules()
     first = attribute(snap, at="peak", rules=rules)
-    decider = _Decider.for_snapshot(snap, rules)
+    decider = Decider.for_snapshot(snap, rules)
     again = attribute(snap, at="event:700", rules=rules)
-    assert _Decider.for_snapshot(snap, rules) is decider and len(decider.cache) > 1
+    assert Decider.for_snapshot(snap, rules) is decider and len(decider.cache) > 1
     assert first.blocks["category"].notna().all() and again.blocks["category"].notna().all()
     assert load_rules() is rules                                         # the shipped set is parsed once
     (tmp_path / "mine.toml").write_text("")
-    assert _Decider.for_snapshot(snap, load_rules(tmp_path / "mine.toml")) is not decider   # another set
+    assert Decider.for_snapshot(snap, load_rules(tmp_path / "mine.toml")) is not decider   # another set
     gone = weakref.ref(snap)
     del snap, first, again, decider
     gc.collect()
@@ -549,3 +552,44 @@ def test_each_block_names_the_record_function_span_its_allocation_ran_in(tmp_pat
         {"name": "prefill", "stage": "END", "device": 0, "time_us": b.t0 + 3020}]
     got = attribute(load(write_pickle(tmp_path / "spans.pickle", snap))).blocks.sort_values("address")
     assert got["span"].tolist() == ["", "prefill", "attention"]
+
+
+def _without(tmp_path: Path, stage: str):  # type: ignore[no-untyped-def]
+    (tmp_path / "off.toml").write_text(f'disable = ["{stage}"]\n')
+    return load_rules(tmp_path / "off.toml")
+
+
+def test_the_stages_are_declared_once_in_the_order_they_run() -> None:
+    assert [*FRAME_STAGES, *(name for name, _ in STAGES)] == list(NAMED_STAGES)
+
+
+_FRAME_RULES = tuple(r.name for r in load_rules().rules)
+
+
+# Each stage, a file on which it decides, and the rules only that stage gives: with the stage disabled in a
+# rules file, none of them decides and every byte is still attributed (to what the other stages say).
+@pytest.mark.parametrize("stage,path,given", [
+    ("stage.rules", SCENARIOS / "kv_weights_baseline.pickle", _FRAME_RULES),
+    ("stage.calltree", REAL / "cs336-forward-fp32-t2.6.pickle", ("calltree.", "backward.")),
+    ("stage.before_window", REAL / "cs336-step-annotations-t2.10.pickle", ("state.", "unknown.before_window")),
+    ("stage.signals", SCENARIOS / "concurrent_requests.pickle", ("signal.user_metadata", "lifetime.", "shape.")),
+    ("stage.signals", SCENARIOS / "cuda_graph_pool.pickle", ("signal.private_pool",)),
+    ("stage.annotations", SCENARIOS / "torch214_graph_pools_host.pickle", ("signal.annotation",)),
+], ids=lambda v: v.name if isinstance(v, Path) else v if isinstance(v, str) else "")
+def test_a_rules_file_switches_off_a_whole_stage(tmp_path: Path, stage: str, path: Path, given: tuple[str, ...]
+                                                 ) -> None:
+    snap = load(path)
+    on = attribute(snap).blocks
+    off = attribute(snap, rules=_without(tmp_path, stage)).blocks
+    assert on["rule"].str.startswith(given).any()            # the stage decides here
+    assert not off["rule"].str.startswith(given).any()
+    assert off["size"].sum() == on["size"].sum() and len(off) == len(on)
+
+
+def test_without_the_source_stage_a_file_reads_as_if_no_source_were_given(tmp_path: Path) -> None:
+    stem = "cs336-medium-ctx128-inference-t2.11"
+    with_source = attribute(load(REAL / f"{stem}.pickle", source=SOURCES / stem),
+                            rules=_without(tmp_path, "stage.source"))
+    plain = attribute(load(REAL / f"{stem}.pickle"))
+    assert with_source.blocks.equals(plain.blocks)
+    assert not attribute(load(REAL / f"{stem}.pickle", source=SOURCES / stem)).blocks.equals(plain.blocks)

@@ -79,3 +79,6 @@ def test_attribution_labels_frameless_allocations_by_their_module(tmp_path, span
     assert (named["rule"] == "signal.module_span").all() and named["inferred"].all()
     without = attribute(snap, at=f"event:{len(names) - 1}").blocks
     assert set(without["category"]) == {"other"}
+    (tmp_path / "off.toml").write_text('disable = ["stage.module_spans"]\n')      # the stage switched off
+    off = attribute(snap, at=f"event:{len(names) - 1}", markers=spans, rules=load_rules(tmp_path / "off.toml"))
+    assert set(off.blocks["category"]) == {"other"}

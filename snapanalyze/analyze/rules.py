@@ -4,7 +4,8 @@ Contract: `load_rules(user_file=None)` returns a RuleSet built from `categories.
 shipped rule packs (`rulepacks/*.toml`, in the order of PACKS) and the call-tree roles (`roles.toml`, see
 `calltree`), with a user's TOML file layered on top: its `[[categories]]` are added (or redefine a shipped
 one's precedence/owner), its `[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` and
-`[[passthrough]]` are added, and `disable = [names]` switches shipped rules, roles and backward-node rules off.
+`[[passthrough]]` are added, and `disable = [names]` switches shipped rules, roles, backward-node rules,
+heuristics (`HEURISTICS`) and whole stages of attribution (`STAGES`) off.
 A rule matches a frame when every pattern it gives matches (Python regexes, `re.search`): `file` (paths with
 '/' separators) and `function` on the frame itself;
 `qualname` (``Class.method``), `class` (the enclosing class or any of its bases), `code` (the statement at
@@ -38,6 +39,19 @@ from ..errors import RulesError
 from ..frame_source import FrameSource, FrameSources
 from .calltree import RoleData, parse_roles
 
+# The stages of attribution, by name, in the order they run (`analyze.attribute`: `frames.FRAME_STAGES`, then
+# `label.STAGES`); a rules file's `disable` accepts each name and attribution runs without that stage.
+STAGES = {
+    "stage.source": "frames read their source (class, qualified name, code at the line) where it fits the run",
+    "stage.rules": "every frame rule (shipped and the file's own) matches the frames of each stack",
+    "stage.calltree": "where no rule decides: a backward's autograd node, else the role of the model code in the "
+                      "trace's call tree",
+    "stage.before_window": "frame-less blocks from before the window: persistent state, state an optimizer step "
+                           "replaced, else unknown",
+    "stage.module_spans": "a collector's module span around the allocation names the module",
+    "stage.signals": "block-level evidence: private pools, .grad lifetimes, other requests, size relations",
+    "stage.annotations": "an annotation the program made on a block naming a category decides it",
+}
 # The heuristics of attribution, by name, in the order they apply after the rules and the call tree's roles
 # (module docstring of `attribute`); a rules file's `disable` list accepts each name. Every one is flagged
 # inferred wherever it decides.
@@ -170,7 +184,7 @@ class RuleSet:
     modules: list[ModuleRule] = field(default_factory=list)
     source: FrameSources | None = None         # a snapshot's frames' source (`with_source`)
     role_data: RoleData = field(default_factory=RoleData)
-    disabled: frozenset[str] = frozenset()     # names of `HEURISTICS` a rules file disabled
+    disabled: frozenset[str] = frozenset()     # names of `HEURISTICS` and `STAGES` a rules file disabled
     _frame_cache: dict[Frame, FrameFacts] = field(default_factory=dict, repr=False)
     _plumbing_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
     _passthrough_cache: dict[tuple[str, str], bool] = field(default_factory=dict, repr=False)
@@ -195,7 +209,7 @@ class RuleSet:
         return kept[1]
 
     def enabled(self, heuristic: str) -> bool:
-        """Whether a named heuristic (`HEURISTICS`) may decide: no rules file disabled it."""
+        """Whether a named heuristic (`HEURISTICS`) or stage (`STAGES`) may decide: no rules file disabled it."""
         return heuristic not in self.disabled
 
     def facts(self, frame: Frame) -> FrameFacts:
@@ -421,7 +435,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         if not isinstance(disable, list) or not all(isinstance(d, str) for d in disable):
             raise RulesError(f"{where}: 'disable' must be a list of rule names")
         names = {r.name for r in (*shipped, *plumbing, *passthrough)} | {m.name for m in module_rules} \
-            | role_data.names() | set(HEURISTICS)
+            | role_data.names() | set(HEURISTICS) | set(STAGES)
         missing = [d for d in disable if d not in names]
         if missing:
             raise RulesError(f"{where}: 'disable' names unknown rule(s): {', '.join(missing)}")
@@ -430,7 +444,7 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
         passthrough = [p for p in passthrough if p.name not in disable]
         module_rules = [m for m in module_rules if m.name not in disable]
         role_data = role_data.without(set(disable))
-        disabled = frozenset(disable) & set(HEURISTICS)
+        disabled = frozenset(disable) & (set(HEURISTICS) | set(STAGES))
         sources.insert(0, where)
     seen: dict[str, str] = {}
     for r in user + shipped:

@@ -1,0 +1,125 @@
+"""The before-window stage of attribution: blocks live before the trace window whose allocation carries no
+stack. Persistent state (`state`: cuBLAS workspace, activations of a size the window shows the program
+keeping — `kept_activations`, a retained graph — weights, and in a training program gradients / optimizer
+moments as copies of the parameters), or state an optimizer step freed (it replaced it), or unknown, said
+plainly with how to record it (`before_window`). `stage(blocks, code)` applies it to the blocks' codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ...model import OOM, Snapshot
+from ...stacks import frame_site
+from ..state import ADVICE, Retained, StateGuess, persistent_state
+from .blocks import Blocks
+from .frames import Decider, display
+from .result import Decision
+
+TRAINING = ("gradients", "optimizer_state")
+ACTIVATIONS = ("attention", "mlp", "logits", "fallback_kernel", "vision_encoder")
+RETAINED_MIN_SIZE = 1 << 20       # smaller sizes coincide too often to speak for a kept activation
+RETAINED_MIN_BLOCKS = 2           # one kept output is a result the program holds, not a retained graph
+
+
+def kept_activations(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, decider: Decider
+                     ) -> dict[int, Retained]:
+    """Sizes of the activations the window shows the program keeping: blocks of ≥ 1 MiB made in the window
+    by attention, MLP, logits or vision code (their frames decide), never freed, at call sites none of whose
+    allocations the window frees, at least two of a size. None where the trace ends at an OOM (the failing
+    step's activations are live there) or has no events. Where several categories share a size, the one with
+    the most such blocks."""
+    trace = snapshot.trace(device)
+    if not len(trace) or bool((trace.action == OOM).any()):
+        return {}
+    alloc = lifetimes["alloc_index"].to_numpy()
+    free = lifetimes["free_index"].to_numpy()
+    sizes = lifetimes["size"].to_numpy()
+    mine = np.flatnonzero(alloc >= 0)
+    stacks = snapshot.event_stack_ids(device, alloc[mine])
+    freed_at = np.unique(stacks[free[mine] >= 0])
+    keep = (free[mine] < 0) & (sizes[mine] >= RETAINED_MIN_SIZE) & (stacks >= 0) & ~np.isin(stacks, freed_at)
+    if not keep.any():
+        return {}
+    pairs, counts = np.unique(np.stack([stacks[keep], sizes[mine][keep]], axis=1), axis=0, return_counts=True)
+    best: dict[int, dict[str, list[Any]]] = {}      # size -> category -> [blocks, site of the largest share]
+    for (sid, size), n in zip(pairs.tolist(), counts.tolist()):
+        d = decider.decide(sid)
+        if d.category not in ACTIVATIONS:
+            continue
+        hit = best.setdefault(size, {}).setdefault(d.category, [0, "", 0])
+        hit[0] += n
+        if n > hit[2]:
+            hit[1], hit[2] = frame_site(*display(decider, sid, d.frame)), n
+    out = {}
+    for size, cats in best.items():
+        cat, (n, site, _) = max(cats.items(), key=lambda kv: kv[1][0])
+        if n >= RETAINED_MIN_BLOCKS:
+            out[size] = Retained(cat, n, site)
+    return out
+
+
+def retained(decider: Decider, snapshot: Snapshot, device: int, lifetimes: pd.DataFrame | None
+             ) -> dict[int, Retained]:
+    """Activations the device's window shows the program keeping, by size (`kept_activations`), kept on the
+    decider: a window is the same at every instant of a device."""
+    if lifetimes is None:
+        return {}
+    hit = decider.retained_cache.get(device)
+    if hit is None or hit[0] is not lifetimes:
+        hit = decider.retained_cache[device] = (lifetimes, kept_activations(snapshot, device, lifetimes, decider))
+    return hit[1]
+
+
+def persistent(decider: Decider, device: int, sizes: np.ndarray, addresses: np.ndarray, training: bool,
+               kept: dict[int, Retained]) -> list[StateGuess]:
+    """`state.persistent_state` of these blocks, kept on the decider: blocks live throughout the window are the
+    same at every instant of a device."""
+    key = (device, training, sizes.tobytes() + addresses.tobytes(), tuple(sorted(kept.items())))
+    found = decider.state_cache.get(key)
+    if found is None:
+        found = decider.state_cache[key] = persistent_state(sizes, addresses, training, kept,
+                                                            decider.rules.enabled)
+    return found
+
+
+def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: str) -> Decision:
+    """A block live before the window whose allocation carries no stack: persistent state (`state`), state an
+    optimizer replaced (freed inside its step), or unknown, said plainly with the fix."""
+    if guess is not None:
+        return Decision(guess.category, guess.rule, guess.reason, -1, inferred=True)
+    if freed_by is not None and (freed_by.category == "optimizer_state" or "optimizer" in freed_by.context):
+        return Decision("optimizer_state", "state.freed_by_optimizer",
+                        f"no frames, live before the window, freed inside the optimizer step ({free_site}): "
+                        "state that the step replaced (an out-of-place update of a moment)", -1, inferred=True)
+    return Decision("other", "unknown.before_window",
+                    "allocated before the trace window began and no stack was recorded for it"
+                    + (f"; freed at {free_site}" if free_site else "") + f"; {ADVICE}", -1)
+
+
+def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
+    """Decide the frame-less blocks from before the window: persistent state, or by the stack of their free."""
+    table, decider, device = b.table, b.decider, b.device
+    code = code.copy()
+    frameless_pre = (b.stack < 0) & (b.origin != "trace")
+    kept = frameless_pre & (b.free_index < 0) & (b.pools == "0,0")
+    freed_pre = np.flatnonzero(frameless_pre & (b.free_index >= 0))
+    free_stacks = b.snapshot.event_stack_ids(device, b.free_index[freed_pre]) if len(freed_pre) else \
+        np.zeros(0, dtype=np.int64)
+    freers, by_freer = np.unique(free_stacks, return_inverse=True)
+    freed_by = [decider.decide(int(sid)) for sid in freers.tolist()]
+    training = any(d.category in TRAINING or set(d.context) & {"autograd", "optimizer", "backward"}
+                   for d in (*table.items, *freed_by)) or b.snapshot.frameless_allocations(device)
+    code[frameless_pre] = table.add(before_window(None, None, ""))
+    code[freed_pre] = table.codes([before_window(None, by, frame_site(*display(decider, int(sid), by.frame)))
+                                   for sid, by in zip(freers.tolist(), freed_by)])[by_freer.reshape(-1)]
+    guesses = persistent(decider, device, b.sizes[kept], b.addr[kept], training,
+                         retained(decider, b.snapshot, device, b.window))
+    if guesses:                                          # a few distinct guesses, shared by many blocks
+        _, first, inverse = np.unique(np.fromiter(map(id, guesses), dtype=np.uint64, count=len(guesses)),
+                                      return_index=True, return_inverse=True)
+        code[kept] = table.codes([before_window(guesses[k], None, "") for k in first.tolist()])[inverse]
+    return code

@@ -1,0 +1,205 @@
+"""The signals stage of attribution: block-level evidence over the frames' decision, strongest first.
+
+- a private pool (named by the alloc entry's `pool_id` from torch 2.12, else by the end state) →
+  `graph_capture` (unless frames prove a MemPool user: weights or KV cache in a pool);
+- made by the autograd engine and still live after that backward ended → `gradients`;
+- the request of the alloc entry (`user_metadata`, else a run's request marker span covering it: see
+  `requests`) naming another request than the instant's → `concurrent_request`. The instant's request is
+  the one whose allocation reached it (at an OOM, whose allocation failed), else the marker span running
+  then, else, as a stated last resort, the one holding the most live bytes;
+- size relations, only where the stack is consistent with them (never in a module the source says owns the
+  block, in a backward pass or an optimizer step): an autocast copy of a live weight, tokens × vocab logits
+  (`shapes`), a gate/up output twice a live MLP output, PyTorch's default cuBLAS workspace size, B·H·L²
+  attention scores under user attention code and their gradients in the backward.
+Each is a named heuristic (`rules.HEURISTICS`) a rules file may disable, and flagged inferred where it rests
+on a size or a time. `stage(blocks, code)` decides once per distinct key of what the signals read.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ...model import ALLOC
+from ..state import CUBLAS_DEFAULT_WORKSPACE
+from .blocks import Blocks
+from .decisions import Decisions, distinct, user_attention
+from .result import PERSISTENT_CATEGORIES, Decision
+from .shapes import shape_logits, shape_scores, vocab_hints
+
+GATE_UP_GAP = 16   # trace entries between a gate/up output and the activation made from it (read right after)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the block-level signals know about the whole set of blocks being labelled."""
+
+    request: str | None            # the instant's request (see `instant.instant_request`)
+    request_why: str               # how it was chosen, for the reason text
+    vocab: frozenset[tuple[int, int]]  # (vocabulary, hidden) of the live embedding weight, if proven
+    allocated: Callable[[], AbstractSet[int]]  # sizes the device's trace allocated, but a live weight's (on first use)
+    scores_floor: int              # half the largest block under a user-code attention function
+    mlp_outputs: dict[int, tuple[int, ...]]   # size → alloc indices of live MLP activation outputs (≥ 1 MiB)
+    weight_sizes: dict[int, int]   # size → live weights of that size (for autocast copies of them)
+    copy_sizes: dict[int, int]     # size → live blocks made by an autocast cast, of that size
+    in_backward: bool              # the allocation that reached the instant ran in a backward pass
+    enabled: Callable[[str], bool]  # `RuleSet.enabled`: the heuristics a rules file kept
+
+
+
+
+def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bool, origin: str,
+             has_stack: bool, persistent: bool, alloc: int, ctx: Context) -> Decision:
+    """Block-level signals over the frames' decision, strongest first (see the module docstring)."""
+    if pool != "0,0" and d.category in ("weights", "kv_cache") and not d.inferred:
+        # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames prove
+        # the lifecycle, so they decide, and the pool is kept as a tag.
+        return Decision(d.category, d.rule, d.reason + f" (in private memory pool {pool})", d.frame,
+                        (*d.tags, "private_pool"))
+    if pool != "0,0":
+        return Decision("graph_capture", "signal.private_pool",
+                        f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool", d.frame,
+                        tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
+    # A workspace its frames prove (a backward thread's cuBLAS handle caches one) is never a .grad.
+    on = ctx.enabled
+    if d.category not in (*PERSISTENT_CATEGORIES, "workspace") and "autograd" in d.context and not ctx.in_backward \
+            and on("lifetime.survived_backward"):
+        return Decision("gradients", "lifetime.survived_backward",
+                        "allocated by the autograd engine in a backward pass and still live after that backward "
+                        "ended: a parameter's .grad (the engine hands a gradient buffer to .grad)", d.frame,
+                        tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
+    if d.category not in PERSISTENT_CATEGORIES and ctx.request and request and request != ctx.request:
+        how = "by time: its alloc fell inside that request's marker span" if request_by_time else ""
+        return Decision("concurrent_request", "signal.request_marker" if request_by_time else "signal.user_metadata",
+                        f"allocated by {request!r}{f' ({how})' if how else ''}; {ctx.request_why} is "
+                        f"{ctx.request!r}", d.frame,
+                        tuple(x for x in (request, d.category, *d.tags) if x != "other"), inferred=request_by_time)
+    if d.category not in PERSISTENT_CATEGORIES and "autocast" in d.context and size * 2 in ctx.weight_sizes \
+            and ctx.copy_sizes.get(size, 0) <= ctx.weight_sizes[size * 2] and on("shape.autocast_weight_copy"):
+        n, m = ctx.weight_sizes[size * 2], ctx.copy_sizes.get(size, 0)
+        return Decision("weights", "shape.autocast_weight_copy",
+                        f"made by an autocast cast and exactly half the size of a live weight ({size * 2:,} B): a "
+                        f"16-bit copy of a parameter (autocast keeps one per weight; {m} such copies, {n} weights "
+                        "of that size — inferred from the size)", d.frame,
+                        tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
+    # Size coincidences only where the stack is consistent with them: never in a module the source says owns
+    # the block, in a backward pass or under an optimizer step.
+    if d.category == "other" and origin == "trace" and not d.owner and not set(d.context) & {"autograd",
+                                                                                                "optimizer"}:
+        logits = shape_logits(size, ctx.vocab, ctx.allocated) if on("shape.tokens_x_vocab") else None
+        if logits:
+            return Decision("logits", "shape.tokens_x_vocab",
+                            f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
+                            "vocabulary whose weight is live (inferred from the size)", d.frame, inferred=True)
+        if size % 2 == 0 and on("shape.gate_up_of_mlp") and any(
+                0 < j - alloc <= GATE_UP_GAP for j in ctx.mlp_outputs.get(size // 2, ())):
+            return Decision("mlp", "shape.gate_up_of_mlp",
+                            f"size = 2 × a live MLP activation output ({size // 2:,} bytes) allocated right after "
+                            "it: the fused gate/up projection that feeds it (inferred from the size and order)",
+                            d.frame, inferred=True)
+    if size == CUBLAS_DEFAULT_WORKSPACE and persistent and d.category in ("other", "attention", "mlp", "logits") \
+            and on("shape.cublas_workspace"):
+        return Decision("workspace", "shape.cublas_workspace",
+                        f"never freed, and its size is PyTorch's default cuBLAS workspace ({size:,} B), which the "
+                        "first matmul on a stream allocates (inferred from the size)", d.frame,
+                        tuple(x for x in (d.category,) if x != "other"), inferred=True)
+    if user_attention(d) and size >= max(ctx.scores_floor, 8 << 20) and on("shape.attention_scores"):
+        scores = shape_scores(size)
+        if scores:
+            return Decision("fallback_kernel", "shape.attention_scores",
+                            f"size fits batch·heads × L² × {scores[2]} bytes (e.g. {scores[0]} × {scores[1]}²) "
+                            "under an attention function: materialised attention scores (B·H·L·L), which "
+                            "fused kernels avoid (inferred from the size)", d.frame, ("attention",), inferred=True)
+    return d
+
+
+def scores_backward(d: Decision, size: int, scores: frozenset[int]) -> Decision:
+    """A backward-pass block with the size of live materialised attention scores is a gradient of them."""
+    if "autograd" not in d.context or d.category != "other" or size not in scores:
+        return d
+    return Decision("fallback_kernel", "shape.scores_backward",
+                    f"made in a backward pass with the size of live materialised attention scores ({size:,} B): a "
+                    "gradient of those scores (inferred from the size)", d.frame, ("attention",), inferred=True,
+                    context=d.context)
+
+
+def signals_by_key(table: Decisions, code: np.ndarray, sizes: np.ndarray, pools: np.ndarray,
+                    metadata: np.ndarray, by_time: np.ndarray, origin: np.ndarray, stack: np.ndarray,
+                    free_index: np.ndarray, alloc_index: np.ndarray, ctx: Context) -> np.ndarray:
+    """`signals` of every block, made once per distinct key of what it reads: the frame decision, the pool,
+    the request and whether it was named by time (only where it is another request than the instant's),
+    whether the block came from the trace, whether it is a never-freed block of the default cuBLAS workspace
+    size, the size (only where a size relation could hold: half a live weight's, a logits or a gate/up size,
+    attention scores') and the alloc index (only where a gate/up relation could hold). The codes after."""
+    of = table.columns()
+    from_trace = origin == "trace"
+    plain = of["plain_other"][code] & from_trace
+    gate_up = plain & (sizes % 2 == 0) & np.isin(sizes // 2, np.array(list(ctx.mlp_outputs), dtype=np.int64))
+    by_size = ((~of["lifecycle"][code] & of["autocast"][code]
+                & np.isin(sizes * 2, np.array(list(ctx.weight_sizes), dtype=np.int64)))
+               | gate_up | (plain & bool(ctx.vocab) & (sizes >= 16 << 20))
+               | (of["user_attention"][code] & (sizes >= max(ctx.scores_floor, 8 << 20))))
+    other_request = (metadata != "") & (metadata != ctx.request) if ctx.request else np.zeros(len(code), dtype=bool)
+    keys = np.stack([
+        code, pd.factorize(pools)[0],
+        np.where(other_request, pd.factorize(metadata)[0], -1), by_time & other_request, from_trace,
+        (sizes == CUBLAS_DEFAULT_WORKSPACE) & (free_index < 0),
+        np.where(by_size, sizes, -1), np.where(gate_up, alloc_index, -2)], axis=1).astype(np.int64)
+    if not len(keys):
+        return code.copy()
+    first, inverse = distinct(keys)
+    return table.codes([signals(table.items[int(code[i])], int(sizes[i]), pools[i], metadata[i], bool(by_time[i]),
+                                 origin[i], stack[i] >= 0, free_index[i] < 0, int(alloc_index[i]), ctx)
+                        for i in first.tolist()])[inverse]
+
+
+def _indices_by_size(sizes: np.ndarray, alloc_index: np.ndarray, mask: np.ndarray) -> dict[int, tuple[int, ...]]:
+    out: dict[int, list[int]] = {}
+    for size, index in zip(sizes[mask].tolist(), alloc_index[mask].tolist()):
+        out.setdefault(size, []).append(index)
+    return {size: tuple(found) for size, found in out.items()}
+
+
+def _counts(sizes: np.ndarray) -> dict[int, int]:
+    values, counts = np.unique(sizes, return_counts=True)
+    return dict(zip(values.tolist(), counts.tolist()))
+
+
+def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
+    """The signals over every block's decision, then gradients of materialised attention scores."""
+    table, sizes, alloc_index = b.table, b.sizes, b.alloc_index
+    trace = b.snapshot.trace(b.device)
+    instant_stack = int(b.snapshot.event_stack_ids(b.device, np.array([b.event]))[0]) if b.event >= 0 else -1
+    of = table.columns()
+    categories = of["category"][code]
+    weights = categories == "weights"
+    autocast = of["autocast"][code]
+    attention = of["user_attention"][code]
+    ctx = Context(
+        request=b.request, request_why=b.request_why,
+        vocab=vocab_hints(sizes[weights]),
+        allocated=functools.cache(lambda: set(np.unique(trace.size[trace.action == ALLOC]).tolist())
+                                  - set(sizes[weights].tolist())),
+        scores_floor=(int(sizes[attention].max()) if attention.any() else 0) // 2,
+        mlp_outputs=_indices_by_size(sizes, alloc_index, (categories == "mlp") & (sizes >= (1 << 20))),
+        weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
+        in_backward="autograd" in b.decider.decide(instant_stack).context, enabled=b.decider.rules.enabled,
+    )
+    code = signals_by_key(table, code, sizes, b.pools, b.metadata, b.by_time, b.origin, b.stack, b.free_index,
+                          alloc_index, ctx)
+    of = table.columns()
+    final_cat = of["category"][code]
+    scores = frozenset(sizes[(final_cat == "fallback_kernel") & (sizes >= 8 << 20)].tolist())
+    if scores and b.decider.rules.enabled("shape.scores_backward"):
+        hit = np.flatnonzero(of["backward_other"][code] & np.isin(sizes, list(scores)))
+        if len(hit):
+            pairs = np.stack([code[hit], sizes[hit]], axis=1)
+            first, inverse = distinct(pairs)
+            code[hit] = table.codes([scores_backward(table.items[int(pairs[k, 0])], int(pairs[k, 1]), scores)
+                                     for k in first.tolist()])[inverse]
+    return code
