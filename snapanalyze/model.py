@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -310,3 +311,56 @@ def _empty_trace(device: int) -> DeviceTrace:
     empty = np.zeros(0, dtype=np.int64)
     return DeviceTrace(device=device, action=np.zeros(0, dtype=np.int8), addr=np.zeros(0, dtype=np.uint64),
                        size=empty, stream=empty, time_us=None)
+
+
+@dataclass(frozen=True)
+class RunSamples:
+    """Everything but the snapshots of one run directory, as `load.samples.read_run` reads it (columns in its
+    docstring): NVML series, marker spans and meta.json documents of every rank, and the problems found."""
+
+    run: Path
+    ranks: tuple[int, ...]                       # ranks with a rank=N directory
+    nvml: pd.DataFrame
+    markers: pd.DataFrame
+    meta: dict[int, list[dict[str, Any]]]        # rank → meta documents, by session
+    problems: tuple[str, ...] = ()
+    nvml_ranks: tuple[int, ...] = field(default=())   # ranks that have at least one NVML part
+
+    @property
+    def world_size(self) -> int | None:
+        """The world size meta.json states (the largest over ranks and sessions), or None."""
+        return world_size(self.meta)
+
+    def nvml_of(self, rank: int, device: int | None = None) -> pd.DataFrame:
+        """The NVML rows of one rank (and device), in time order."""
+        rows = self.nvml[self.nvml["rank"] == rank]
+        if device is not None:
+            rows = rows[rows["device"] == device]
+        return rows.reset_index(drop=True)
+
+    def markers_of(self, rank: int) -> pd.DataFrame:
+        return self.markers[self.markers["rank"] == rank].reset_index(drop=True)
+
+    def capacity(self, rank: int, device: int) -> tuple[int | None, str]:
+        """Total memory of a rank's device and where it came from: NVML total, else meta.json, else unknown."""
+        rows = self.nvml_of(rank, device)
+        if len(rows):
+            return int(rows["total_bytes"].iloc[-1]), "NVML total"
+        for doc in reversed(self.meta.get(rank, [])):
+            for d in doc.get("devices") or []:
+                if isinstance(d, dict) and d.get("index") == device and isinstance(d.get("total_memory_bytes"), int):
+                    return int(d["total_memory_bytes"]), "meta.json total_memory_bytes"
+        return None, "unknown (no NVML samples and no meta.json device entry)"
+
+    def nvml_interval_ms(self, rank: int) -> float | None:
+        for doc in reversed(self.meta.get(rank, [])):
+            nv = doc.get("nvml") or {}
+            if isinstance(nv.get("interval_ms"), (int, float)):
+                return float(nv["interval_ms"])
+        return None
+
+
+def world_size(meta: dict[int, list[dict[str, Any]]]) -> int | None:
+    """The largest world size the meta.json documents state, or None."""
+    sizes = [int(d["world_size"]) for docs in meta.values() for d in docs if isinstance(d.get("world_size"), int)]
+    return max(sizes) if sizes else None

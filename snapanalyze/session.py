@@ -45,6 +45,7 @@ from .analyze.sweep import (
     order_points,
     points_from_phases,
 )
+from .batch_shape import SHAPE_KEYS, shape_from_filename
 from .errors import BadInputError, UsageError
 from .load import SourceIndex, SourceRoots, load
 from .load.runs import RunEntry
@@ -59,7 +60,7 @@ from .load.samples import (
     rank_path,
     read_run,
 )
-from .load.shapes import SHAPE_KEYS, read_manifest, shape_from_filename
+from .load.shapes import read_manifest
 from .model import Snapshot
 from .parallel import map_ranks
 from .replay import Timeline, replay

@@ -15,8 +15,9 @@ from snapanalyze import load
 from snapanalyze.analyze.attribute import attribute
 from snapanalyze.analyze.capacity import Fit, capacity_contract, fit_bytes, fit_capacity
 from snapanalyze.analyze.sweep import CATEGORY_COLUMNS, Sweep, category_levels, label_window, measure_sweep
+from snapanalyze.batch_shape import shape_from_filename
 from snapanalyze.errors import BadInputError, UsageError
-from snapanalyze.load.shapes import read_manifest, shape_from_filename
+from snapanalyze.load.shapes import read_manifest
 from snapanalyze.plots_capacity import capacity_figure
 from snapanalyze.replay import replay
 from snapanalyze.report.compare_documents import capacity_document

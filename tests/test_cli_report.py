@@ -188,3 +188,32 @@ def test_progress_writes_nothing_when_piped() -> None:
         p.done()
     assert piped.getvalue() == ""
     assert tty.getvalue().startswith("\r\033[Ksnapanalyze: loading… 0.0 s")
+
+
+def test_a_run_report_labels_each_instant_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's analyses (rank peaks, phases, categories over time, the views) ask for the same instants;
+    each distinct one is labelled once per snapshot (86 labellings for 74 instants before the shared cache)."""
+    import snapanalyze.analyze.attribute as attribution
+    asked: list[tuple[int, int, int | None]] = []
+    real = attribution.label
+
+    def counted(snapshot, device, live, decider, markers=None, at_time=None, at_index=None,  # type: ignore[no-untyped-def]
+                by_size=False, window=None):
+        asked.append((id(snapshot), device, at_index))
+        return real(snapshot, device, live, decider, markers, at_time, at_index, by_size, window)
+    monkeypatch.setattr(attribution, "label", counted)
+    result = run("report", RUNS / "tp2_vision_encoder", "-o", tmp_path / "r.html")
+    assert result.exit_code == 0, result.output
+    assert len(asked) > 10 and len(asked) == len(set(asked))
+
+
+def test_equal_markers_tables_are_one_key() -> None:
+    from snapanalyze.analyze.attribute import markers_key
+    from snapanalyze.load.samples import read_run
+    samples = read_run(RUNS / "tp2_vision_encoder")
+    one, again = samples.markers_of(0), samples.markers_of(0)
+    assert one is not again and markers_key(one) == markers_key(again) is not None
+    assert markers_key(samples.markers_of(1)) != markers_key(one) and markers_key(one.iloc[0:0]) is None
+    changed = one.copy()
+    changed.loc[0, "name"] = changed.loc[0, "name"] + "x"
+    assert markers_key(changed) != markers_key(one)

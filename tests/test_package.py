@@ -62,19 +62,25 @@ def test_peaks_on_a_converted_run_never_imports_pandas(tmp_path: Path) -> None:
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["pandas"]
 
 
-# Analyses that still read a loader's type (issue 26 moves these out): the rank and sweep inputs.
-ANALYSES_READING_LOAD = {"ranks.py", "sweep.py"}
+def _reads_files(path: Path, root: Path) -> bool:
+    """Whether a module imports the loader (`snapanalyze.load`, relative or absolute) or calls `open`."""
+    package = ["snapanalyze", *path.relative_to(root).parent.parts]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names = package[: len(package) - node.level + 1] if node.level else []
+            if ".".join([*names, *([node.module] if node.module else [])]).startswith("snapanalyze.load"):
+                return True
+        if isinstance(node, ast.Import) and any(a.name.startswith("snapanalyze.load") for a in node.names):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            return True
+    return False
 
 
-def test_attribution_reads_source_as_data_and_imports_no_loader() -> None:
-    """`--source` is resolved where files become data (`load(..., source=)`); the analyses read the map the
-    snapshot carries, so none of them imports `load` (but the two named above) or opens a file."""
-    importing = set()
-    for path in sorted((Path(snapanalyze.__file__).parent / "analyze").glob("*.py")):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 2 and (node.module or "").split(".")[0] == "load":
-                importing.add(path.name)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
-                importing.add(path.name)
-    assert importing <= ANALYSES_READING_LOAD, importing - ANALYSES_READING_LOAD
+def test_analyses_read_data_and_import_no_loader() -> None:
+    """Paths become data in the loader and the session: `--source` is resolved where files are read
+    (`load(..., source=)`) and the analyses read the map the snapshot carries; run samples and shapes are
+    neutral values (`model.RunSamples`, `batch_shape`). No analysis module imports `load` or opens a file."""
+    root = Path(snapanalyze.__file__).parent
+    assert _reads_files(root / "session.py", root) and _reads_files(root / "report" / "context.py", root)  # control
+    assert [str(p.relative_to(root)) for p in sorted((root / "analyze").rglob("*.py")) if _reads_files(p, root)] == []

@@ -25,8 +25,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from ..load.samples import RunSamples
-from ..model import Snapshot
+from ..model import RunSamples, Snapshot
 from ..replay import Timeline
 from .attribute import attribute
 from .outside import outside_at_peaks

@@ -1,7 +1,7 @@
 """Measure a sweep over batch shapes: baseline, peak and transient per shape, and per category.
 
 Contract: a sweep is a list of `SweepPoint`s, each one snapshot window (a whole trace, or one phase span of
-it) with its shape (`load.shapes`; `points_from_phases` makes the points of a snapshot's shaped phases).
+it) with its shape (`batch_shape`; `points_from_phases` makes the points of a snapshot's shaped phases).
 `measure_sweep(points)` replays each window and reports the baseline (active bytes when the window began),
 the peak (the window's maximum of active bytes) and the transient (peak − baseline); per category, and per
 family of related categories (`FAMILIES`), the bytes live at the peak (exactly as `attribute` labels them:
@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from ..batch_shape import SHAPE_KEYS, attrs_shape, shape_from_filename
 from ..errors import UsageError
-from ..load.shapes import SHAPE_KEYS, attrs_shape, shape_from_filename
 from ..model import Snapshot
 from ..replay import Timeline, replay
 from .attribute import attribute, label_lifetimes

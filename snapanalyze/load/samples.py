@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ import pyarrow.parquet as pq
 
 from .. import layout
 from ..errors import BadInputError
+from ..model import RunSamples, world_size
 from ..schema import MARKERS_SCHEMA, NVML_SCHEMA
 from . import runs
 from .jsonfile import expect, read_json
@@ -53,52 +53,6 @@ _NULLABLE = ("process_used_bytes", "other_processes_used_bytes", "torch_allocate
 _NON_NEGATIVE = {"nvml": NVML_SCHEMA.names, "markers": ["start_time_us", "end_time_us", "depth"]}
 _INT64_END = 1 << 63
 _LISTED_MISSING = 8          # more ranks missing from the world than this are reported in one line
-
-
-@dataclass(frozen=True)
-class RunSamples:
-    """Everything but the snapshots of one run directory (see the module docstring)."""
-
-    run: Path
-    ranks: tuple[int, ...]                       # ranks with a rank=N directory
-    nvml: pd.DataFrame
-    markers: pd.DataFrame
-    meta: dict[int, list[dict[str, Any]]]        # rank → meta documents, by session
-    problems: tuple[str, ...] = ()
-    nvml_ranks: tuple[int, ...] = field(default=())   # ranks that have at least one NVML part
-
-    @property
-    def world_size(self) -> int | None:
-        """The world size meta.json states (the largest over ranks and sessions), or None."""
-        return _world_size(self.meta)
-
-    def nvml_of(self, rank: int, device: int | None = None) -> pd.DataFrame:
-        """The NVML rows of one rank (and device), in time order."""
-        rows = self.nvml[self.nvml["rank"] == rank]
-        if device is not None:
-            rows = rows[rows["device"] == device]
-        return rows.reset_index(drop=True)
-
-    def markers_of(self, rank: int) -> pd.DataFrame:
-        return self.markers[self.markers["rank"] == rank].reset_index(drop=True)
-
-    def capacity(self, rank: int, device: int) -> tuple[int | None, str]:
-        """Total memory of a rank's device and where it came from: NVML total, else meta.json, else unknown."""
-        rows = self.nvml_of(rank, device)
-        if len(rows):
-            return int(rows["total_bytes"].iloc[-1]), "NVML total"
-        for doc in reversed(self.meta.get(rank, [])):
-            for d in doc.get("devices") or []:
-                if isinstance(d, dict) and d.get("index") == device and isinstance(d.get("total_memory_bytes"), int):
-                    return int(d["total_memory_bytes"]), "meta.json total_memory_bytes"
-        return None, "unknown (no NVML samples and no meta.json device entry)"
-
-    def nvml_interval_ms(self, rank: int) -> float | None:
-        for doc in reversed(self.meta.get(rank, [])):
-            nv = doc.get("nvml") or {}
-            if isinstance(nv.get("interval_ms"), (int, float)):
-                return float(nv["interval_ms"])
-        return None
 
 
 def empty_nvml() -> pd.DataFrame:
@@ -285,7 +239,7 @@ def read_run(path: str | Path) -> RunSamples:
             markers.append(marks)
         elif not layout.session_files(rdir, "markers"):
             problems.append(f"rank {rank}: no markers.parquet in {rdir} (no collector phases or requests)")
-    world = _world_size(meta)
+    world = world_size(meta)
     if world is not None and layout.parse_rank_dir(Path(path)) is None:
         problems += _world_problems(world, dirs)
     problems += runs.scan(path).problems
@@ -309,11 +263,6 @@ def _world_problems(world: int, dirs: dict[int, Path]) -> list[str]:
         names = ", ".join(f"rank={r}" for r in beyond[:3]) + (", …" if len(beyond) > 3 else "")
         lines.append(f"{names}: past the world_size {world} that meta.json states")
     return lines
-
-
-def _world_size(meta: dict[int, list[dict[str, Any]]]) -> int | None:
-    sizes = [int(d["world_size"]) for docs in meta.values() for d in docs if isinstance(d.get("world_size"), int)]
-    return max(sizes) if sizes else None
 
 
 def pick_snapshots(path: str | Path, tag: str | None = None, rank: int | None = None,

@@ -33,7 +33,7 @@ import pandas as pd
 from ..analyze.capacity import Capacity, Contract
 from ..analyze.check import CheckResult
 from ..analyze.diff import Diff
-from ..load.shapes import SHAPE_KEYS
+from ..batch_shape import SHAPE_KEYS
 
 MODEL_TEXT = ("transient bytes = intercept + linear·t + quadratic·q with t = batch·x, q = batch·x², x the "
               "driver's value per sequence; coefficients ≥ 0, fitted on relative residuals")

@@ -66,12 +66,12 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
             raise UsageError(f"{snapshot.source}: no device {d} (devices: {sorted(timeline.devices)})")
     decider = Decider.for_snapshot(snapshot, rules)
     has_markers = len(RequestIndex.of(markers)) > 0
+    said = _said(decider, markers)
     parts, instants, notes = [], {}, []
     for d in devices:
         dt = timeline[d]
         index, name = choose_instant(timeline, d, at)
-        blocks, request, ambiguous = label(snapshot, d, dt.live_at(index), decider, markers, dt.time_at(index),
-                                           index, by_size=True, window=dt.lifetimes)
+        blocks, request, ambiguous = _labelled(decider, snapshot, d, index, markers, said, timeline)
         parts.append(blocks)
         instants[d] = Instant(d, index, name, dt.time_at(index), dt.active_at(index), dt.reserved_at(index),
                               dt.baseline_active, request)
@@ -91,6 +91,49 @@ def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None
     notes.extend(installed_notes(decider, blocks))
     return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks, rules=rules,
                        notes=tuple(notes))
+
+
+# Labelled instants kept per snapshot and rule set (on its `Decider`), the least recently asked dropped once
+# they hold more blocks than this: the analyses of one report ask for the same instants (a rank's peak, a
+# phase's), and a replay of one snapshot is the same whichever analysis made it.
+KEPT_BLOCKS = 1 << 21
+
+
+def _labelled(decider: Decider, snapshot: Snapshot, device: int, index: int, markers: pd.DataFrame | None,
+              said: tuple[int, int] | None, timeline: Timeline) -> tuple[pd.DataFrame, str | None, int]:
+    """`label` of the blocks live at one instant, kept on the decider by device, instant and what the markers
+    say (`said`: their `markers_key`): each distinct instant of a snapshot is labelled once."""
+    key = (device, index, said)
+    kept = decider.labelled
+    hit = kept.pop(key, None)
+    if hit is None:
+        dt = timeline[device]
+        hit = label(snapshot, device, dt.live_at(index), decider, markers, dt.time_at(index), index, by_size=True,
+                    window=dt.lifetimes)
+    kept[key] = hit                                      # the most recently asked last
+    while len(kept) > 1 and sum(len(v[0]) for v in kept.values()) > KEPT_BLOCKS:
+        del kept[next(iter(kept))]
+    return hit
+
+
+def _said(decider: Decider, markers: pd.DataFrame | None) -> tuple[int, int] | None:
+    """`markers_key` of the markers, kept on the decider for the last table asked about (the analyses of one
+    snapshot pass one table many times)."""
+    last = decider.last_markers
+    if last is None or last[0] is not markers:
+        last = decider.last_markers = (markers, markers_key(markers))
+    return last[1]
+
+
+def markers_key(markers: pd.DataFrame | None) -> tuple[int, int] | None:
+    """What a markers table says, as a key: its rows and a hash of every column (attributes as text)."""
+    if markers is None or not len(markers):
+        return None
+    plain = markers.drop(columns=["attrs"], errors="ignore")
+    hashed = int(pd.util.hash_pandas_object(plain, index=False).sum())
+    if "attrs" in markers:
+        hashed ^= int(pd.util.hash_pandas_object(markers["attrs"].map(repr), index=False).sum())
+    return len(markers), hashed
 
 
 def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,

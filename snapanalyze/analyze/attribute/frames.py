@@ -77,6 +77,9 @@ class Decider:
         self.files_cache: dict[int, tuple[tuple[str, bool], ...]] = {}
         self.state_cache: dict[tuple[Any, ...], list[StateGuess]] = {}
         self.retained_cache: dict[int, tuple[pd.DataFrame, dict[int, Retained]]] = {}
+        # labelled instants (`attribute._labelled`): (device, index, markers key) -> (blocks, request, ambiguous)
+        self.labelled: dict[tuple[Any, ...], tuple[pd.DataFrame, str | None, int]] = {}
+        self.last_markers: tuple[pd.DataFrame | None, tuple[int, int] | None] | None = None
 
     def program_files(self, stack_id: int) -> tuple[tuple[str, bool], ...]:
         """The program's own files in a stack (Python files outside installed packages and the standard
