@@ -13,7 +13,15 @@ import click
 
 from ..errors import UsageError
 from . import main
-from .common import FORMATS, input_argument, rules_for, source_for, source_option
+from .common import (
+    device_option,
+    format_option,
+    input_argument,
+    rules_for,
+    rules_option,
+    source_for,
+    source_option,
+)
 from .parallel import parallel_options
 from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
@@ -48,8 +56,8 @@ def _peaks(job: Job, step: Step, top: int, device: int | None) -> dict[str, Any]
 @main.command()
 @input_argument
 @click.option("--top", default=5, show_default=True, type=click.IntRange(1), help="Peaks per device.")
-@click.option("--device", type=int, default=None, help="Only this device.")
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@device_option()
+@format_option()
 @parallel_options
 def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | None, fmt: str) -> None:
     """Baseline, top peaks and trace window of each device (of each rank of a run directory)."""
@@ -77,7 +85,7 @@ def _summary(job: Job, step: Step) -> dict[str, Any]:
 
 @main.command()
 @input_argument
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 @parallel_options
 def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
     """What the file holds: format, torch version (inferred), devices, events, optional parts (per rank of a run)."""
@@ -124,12 +132,11 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
 @click.option("--phase", default=None,
               help="Attribute the peak inside this phase, named as `phases` prints it: NAME, or NAME#K for its "
                    "K-th occurrence (a marker, record_function or user_metadata span) instead of --at.")
-@click.option("--device", type=int, default=None, help="Only this device.")
-@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="A TOML file of your own categories and rules, layered over the shipped packs.")
+@device_option()
+@rules_option()
 @click.option("--top", default=3, show_default=True, type=click.IntRange(1), help="Sites shown per category.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table",
-              show_default=True, help="csv prints one row per live block (a run: with a rank column).")
+@format_option(click.Choice(["table", "json", "csv"]),
+               "csv prints one row per live block (a run: with a rank column).")
 @click.option("--explain", is_flag=True, help="Show which rule fired on which frame.")
 @source_option
 @parallel_options

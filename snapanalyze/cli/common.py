@@ -8,7 +8,8 @@ import os
 import re
 import shutil
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -16,6 +17,7 @@ from ..errors import UsageError
 from ..units import parse_bytes
 
 FORMATS = click.Choice(["table", "json"])
+F = TypeVar("F", bound=Callable[..., Any])
 WARNINGS_KEY = "snapanalyze.warnings"     # ctx.meta: the InputWarnings of this command, in order
 
 
@@ -43,6 +45,24 @@ class _Size(click.ParamType):
 
 
 SIZE = _Size()
+
+
+RULES_HELP = "A TOML file of your own categories and rules, layered over the shipped packs."
+
+
+def rules_option(help: str = RULES_HELP) -> Callable[[F], F]:
+    """--rules FILE: a user's rules (`rules_for` reads it)."""
+    return click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
+                        help=help)
+
+
+def device_option(help: str = "Only this device.") -> Callable[[F], F]:
+    return click.option("--device", type=int, default=None, help=help)
+
+
+def format_option(choices: click.Choice = FORMATS, help: str | None = None) -> Callable[[F], F]:
+    """--format (as `fmt`), a table unless asked."""
+    return click.option("--format", "fmt", type=choices, default="table", show_default=True, help=help)
 
 
 def input_argument(func: Any) -> Any:

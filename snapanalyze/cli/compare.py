@@ -16,12 +16,14 @@ from ..report.compare_terminal import render_capacity, render_check, render_diff
 from ..session import measure_sweep_inputs
 from . import main
 from .common import (
-    FORMATS,
     SIZE,
+    device_option,
     echo_text,
     emit_json,
+    format_option,
     input_argument,
     rules_for,
+    rules_option,
     source_for,
     source_option,
     terminal_width,
@@ -30,8 +32,6 @@ from .parallel import executor, parallel_options
 from .per_rank import Job, Step, diff_plan, each, emit, plan, run_document
 from .progress import Progress
 
-_RULES = click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-                      help="A TOML file of your own categories and rules, layered over the shipped packs.")
 _RANK = click.option("--rank", type=int, default=None, help="Rank in run directories.")
 _TAG = click.option("--tag", default=None, help="Snapshot tag in run directories (default: final).")
 
@@ -43,11 +43,11 @@ _TAG = click.option("--tag", default=None, help="Snapshot tag in run directories
 @_TAG
 @click.option("--phase", default=None, help="Compare at the peak of this phase in each, named as `phases` prints "
               "it (NAME, or NAME#K), instead of the global peak; only that phase's peaks are listed.")
-@click.option("--device", type=int, default=None, help="Only this device.")
-@_RULES
+@device_option()
+@rules_option()
 @click.option("--top", default=15, show_default=True, type=click.IntRange(1), help="Stacks shown in the table.")
 @click.option("--all", "everything", is_flag=True, help="Also list unchanged categories and stacks (json).")
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 @source_option
 @parallel_options
 def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, device: int | None,
@@ -110,11 +110,11 @@ def _diff(job: Job, step: Step, phase: str | None, device: int | None, rules_fil
                    f"{', '.join(map(str, DEFAULT_CONCURRENCY))}).")
 @click.option("--driver", type=click.Choice(DRIVER_ORDER), default=None,
               help="Shape variable to fit against (default: the one that explains the transient best).")
-@click.option("--device", type=int, default=None, help="Device to measure (default: the one with the highest peak).")
+@device_option("Device to measure (default: the one with the highest peak).")
 @_RANK
 @_TAG
-@_RULES
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@rules_option()
+@format_option()
 @source_option
 @parallel_options
 def capacity(inputs: tuple[str, ...], shape_from: str, budget: int | None, transient_budget: int | None,
@@ -162,9 +162,9 @@ def _sized(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -
               help="Maximum transient at the peak (peak − baseline active bytes).")
 @click.option("--metric", type=click.Choice(["active", "reserved"]), default="active", show_default=True,
               help="What --budget limits: peak active (requested) bytes or the highest reserved bytes.")
-@click.option("--device", type=int, default=None, help="Only this device.")
-@_RULES
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@device_option()
+@rules_option()
+@format_option()
 @source_option
 @parallel_options
 def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxima: tuple[str, ...],

@@ -16,7 +16,7 @@ from ..load.convert import convert_plan
 from ..parallel import map_ranks
 from ..session import Converted, convert_file
 from . import main
-from .common import rules_for
+from .common import rules_for, rules_option
 from .parallel import executor, parallel_options
 from .progress import Progress
 
@@ -30,9 +30,7 @@ from .progress import Progress
 @click.option("--tag", default=None, help="Tag of a single input file: 1-128 letters, digits, '.', '_' or '-' "
               "(default: from snapshot-<tag>.pickle or an engine's file name, else the file name made safe).")
 @click.option("--force", is_flag=True, help="Replace converted tables that already exist (never anything else).")
-@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="A TOML file of your own categories and rules, for the categories at each peak "
-                   f"({layout.PEAK_TABLE}).")
+@rules_option(f"A TOML file of your own categories and rules, for the categories at each peak ({layout.PEAK_TABLE}).")
 @parallel_options
 def convert(inputs: tuple[str, ...], output: str | None, rank: int | None, tag: str | None, force: bool,
             rules_file: str | None) -> None:

@@ -18,7 +18,15 @@ from .. import layout
 from ..atomic import write_atomic
 from ..errors import UsageError
 from . import main
-from .common import SIZE, input_argument, rules_for, source_for, source_option
+from .common import (
+    SIZE,
+    device_option,
+    input_argument,
+    rules_for,
+    rules_option,
+    source_for,
+    source_option,
+)
 from .parallel import executor, parallel_options, start_early
 from .progress import Progress
 
@@ -38,9 +46,8 @@ from .progress import Progress
               help="Peaks per device to mark (and, without --at, to attribute in detail).")
 @click.option("--samples", default=32, show_default=True, type=click.IntRange(2, 1000),
               help="Instants per device attributed for the categories-over-time chart.")
-@click.option("--device", type=int, default=None, help="Only this device.")
-@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="A TOML file of your own categories and rules, layered over the shipped packs.")
+@device_option()
+@rules_option()
 @click.option("--compare", "baseline", type=click.Path(exists=True, dir_okay=True, path_type=str), default=None,
               metavar="BASELINE",
               help="Add a section diffing this input against BASELINE (a snapshot or run; Δ = FILE − BASELINE, "

@@ -10,12 +10,14 @@ import click
 from .. import layout
 from . import main
 from .common import (
-    FORMATS,
     SIZE,
+    device_option,
     echo_text,
     emit_json,
+    format_option,
     input_argument,
     rules_for,
+    rules_option,
     source_for,
     source_option,
     terminal_width,
@@ -28,11 +30,10 @@ from .progress import Progress
 @main.command()
 @click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=str))
 @click.option("--tag", default=None, help="Snapshot tag to compare (default: final, else a rank's only snapshot).")
-@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="A TOML file of your own categories and rules.")
+@rules_option()
 @click.option("--threshold", default=0.02, show_default=True, type=click.FloatRange(0),
               help="An outlier's peak differs from the median rank's by more than this fraction (and 256 MiB).")
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 @source_option
 @parallel_options
 def ranks(run: str, tag: str | None, rules_file: str | None,
@@ -60,9 +61,8 @@ def ranks(run: str, tag: str | None, rules_file: str | None,
 @input_argument
 @click.option("--capacity", type=SIZE, default=None,
               help="Device memory (e.g. 40GiB) when the file has no NVML/meta.json.")
-@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="A TOML file of your own categories and rules.")
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@rules_option()
+@format_option()
 @source_option
 def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | None, rules_file: str | None,
                 source: tuple[str, ...],
@@ -86,9 +86,8 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
 
 @main.command()
 @input_argument
-@click.option("--device", type=int, default=None, help="Only this device.")
-@click.option("--rules", "rules_file", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="A TOML file of your own categories and rules.")
+@device_option()
+@rules_option()
 @click.option("--no-categories", is_flag=True, help="Skip attributing each phase's peak (faster).")
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(["phase", "request", "annotation", "metadata"]),
               help="Only spans of this kind (repeat for several): collector phases or requests, record_function "
@@ -96,7 +95,7 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
 @click.option("--largest", type=click.IntRange(1), default=None,
               help="Only the N spans with the largest transient per device (a serving run marks thousands of "
                    "requests).")
-@click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
+@format_option()
 @source_option
 @parallel_options
 def phases(file: str, rank: int | None, tag: str | None, device: int | None, rules_file: str | None,
