@@ -33,6 +33,7 @@ tags in labels.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import html
 import re
@@ -44,6 +45,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .analyze.attribute import Attribution
+from .analyze.rules import load_rules
 from .analyze.segment_map import SegmentMap
 from .replay import DeviceTimeline, Timeline
 from .stacks import is_python_frame, short_path
@@ -62,13 +64,6 @@ TEMPLATE = go.layout.Template(layout=go.Layout(
     legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
 ))
 
-# A stable colour per shipped category; user categories get the FALLBACK colours in name order.
-CATEGORY_COLORS: dict[str, str] = {
-    "weights": "#4c72b0", "kv_cache": "#55a868", "graph_capture": "#8172b2", "concurrent_request": "#937860",
-    "fallback_kernel": "#c44e52", "vision_encoder": "#da8bc3", "logits": "#dd8452", "attention": "#ccb974",
-    "mlp": "#64b5cd", "communication": "#8c8c8c", "workspace": "#a1c9f4", "other": "#bbbbbb",
-    "optimizer_state": "#2a3f73", "gradients": "#8fb8de", "inputs": "#ffb482",
-}
 FALLBACK_COLORS = ("#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#ff9896", "#98df8a", "#c5b0d5", "#c49c94")
 CURVE_COLORS = {"active": "#1f77b4", "reserved": "#7f7f7f", "allocated_est": "#2ca02c", "peak": "#d62728",
                 "oom": "#000000", "nvml": "#9467bd"}
@@ -88,11 +83,18 @@ def escape(text: str) -> str:
     return html.escape(text, quote=False)
 
 
+@functools.cache
+def _shipped_colors() -> dict[str, str]:
+    """A stable colour per shipped category: its `color` in analyze/categories.toml."""
+    return {c.name: c.color for c in load_rules().categories.values() if c.color}
+
+
 def category_color(category: str, known: Sequence[str] = ()) -> str:
     """The colour of a category: fixed for shipped ones, else by its position among `known` extra names."""
-    if category in CATEGORY_COLORS:
-        return CATEGORY_COLORS[category]
-    extra = sorted(c for c in set(known) | {category} if c not in CATEGORY_COLORS)
+    shipped = _shipped_colors()
+    if category in shipped:
+        return shipped[category]
+    extra = sorted(c for c in set(known) | {category} if c not in shipped)
     return FALLBACK_COLORS[extra.index(category) % len(FALLBACK_COLORS)]
 
 

@@ -183,6 +183,7 @@ def test_convert_names_the_damaged_rank_after_converting_the_others(damaged: Pat
 @pytest.mark.parametrize("command", ["peaks", "summary", "attribute", "phases"])
 def test_a_run_form_shows_the_other_ranks_then_names_the_damaged_one(damaged: Path, command: str) -> None:
     results = [_cli(command, damaged, "--jobs", jobs) for jobs in ("1", "2")]
+    assert [r[1].splitlines() for r in results[1:]] == [results[0][1].splitlines()]      # stdout, line by line
     assert results[0] == results[1]
     code, out, err = results[0]
     assert code == 2 and err.startswith("snapanalyze: error: rank 1: ") and len(err.strip().splitlines()) == 1

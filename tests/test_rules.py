@@ -100,6 +100,10 @@ file = '(^|/)vllm/model_executor/layers/linear\\.py$'
     ('disable = ["no.such.rule"]\n', "unknown rule(s): no.such.rule"),
     ('[[categories]]\nname = "c"\nowner = "sideways"\n', "owner one of"),
     ('colour = "red"\n', "unknown top-level key(s) ['colour']"),
+    ('[[categories]]\nname = "c"\ncolour = "#ff0000"\n', "unknown key(s) ['colour']"),
+    ('[[categories]]\nname = "c"\ncolor = "#ff0000"\n', "color is set by the shipped categories.toml only"),
+    ('[pack]\nscope = "everywhere"\n', "scope 'everywhere' is not one of ['user_code']"),
+    ('[pack]\nname = "mine"\nlevel = 3\n', "[pack] allows name, description, order and scope"),
 ])
 def test_malformed_rules_file_names_file_and_problem(tmp_path, text, problem):
     path = tmp_path / "bad.toml"
@@ -149,3 +153,76 @@ path = '(^|\\.)router$'
     assert mine.rules[0].needs_source and mine.rules[0].name == "mine.router"
     assert mine.modules[0].name == "mine.router_span" and mine.modules[0].match("model.layers.0.router", "A.B") == 3
     assert mine.modules[0].match("model.layers.0.router_norm", "A.B") is None
+
+
+def test_a_pack_scope_limits_its_rules_to_the_program_s_own_code(tmp_path, rules):
+    generic = [r for r in rules.rules if r.pack == "generic"]
+    assert generic and all(r.scope is not None for r in generic)        # one scope, not a copied regex
+    assert all(r.scope is None for r in rules.rules if r.pack != "generic")
+    (tmp_path / "mine.toml").write_text(
+        '[pack]\nname = "mine"\nscope = "user_code"\n'
+        '[[rules]]\nname = "mine.rope"\ncategory = "attention"\nreason = "rotary cache"\nfunction = "^rope$"\n')
+    rope = load_rules(tmp_path / "mine.toml").rules[0]
+    assert rope.name == "mine.rope"
+    assert rope.matches("/home/me/model/layers.py", "rope")
+    assert not rope.matches("/venv/lib/python3.11/site-packages/transformers/models/llama/modeling_llama.py", "rope")
+    assert not rope.matches("libc10_cuda.so", "rope")                     # not Python: not the program's code
+
+
+def test_shipped_packs_are_discovered_in_the_order_they_declare(tmp_path, monkeypatch):
+    """A pack file added to rulepacks/ is read without being listed anywhere; `[pack] order` places it."""
+    import shutil
+    from importlib import resources
+
+    import snapanalyze.analyze.rules as rules_module
+    shipped = Path(str(resources.files("snapanalyze.analyze")))
+    copy = tmp_path / "analyze"
+    shutil.copytree(shipped, copy, ignore=shutil.ignore_patterns("*.py", "__pycache__", "attribute"))
+    (copy / "rulepacks" / "early.toml").write_text(
+        '[pack]\nname = "early"\norder = 5\n'
+        '[[rules]]\nname = "early.rope"\ncategory = "attention"\nreason = "rotary cache"\nfunction = "^rope$"\n')
+    monkeypatch.setattr(rules_module.resources, "files", lambda _: copy)
+    found = rules_module._build_rules(None)
+    assert found.sources[0] == "rulepacks/early.toml" and found.rules[0].name == "early.rope"
+    (copy / "rulepacks" / "late.toml").write_text('[pack]\nname = "late"\n')
+    with pytest.raises(RulesError, match="late.toml: a shipped pack declares its \\[pack\\] order"):
+        rules_module._build_rules(None)
+
+
+def test_plots_draw_categories_in_the_colours_the_categories_file_gives(rules):
+    from snapanalyze.plots import category_color
+    assert all(c.color for c in rules.categories.values())
+    assert {name: category_color(name) for name in rules.categories} == \
+        {c.name: c.color for c in rules.categories.values()}
+    assert category_color("mine", ["mine"]) not in {c.color for c in rules.categories.values()}
+
+
+@pytest.mark.parametrize("doc, problem", [
+    ({}, "needs [[engines]] tables"),
+    ({"engines": [{"name": "x", "label": "X", "frame": []}]}, "unknown key(s) ['frame']"),
+    ({"engines": [{"name": "x"}]}, "engine 'x': label: must be a non-empty string"),
+    ({"engines": [{"name": "x", "label": "X", "frames": [{"file": "/x/"}]}]}, "unknown key(s) ['file']"),
+    ({"engines": [{"name": "x", "label": "X", "categories": "weights"}]}, "categories: must be a list of strings"),
+])
+def test_the_engines_table_is_checked(doc, problem):
+    from snapanalyze.analyze.engine import check_engines, engine_specs
+    assert [e["name"] for e in engine_specs()][:2] == ["vllm", "sglang"]          # the shipped one passes
+    with pytest.raises(RulesError, match=r"^engines\.toml: .*" + re.escape(problem)):
+        check_engines(doc, "engines.toml")
+
+
+@pytest.mark.parametrize("doc, problem", [
+    ({"pytorch": {"chunk": "c", "isolate": "i"}}, "activations: must be a list of strings"),
+    ({"activations": [], "vllm": {"chunk": "c"}}, "needs a [pytorch] table"),
+    ({"activations": [], "pytorch": {"chunk": "c"}}, "[pytorch]: isolate: must be a non-empty string"),
+    ({"activations": [], "pytorch": {"chunk": "c", "isolate": "i", "knobs": 1}}, "unknown key(s) ['knobs']"),
+    ({"activations": [], "pytorch": {"chunk": "c", "isolate": "i", "categories": {"mlp": 3}}},
+     "categories: mlp: must be a non-empty string"),
+])
+def test_the_advice_table_is_checked(doc, problem):
+    from snapanalyze.analyze.engine import engine_specs
+    from snapanalyze.report.oom_text import _advice_table, check_advice
+    shipped = _advice_table()
+    assert {e["name"] for e in engine_specs()} <= set(shipped)       # every engine has advice of its own
+    with pytest.raises(RulesError, match=re.escape(problem)):
+        check_advice(doc, "advice.toml")

@@ -16,14 +16,14 @@ gives plain PyTorch (`PYTORCH`'s name and label, no evidence). Nothing here read
 from __future__ import annotations
 
 import functools
-import tomllib
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from .. import tomldata
+from ..errors import RulesError
 from ..model import Snapshot
 from ..stacks import frame_site
 
@@ -46,8 +46,31 @@ PYTORCH = Engine("pytorch", "PyTorch")
 @functools.cache
 def engine_specs() -> tuple[dict[str, Any], ...]:
     """The engines of `engines.toml`, in precedence order."""
-    text = resources.files("snapanalyze.analyze").joinpath("engines.toml").read_text()
-    return tuple(tomllib.loads(text)["engines"])
+    return check_engines(tomldata.read_shipped("snapanalyze.analyze", "engines.toml"), "engines.toml")
+
+
+def check_engines(doc: dict[str, Any], where: str) -> tuple[dict[str, Any], ...]:
+    """The [[engines]] of a document, each checked: `name`, `label`, `frames` ({path, function?}) and
+    `categories` (names), nothing else."""
+    tomldata.keys(doc, ["engines"], where)
+    engines = doc.get("engines")
+    if not isinstance(engines, list) or not engines:
+        raise RulesError(f"{where}: needs [[engines]] tables")
+    for spec in engines:
+        at = f"{where}: engine {spec.get('name', '?')!r}" if isinstance(spec, dict) else where
+        tomldata.keys(tomldata.table(spec, at), ["name", "label", "frames", "categories"], at)
+        tomldata.text(spec.get("name"), f"{at}: name")
+        tomldata.text(spec.get("label"), f"{at}: label")
+        tomldata.texts(spec.get("categories", []), f"{at}: categories")
+        frames = spec.get("frames", [])
+        if not isinstance(frames, list):
+            raise RulesError(f"{at}: frames must be a list of {{path, function}} tables")
+        for match in frames:
+            tomldata.keys(tomldata.table(match, f"{at}: frames"), ["path", "function"], f"{at}: frames")
+            tomldata.text(match.get("path"), f"{at}: frames: path")
+            if "function" in match:
+                tomldata.text(match["function"], f"{at}: frames: function")
+    return tuple(engines)
 
 
 def _matching_frames(frames: pd.DataFrame, spec: dict[str, Any]) -> np.ndarray:

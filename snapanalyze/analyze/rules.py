@@ -1,7 +1,8 @@
 """Attribution rules as data: categories, frame rules and plumbing patterns, loaded from TOML.
 
 Contract: `load_rules(user_file=None)` returns a RuleSet built from `categories.toml` and the
-shipped rule packs (`rulepacks/*.toml`, in the order of PACKS) and the call-tree roles (`roles.toml`, see
+shipped rule packs (every `rulepacks/*.toml`, in the `order` its `[pack]` table declares; a pack's `scope`
+names a file pattern of `scopes.toml` that its [[rules]] must also match) and the call-tree roles (`roles.toml`, see
 `calltree`), with a user's TOML file layered on top: its `[[categories]]` are added (or redefine a shipped
 one's precedence/owner), its `[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` and
 `[[passthrough]]` are added, and `disable = [names]` switches shipped rules, roles, backward-node rules,
@@ -29,12 +30,12 @@ from __future__ import annotations
 
 import functools
 import re
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .. import tomldata
 from ..errors import RulesError
 from ..frame_source import FrameSource, FrameSources
 from .calltree import RoleData, parse_roles
@@ -71,7 +72,6 @@ HEURISTICS = {
     "shape.attention_scores": "B·H·L² × 2 or 4 bytes under user attention code is materialised scores",
     "shape.scores_backward": "a backward block of the size of live attention scores is their gradient",
 }
-PACKS = ("torch", "vllm", "sglang", "transformers", "training", "lightning", "adapters", "pyg", "generic")
 OWNERS = ("outermost", "innermost")
 SOURCE_KEYS = ("qualname", "class", "code", "call")
 Frame = tuple[str, int, str]
@@ -89,6 +89,7 @@ class Category:
     # another file that matches no rule of this category.
     not_across: tuple[str, ...] = ()
     context_tag: str = ""             # the context tag that marks a stack as inside this category's scope
+    color: str = ""                   # what plots draw it in ("" : a spare colour)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class Rule:
     confirm: bool = False             # a hint another frame of the stack must confirm
     weak: bool = False                # a guess from a file name, which the call tree's evidence overrides
     caller: re.Pattern[str] | None = None   # over the calling Python frame, "file:function" (None: any)
+    scope: re.Pattern[str] | None = None    # its pack's scope (`scopes.toml`): a file pattern that must match too
 
     def called_by(self, frame: Frame | None) -> bool:
         """Whether the rule's `caller` pattern (if any) accepts the frame that called the matched one."""
@@ -122,7 +124,8 @@ class Rule:
 
     def matches(self, filename: str, function: str, source: FrameSource | None = None) -> bool:
         if not ((self.file is None or self.file.search(filename) is not None)
-                and (self.function is None or self.function.search(function) is not None)):
+                and (self.function is None or self.function.search(function) is not None)
+                and (self.scope is None or self.scope.search(filename) is not None)):
             return False
         if not self.needs_source:
             return True
@@ -265,7 +268,8 @@ def _compile(pattern: Any, where: str, what: str) -> re.Pattern[str] | None:
         raise RulesError(f"{where}: '{what}' is not a valid regex ({exc})") from None
 
 
-def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kind: str) -> Rule:
+def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kind: str,
+          scope: re.Pattern[str] | None = None) -> Rule:
     if not isinstance(item, dict):
         raise RulesError(f"{where}: each rule must be a table")
     name = item.get("name")
@@ -304,7 +308,8 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
                 cls=_compile(item.get("class"), where, "class"),
                 code=_compile(item.get("code"), where, "code"), call=_compile(item.get("call"), where, "call"),
                 allocating=item.get("where") == "allocating", confirm=bool(item.get("confirm", False)),
-                weak=bool(item.get("weak", False)), caller=_compile(item.get("caller"), where, "caller"))
+                weak=bool(item.get("weak", False)), caller=_compile(item.get("caller"), where, "caller"),
+                scope=scope if kind == "rules" else None)
 
 
 def _module_rule(item: Any, where: str, pack: str, categories: dict[str, Category]) -> ModuleRule:
@@ -337,14 +342,7 @@ def _module_rules_of(doc: dict[str, Any], where: str, pack: str, categories: dic
     return [_module_rule(item, where, pack, categories) for item in items]
 
 
-def _read_toml(text: str, where: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RulesError(f"{where}: not valid TOML ({exc})") from None
-
-
-def _categories(doc: dict[str, Any], where: str, into: dict[str, Category]) -> None:
+def _categories(doc: dict[str, Any], where: str, into: dict[str, Category], shipped: bool = False) -> None:
     items = doc.get("categories", [])
     if not isinstance(items, list):
         raise RulesError(f"{where}: 'categories' must be an array of tables ([[categories]])")
@@ -352,6 +350,10 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category]) -> N
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RulesError(f"{where}: each [[categories]] entry needs a 'name'")
         name = item["name"]
+        unknown = set(item) - {"name", "precedence", "owner", "description", "not_across", "context_tag", "color"}
+        if unknown:
+            raise RulesError(f"{where}: category '{name}': unknown key(s) {sorted(unknown)} (allowed: name, "
+                             "precedence, owner, description, not_across, context_tag, color)")
         base = into.get(name)
         precedence = item.get("precedence", base.precedence if base else 50)
         owner = item.get("owner", base.owner if base else "innermost")
@@ -364,17 +366,61 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category]) -> N
                 or not isinstance(context_tag, str):
             raise RulesError(f"{where}: category '{name}': not_across must be a list of tags and context_tag "
                              "a string")
+        if "color" in item and not shipped:
+            raise RulesError(f"{where}: category '{name}': color is set by the shipped categories.toml only "
+                             "(plots give a category of your own a spare colour)")
+        color = item.get("color", base.color if base else "")
+        if not isinstance(color, str) or (color and not re.fullmatch(r"#[0-9a-fA-F]{6}", color)):
+            raise RulesError(f"{where}: category '{name}': color must be a #rrggbb string")
         into[name] = Category(name, precedence, owner, str(item.get("description", base.description
                                                                      if base else "")),
-                              tuple(not_across), context_tag)
+                              tuple(not_across), context_tag, color)
 
 
 def _rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, Category],
-              key: str) -> list[Rule]:
+              key: str, scope: re.Pattern[str] | None = None) -> list[Rule]:
     items = doc.get(key, [])
     if not isinstance(items, list):
         raise RulesError(f"{where}: '{key}' must be an array of tables ([[{key}]])")
-    return [_rule(item, where, pack, categories, key) for item in items]
+    return [_rule(item, where, pack, categories, key, scope) for item in items]
+
+
+@dataclass(frozen=True)
+class Pack:
+    """A rule file's `[pack]` table: its name, where it runs among the shipped packs (`order`, lowest first)
+    and the scope (`scopes.toml`) its [[rules]] are limited to."""
+
+    name: str
+    order: int
+    scope: re.Pattern[str] | None
+
+
+def _scopes(doc: dict[str, Any], where: str) -> dict[str, re.Pattern[str]]:
+    items = doc.get("scopes", [])
+    if not isinstance(items, list) or set(doc) - {"scopes"}:
+        raise RulesError(f"{where}: only [[scopes]] tables are allowed")
+    out = {}
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) \
+                or not isinstance(item.get("file"), str) or set(item) - {"name", "description", "file"}:
+            raise RulesError(f"{where}: each [[scopes]] entry has a 'name', a 'file' regex and a 'description'")
+        pattern = _compile(item["file"], f"{where}: scope '{item['name']}'", "file")
+        if pattern is not None:
+            out[item["name"]] = pattern
+    return out
+
+
+def _pack(doc: dict[str, Any], where: str, default: str, scopes: dict[str, re.Pattern[str]]) -> Pack:
+    """The `[pack]` table of a rule file, checked (a user file may leave it out)."""
+    table = doc.get("pack", {})
+    if not isinstance(table, dict) or set(table) - {"name", "description", "order", "scope"}:
+        raise RulesError(f"{where}: [pack] allows name, description, order and scope")
+    name, order, scope = table.get("name", default), table.get("order", 0), table.get("scope")
+    if not isinstance(name, str) or not name or not isinstance(order, int) or isinstance(order, bool):
+        raise RulesError(f"{where}: [pack] needs a 'name' string and an integer 'order'")
+    if scope is not None and scope not in scopes:
+        raise RulesError(f"{where}: [pack] scope {scope!r} is not one of {sorted(scopes)} (scopes.toml)")
+    return Pack(name, order, scopes[scope] if scope is not None else None)
 
 
 def load_rules(user_file: str | Path | None = None) -> RuleSet:
@@ -393,25 +439,29 @@ def _shipped_rules() -> RuleSet:
 def _build_rules(user_file: str | Path | None) -> RuleSet:
     base = resources.files("snapanalyze.analyze")
     categories: dict[str, Category] = {}
-    _categories(_read_toml(base.joinpath("categories.toml").read_text(), "categories.toml"),
-                "categories.toml", categories)
+    _categories(tomldata.parse(base.joinpath("categories.toml").read_text(), "categories.toml"),
+                "categories.toml", categories, shipped=True)
     shipped: list[Rule] = []
     plumbing: list[Rule] = []
     passthrough: list[Rule] = []
     module_rules: list[ModuleRule] = []
     sources = []
-    for pack in PACKS:
-        ref = base.joinpath("rulepacks", f"{pack}.toml")
-        if not ref.is_file():
-            continue
-        where = f"rulepacks/{pack}.toml"
-        doc = _read_toml(ref.read_text(), where)
-        shipped += _rules_of(doc, where, pack, categories, "rules")
-        plumbing += _rules_of(doc, where, pack, categories, "plumbing")
-        passthrough += _rules_of(doc, where, pack, categories, "passthrough")
-        module_rules += _module_rules_of(doc, where, pack, categories)
+    scopes = _scopes(tomldata.parse(base.joinpath("scopes.toml").read_text(), "scopes.toml"), "scopes.toml")
+    packs = []
+    for ref in base.joinpath("rulepacks").iterdir():          # every shipped pack, in the order it declares
+        if ref.name.endswith(".toml") and ref.is_file():
+            where = f"rulepacks/{ref.name}"
+            doc = tomldata.parse(ref.read_text(), where)
+            if "order" not in doc.get("pack", {}):
+                raise RulesError(f"{where}: a shipped pack declares its [pack] order")
+            packs.append((_pack(doc, where, ref.name[:-5], scopes), where, doc))
+    for pack, where, doc in sorted(packs, key=lambda p: (p[0].order, p[0].name)):
+        shipped += _rules_of(doc, where, pack.name, categories, "rules", pack.scope)
+        plumbing += _rules_of(doc, where, pack.name, categories, "plumbing")
+        passthrough += _rules_of(doc, where, pack.name, categories, "passthrough")
+        module_rules += _module_rules_of(doc, where, pack.name, categories)
         sources.append(where)
-    role_data = parse_roles(_read_toml(base.joinpath("roles.toml").read_text(), "roles.toml"), "roles.toml",
+    role_data = parse_roles(tomldata.parse(base.joinpath("roles.toml").read_text(), "roles.toml"), "roles.toml",
                             list(categories), _compile)
     user: list[Rule] = []
     disabled: frozenset[str] = frozenset()
@@ -421,13 +471,13 @@ def _build_rules(user_file: str | Path | None) -> RuleSet:
             text = Path(user_file).read_text()
         except OSError as exc:
             raise RulesError(f"{where}: cannot read the rules file ({exc.strerror or exc})") from None
-        doc = _read_toml(text, where)
+        doc = tomldata.parse(text, where)
         unknown = set(doc) - {"categories", "rules", "plumbing", "passthrough", "modules", "disable", "pack"}
         if unknown:
             raise RulesError(f"{where}: unknown top-level key(s) {sorted(unknown)} "
                              "(allowed: categories, rules, plumbing, passthrough, modules, disable, pack)")
         _categories(doc, where, categories)
-        user = _rules_of(doc, where, "user", categories, "rules")
+        user = _rules_of(doc, where, "user", categories, "rules", _pack(doc, where, "user", scopes).scope)
         plumbing = _rules_of(doc, where, "user", categories, "plumbing") + plumbing
         passthrough = _rules_of(doc, where, "user", categories, "passthrough") + passthrough
         module_rules = _module_rules_of(doc, where, "user", categories) + module_rules

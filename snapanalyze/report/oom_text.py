@@ -14,12 +14,12 @@ a vLLM knob is only ever named for a vLLM program. Bytes are in binary units; an
 from __future__ import annotations
 
 import functools
-import tomllib
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
+from .. import tomldata
 from ..analyze.oom import Advice, NoOom, OomVerdict
+from ..errors import RulesError
 from ..units import fmt_bytes as _fmt
 from ..units import fmt_count
 
@@ -32,7 +32,28 @@ def fmt_bytes(n: int | None) -> str:
 
 @functools.cache
 def _advice_table() -> dict[str, Any]:
-    return tomllib.loads(resources.files("snapanalyze.report").joinpath("advice.toml").read_text())
+    return check_advice(tomldata.read_shipped("snapanalyze.report", "advice.toml"), "advice.toml")
+
+
+def check_advice(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """An advice document, checked: `activations` (category names) and a table per engine of `chunk`,
+    `isolate` (texts), `also` (category names) and `categories` (category → text); `pytorch`, which answers
+    whatever an engine leaves out, gives `chunk`, `isolate` and `categories`."""
+    tomldata.texts(doc.get("activations"), f"{where}: activations")
+    for name, entry in doc.items():
+        if name == "activations":
+            continue
+        at = f"{where}: [{name}]"
+        tomldata.keys(tomldata.table(entry, at), ["chunk", "isolate", "also", "categories"], at)
+        for key in ("chunk", "isolate"):
+            if key in entry or name == "pytorch":
+                tomldata.text(entry.get(key), f"{at}: {key}")
+        tomldata.texts(entry.get("also", []), f"{at}: also")
+        for category, advice in tomldata.table(entry.get("categories", {}), f"{at}: categories").items():
+            tomldata.text(advice, f"{at}: categories: {category}")
+    if "pytorch" not in doc:
+        raise RulesError(f"{where}: needs a [pytorch] table")
+    return doc
 
 
 def why(v: OomVerdict) -> str:
