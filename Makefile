@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help install test lint bench fixtures check-fixtures fuzz bench-fleet
+.PHONY: help install test test-fast lint bench fixtures check-fixtures fuzz bench-fleet
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -12,6 +12,9 @@ install: ## Install snapanalyze with the dev tools (editable)
 
 test: ## Run the test suite
 	$(PYTHON) -m pytest -q
+
+test-fast: ## The suite without the tests marked slow (browser, notebooks, Dask, fuzz, bombs): for the edit loop
+	$(PYTHON) -m pytest -q -m "not slow"
 
 fuzz: ## The loader/CLI fuzz at length (FUZZ_EXAMPLES, default 5000): every input analyses with its invariants or fails in one line
 	SNAPANALYZE_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),5000) $(PYTHON) -m pytest -q -s tests/test_validate.py -k fuzz -p no:cacheprovider

@@ -370,6 +370,7 @@ def test_progress_on_a_terminal_names_each_rank_and_step(monkeypatch: pytest.Mon
     assert json.loads(result.stdout)["ranks"]                                 # stdout stays clean JSON
 
 
+@pytest.mark.slow
 def test_progress_redraws_a_long_step_and_stops() -> None:
     import io
     import time

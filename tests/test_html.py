@@ -80,6 +80,7 @@ def test_plotly_js_is_inlined_exactly_once_and_nothing_is_fetched() -> None:
     assert "default-src 'none'" in rest      # the CSP forbids every fetch
 
 
+@pytest.mark.slow
 def test_the_same_input_gives_the_same_bytes_whatever_the_hash_seed(tmp_path: Path) -> None:
     script = ("import hashlib, sys; from snapanalyze.report.html import build_path_report;"
               "print(hashlib.sha256(build_path_report(sys.argv[1], samples=int(sys.argv[2])).encode()).hexdigest())")
@@ -199,6 +200,20 @@ def test_redact_paths_removes_directories_from_the_page() -> None:
     assert re.search(r"\[[0-9a-f]{8}\]/concurrent_requests\.pickle", shared)
     assert re.search(r"\[[0-9a-f]{8}\]/server\.py:61:score", shared)
     assert "transformers/models/llama/modeling_llama.py" in shared           # package-relative tails stay
+
+
+def test_one_file_gets_one_redaction_when_the_source_names_its_classes() -> None:
+    """With --source, labels name `Class.method`; each must be redacted as its frame's full path is (model.py
+    showed under two hashes, one of them of its short path, before)."""
+    import collections
+    stem = "cs336-medium-ctx1024-training-t2.11"
+    real = SCENARIOS.parent / "real"
+    page = build_report(load(real / f"{stem}.pickle", source=real / "source" / stem), samples=4, redact_paths=True)
+    hashes = collections.defaultdict(set)
+    for digest, name in re.findall(r"\[([0-9a-f]{8})\]/([\w.]+\.py)", page):
+        hashes[name].add(digest)
+    assert "model.py" in hashes and all(len(found) == 1 for found in hashes.values()), dict(hashes)
+    assert re.search(r"\[[0-9a-f]{8}\]/model\.py:\d+:\w+\.\w+", page)         # a Class.method label, redacted
 
 
 # -- the extension point ------------------------------------------------------------------------------------

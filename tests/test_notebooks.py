@@ -24,6 +24,8 @@ nbformat = pytest.importorskip("nbformat", reason="nbformat is a dev dependency:
 nbclient = pytest.importorskip("nbclient", reason="nbclient is a dev dependency: pip install -e '.[dev]'")
 pytest.importorskip("ipykernel", reason="ipykernel is a dev dependency: pip install -e '.[dev]'")
 
+pytestmark = pytest.mark.slow        # each test executes a notebook in a real kernel
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 KERNEL = "snapanalyze-test-python"

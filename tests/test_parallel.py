@@ -73,6 +73,7 @@ def test_jobs_2_gives_the_bytes_of_jobs_1(command: str, run: Path | str, fleet: 
     assert two == one
 
 
+@pytest.mark.slow
 def test_report_and_convert_with_jobs_2_write_what_jobs_1_writes(fleet: Path, tmp_path: Path) -> None:
     pages = []
     for jobs in ("1", "2"):
@@ -109,6 +110,7 @@ def test_the_report_of_many_ranks_compares_them_on_the_workers(fleet: Path, monk
     assert here.run.omitted == there.run.omitted and len(here.run.omitted) == 3
 
 
+@pytest.mark.slow
 def test_ranks_on_a_dask_local_cluster_equal_the_local_result(fleet: Path) -> None:
     distributed = pytest.importorskip("distributed")
     local = compare_ranks(fleet)
@@ -131,6 +133,7 @@ SWEEP_INPUTS = {                                 # --shape-from → the inputs
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape_from", sorted(SWEEP_INPUTS), ids=lambda s: Path(s).name)
 def test_capacity_with_jobs_2_gives_the_bytes_of_jobs_1_and_of_one_process(shape_from: str) -> None:
     """Each input of the sweep is measured in a worker; the fit is the same as measuring all in one place."""
@@ -308,6 +311,7 @@ def test_a_rank_task_never_keeps_the_snapshot_it_measured(fleet: Path) -> None:
     assert held == []                           # only its path, tag, NVML rows and markers
 
 
+@pytest.mark.slow
 def test_plain_commands_never_import_dask() -> None:
     code = ("import sys; from snapanalyze.cli import main\n"
             "try:\n"

@@ -151,6 +151,7 @@ def test_nvml_line_is_bounded(tmp_path: Path) -> None:
     assert len(line.x) <= 402 and max(line.y) == 9.0
 
 
+@pytest.mark.slow
 def test_phases_are_bands_behind_the_curves_and_bounded() -> None:
     run = RUNS / "tp2_vision_encoder"
     snap = load(run, rank=1)

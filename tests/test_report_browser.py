@@ -29,7 +29,7 @@ CHROMIUM = os.environ.get("SNAPANALYZE_CHROMIUM", "/usr/bin/chromium")
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 HOSTILE = "</script><script>window.pwned=1</script>"
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def _need_chromium() -> None:

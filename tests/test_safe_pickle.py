@@ -323,6 +323,7 @@ def test_a_deep_tuple_as_user_metadata_is_refused_not_hashed(tmp_path: Path) -> 
     _one_line(_cli("peaks", str(path)), "device_traces[0][0].user_metadata is a tuple, expected a string")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["segment_type", "allocator_settings", "frame filename", "frame"])
 def test_lists_nested_a_million_deep_anywhere_are_one_line_or_harmless(tmp_path: Path, where: str) -> None:
     deep = b"]" * DEEP + b"a" * (DEEP - 1)                       # [[[[…]]]]
@@ -347,6 +348,7 @@ def test_lists_nested_a_million_deep_anywhere_are_one_line_or_harmless(tmp_path:
             assert "nested too deep" in json.dumps(doc["allocator_settings"])
 
 
+@pytest.mark.slow
 def test_a_lone_surrogate_in_a_frame_prints_escaped(tmp_path: Path) -> None:
     snap = small_snapshot()
     snap["segments"][0]["blocks"][0]["frames"] = [{"filename": "/m/model\ud800.py", "line": 3, "name": "fwd\udfff"}]
@@ -370,6 +372,7 @@ def _stream_gzip(path: Path, head: bytes, chunk: bytes, repeat: int, tail: bytes
     return path
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_of_pickle_is_refused_early(tmp_path: Path) -> None:
     path = _stream_gzip(tmp_path / "bomb.pickle.gz", b"\x80\x04](", b"K\x00" * (1 << 19), 256, b"e.")  # 256 MiB
     assert path.stat().st_size < 2 * MiB
@@ -381,6 +384,7 @@ def test_a_gzip_bomb_of_json_is_refused_early(tmp_path: Path) -> None:
     _one_line(_cli("summary", str(path), timeout=30), "compression bomb")
 
 
+@pytest.mark.slow
 def test_a_zip_bomb_is_refused_early(tmp_path: Path) -> None:
     path = tmp_path / "bomb.pt"
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:

@@ -276,6 +276,7 @@ def _report_outcomes() -> Iterator[None]:
         print(f"\nfuzz: {EXAMPLES} examples → command outcomes {dict(sorted(OUTCOMES.items()))}")
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, derandomize="SNAPANALYZE_FUZZ_EXAMPLES" not in os.environ,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])

@@ -41,6 +41,7 @@ class Redactor:
     snapshot: Snapshot
     enabled: bool = False
     _labels: dict[str, str] = field(default_factory=dict, repr=False)
+    _paths: dict[str, set[str]] = field(default_factory=dict, repr=False)   # short path -> its redactions
     _seen: int = field(default=0, repr=False)     # frames of the interner already in `_labels`
 
     def path(self, path: str) -> str:
@@ -51,16 +52,23 @@ class Redactor:
         return (self.path(filename), line, name) if is_python_frame(filename) else frame
 
     def label(self, label: str) -> str:
-        """An attribution frame label (`short/path.py:line:function`, or a C++ symbol) with its path redacted."""
+        """An attribution frame label (`short/path.py:line:function`, the function as `Class.method` where the
+        source named it, or a C++ symbol) with its path redacted as the frame's full path is: one file gets one
+        redaction whichever label names it."""
         if not self.enabled or not label:
             return label
         frames = self.snapshot.interner.frames
         for filename, line, name in frames[self._seen:]:
             if is_python_frame(filename):
-                self._labels[f"{short_path(filename)}:{line}:{name}"] = f"{redact_path(filename)}:{line}:{name}"
+                short, redacted = short_path(filename), redact_path(filename)
+                self._labels[f"{short}:{line}:{name}"] = f"{redacted}:{line}:{name}"
+                self._paths.setdefault(short, set()).add(redacted)
         self._seen = len(frames)
         found = self._labels.get(label)
         if found is not None:
             return found
+        parts = label.rsplit(":", 2)
+        if len(parts) == 3 and parts[1].isdigit() and len(self._paths.get(parts[0], ())) == 1:
+            return f"{next(iter(self._paths[parts[0]]))}:{parts[1]}:{parts[2]}"   # a qualified name's label
         head, sep, _ = label.partition(":")         # not a label of this snapshot: redact its path part
         return redact_path(head) + label[len(head):] if sep and "/" in head else label
