@@ -5,7 +5,7 @@ restricted unpickler (builtins only, no globals), replays the device's trace and
 passes, 1 when one fails (each failure printed, at most 20 of a kind), 2 when the file cannot be read.
 It prints a short description (actions, sizes, frames sharing) either way.
 
-Checks, after the design note snapshot-format.md, "Replaying a trace":
+Checks, the replay `snapanalyze.replay` proves (its module docstring):
 - ``alloc`` +size, ``free_completed`` -size by address; a free whose address had no earlier ``alloc`` was
   live from before the window (its size from the free entry); an ``alloc`` at a live address is an error.
 - At the end the replayed live set plus the active blocks never touched by the trace equals the active blocks
@@ -22,7 +22,6 @@ free_completed of one block share one frames list, and each alloc has a frames l
 from __future__ import annotations
 
 import argparse
-import io
 import pickle
 import sys
 import time
@@ -30,6 +29,9 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
+from support import read_builtins, round_size  # noqa: E402
 
 MiB = 1024 * 1024
 TRACE_KEYS = ("action", "addr", "size", "stream", "time_us", "compile_context", "user_metadata", "frames")
@@ -49,18 +51,8 @@ SEGMENT_KEYS = (
 )
 
 
-class _BuiltinsOnly(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing global {module}.{name}: a snapshot holds builtins only")
-
-
 def load(path: Path) -> Any:
-    with open(path, "rb") as f:
-        return _BuiltinsOnly(io.BufferedReader(f, 1 << 20)).load()
-
-
-def round_size(size: int) -> int:
-    return 512 if size < 512 else (size + 511) // 512 * 512
+    return read_builtins(path)
 
 
 class Problems:

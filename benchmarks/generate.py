@@ -42,6 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
+from support import round_size, segment_bytes  # noqa: E402
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -861,10 +864,6 @@ class StackLibrary:
 # The caching allocator model.
 
 
-def round_size(size: int) -> int:
-    return 512 if size < 512 else (size + 511) // 512 * 512
-
-
 class Allocator:
     """A compact model of DeviceCachingAllocator for one device and one stream.
 
@@ -924,13 +923,7 @@ class Allocator:
             key = lst.pop(i)
             block = key & ((1 << ADDR_BITS) - 1)
         else:
-            if small:
-                seg_size = 2 * MiB
-            elif rounded < 10 * MiB:
-                seg_size = 20 * MiB
-            else:
-                seg_size = (rounded + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
-            block = self._new_segment(seg_size, small)
+            block = self._new_segment(segment_bytes(rounded), small)
         size = self.size[block]
         remaining = size - rounded
         if (remaining >= 512) if small else (remaining > MiB):

@@ -11,6 +11,7 @@ import io
 import json
 import pickle
 import re
+import sys
 import zipfile
 from collections import Counter
 from collections.abc import Iterable
@@ -19,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
+from support import read_builtins  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DIR = ROOT / "fixtures" / "real"
@@ -58,15 +62,9 @@ def range_contains(rng: str, version: tuple[int, int]) -> bool:
 
 # -- reading the trusted corpus independently of the package ---------------------------------------------
 
-class _NoGlobals(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:  # pragma: no cover - the corpus never asks
-        raise pickle.UnpicklingError(f"test reader refuses {module}.{name}")
-
-
 def read_fixture_raw(path: Path) -> Any:
     """The raw builtins of a corpus file, read with the standard library only (no snapanalyze code)."""
-    with open(path, "rb") as f:
-        return _NoGlobals(f).load()
+    return read_builtins(path)
 
 
 # -- building snapshots -----------------------------------------------------------------------------------
