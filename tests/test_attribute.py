@@ -593,3 +593,12 @@ def test_without_the_source_stage_a_file_reads_as_if_no_source_were_given(tmp_pa
     plain = attribute(load(REAL / f"{stem}.pickle"))
     assert with_source.blocks.equals(plain.blocks)
     assert not attribute(load(REAL / f"{stem}.pickle", source=SOURCES / stem)).blocks.equals(plain.blocks)
+
+
+def test_an_event_index_is_an_instant_as_event_i_is() -> None:
+    """The analyses pass the event they chose as an int (not "event:{i}" text parsed again)."""
+    snap = load(SCENARIOS / "concurrent_requests.pickle")
+    by_text, by_index = attribute(snap, at="event:40"), attribute(snap, at=40)
+    assert by_index.instants == by_text.instants and by_index.blocks.equals(by_text.blocks)
+    with pytest.raises(UsageError, match="event 100000: device 0 has events"):
+        attribute(snap, at=100_000)

@@ -115,7 +115,7 @@ def check(snapshot: Snapshot, budget: int | None = None, max_category: dict[str,
             rows.append(_row(d, "transient", "peak − baseline active bytes", max_transient, peak - base,
                              peak - base, index))
         if max_category:
-            summary = attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline).summary
+            summary = attribute(snapshot, at=int(index), rules=rules, device=d, timeline=timeline).summary
             at_peak_bytes = summary.set_index("category")["bytes"].to_dict()
             levels = category_levels(label_window(snapshot, timeline, d, rules), 0, len(dt) - 1)
             highest = levels.set_index("target")["max_bytes"].to_dict()

@@ -255,7 +255,7 @@ def _window(dt: DeviceTimeline, rows: pd.DataFrame) -> dict[str, Any]:
 def _attribute_at(snapshot: Snapshot, timeline: Timeline, instants: dict[int, tuple[int, int]],
                   rules: RuleSet) -> Attribution:
     """One attribution per device at its own event index, merged into one Attribution."""
-    parts = [attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline)
+    parts = [attribute(snapshot, at=int(index), rules=rules, device=d, timeline=timeline)
              for d, (index, _) in sorted(instants.items())]
     if len(parts) == 1:
         return parts[0]

@@ -350,7 +350,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
 def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int, rules: RuleSet | None,
                 markers: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The categories live at the entry, and the live blocks' stack, category and size (for the engine)."""
-    result = attribute(snapshot, at=f"event:{index}", rules=rules, device=device, timeline=timeline,
+    result = attribute(snapshot, at=int(index), rules=rules, device=device, timeline=timeline,
                        markers=markers)
     b = result.blocks
     b = b[b["device"] == device]

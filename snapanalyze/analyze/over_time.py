@@ -143,7 +143,7 @@ class InstantAttributions:
         key = (device, int(index))
         found = self._cache.get(key)
         if found is None:
-            found = attribute(self.snapshot, at=f"event:{int(index)}", rules=self.rules, device=device,
+            found = attribute(self.snapshot, at=int(index), rules=self.rules, device=device,
                               timeline=self.timeline, markers=self.markers)
             self._cache[key] = found
         return found

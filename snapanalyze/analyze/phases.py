@@ -204,7 +204,7 @@ def _top_categories(snapshot: Snapshot, timeline: Timeline, device: int, lo: int
     the bytes of each decided by a size, lifetime, layout or time relation rather than a frame (inferred)."""
     if peak_index < lo:
         return [], [], []
-    result = attribute(snapshot, at=f"event:{peak_index}", rules=rules, device=device, timeline=timeline,
+    result = attribute(snapshot, at=int(peak_index), rules=rules, device=device, timeline=timeline,
                        markers=markers)
     b = result.blocks
     inside = b[(b["alloc_index"] >= lo) & (b["alloc_index"] <= peak_index)]
@@ -290,7 +290,7 @@ def attribute_phase(snapshot: Snapshot, name: str, timeline: Timeline | None = N
     """`attribute` at the peak inside phase `name` (see `phase_instant`); the instant is labelled with the phase."""
     timeline = timeline or replay(snapshot)
     d, index, row = phase_instant(snapshot, name, timeline, markers, device)
-    result = attribute(snapshot, at=f"event:{index}", rules=rules, device=d, timeline=timeline, markers=markers)
+    result = attribute(snapshot, at=int(index), rules=rules, device=d, timeline=timeline, markers=markers)
     label = f"peak of phase {row['label']}"
     instants = {k: dataclasses.replace(v, label=label) for k, v in result.instants.items()}
     return dataclasses.replace(result, instants=instants)

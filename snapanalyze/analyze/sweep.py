@@ -234,7 +234,7 @@ def measure_points(points: Sequence[SweepPoint], rules: RuleSet | None = None, d
         first, last = window_bounds(dt, *pt.window) if pt.window != (None, None) else (0, len(dt) - 1)
         peak = window_peak(dt, first, last)
         index = peak["event_index"]
-        result = attribute(snap, at=f"event:{index}", rules=rules, device=d, timeline=timeline)
+        result = attribute(snap, at=int(index), rules=rules, device=d, timeline=timeline)
         at_peak = result.summary.set_index("category")["bytes"].to_dict()
         key = (id(snap), d, first, last)
         if key not in labels:

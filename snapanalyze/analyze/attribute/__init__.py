@@ -1,11 +1,11 @@
 """Attribute every live byte at an instant to one category, naming the rule and frame that decided it.
 
 Contract: `attribute(snapshot, at="peak", rules=None)` picks an instant per device (`peak`, `peak:N`,
-`event:I`, `time:T` with T a UTC date-time as the outputs print it or in ISO 8601, an offset into the
-device's trace window such as +2.38ms, or µs since the epoch: `instant`), takes the blocks live right after
-it from the replay, and labels each with a primary category plus tags (`label`). Attribution runs as named
-stages, in this order; each is a module here, and a rules file's `disable` accepts each name
-(`rules.STAGES`; the heuristics inside them are named in `rules.HEURISTICS`):
+`event:I` or the event index I itself, `time:T` with T a UTC date-time as the outputs print it or in ISO
+8601, an offset into the device's trace window such as +2.38ms, or µs since the epoch: `instant`), takes the
+blocks live right after it from the replay, and labels each with a primary category plus tags (`label`).
+Attribution runs as named stages, in this order; each is a module here, and a rules file's `disable`
+accepts each name (`rules.STAGES`; the heuristics inside them are named in `rules.HEURISTICS`):
 - `stage.source`, `stage.rules`, `stage.calltree` (`frames`): a stack's frames decide — rules by category
   precedence (seeing each frame's class, qualified name and code where the snapshot carries its source,
   `Snapshot.sources` from `load(path, source=...)`, and it fits the run), else the autograd node of a
@@ -52,7 +52,7 @@ __all__ = ["BLOCK_COLUMNS", "PERSISTENT_CATEGORIES", "STAGES", "SUMMARY_COLUMNS"
            "Instant", "attribute", "label_lifetimes", "summarize_blocks", "time_us_of", "top_sites"]
 
 
-def attribute(snapshot: Snapshot, at: str = "peak", rules: RuleSet | None = None,
+def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None = None,
               device: int | None = None, timeline: Timeline | None = None,
               markers: pd.DataFrame | None = None) -> Attribution:
     """Attribute the live bytes at `at` on each device (or one); see the module docstring. `markers` (a

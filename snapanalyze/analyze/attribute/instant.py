@@ -1,8 +1,8 @@
 """Which instant an attribution looks at, and whose it is.
 
-Contract: `choose_instant(timeline, device, at)` turns `peak`, `peak:N`, `event:I` or `time:T` into an event
-index and a label (`time_us_of` reads T); `instant_event` finds the allocation that reached an instant and
-`instant_request` the request the instant belongs to, with how it was chosen.
+Contract: `choose_instant(timeline, device, at)` turns `peak`, `peak:N`, `event:I`, `time:T` or an event
+index (int) into an event index and a label (`time_us_of` reads T); `instant_event` finds the allocation that
+reached an instant and `instant_request` the request the instant belongs to, with how it was chosen.
 """
 
 from __future__ import annotations
@@ -23,10 +23,15 @@ from ..peaks import find_peaks, global_peak_index
 from ..requests import event_requests, request_at
 
 
-def choose_instant(timeline: Timeline, device: int, at: str) -> tuple[int, str]:
-    """The event index of `at` on a device and its label (see the package docstring for the forms)."""
+def choose_instant(timeline: Timeline, device: int, at: str | int) -> tuple[int, str]:
+    """The event index of `at` on a device and its label (see the package docstring for the forms; an int is
+    an event index, as `event:I`, for the analyses that chose one)."""
     dt = timeline[device]
-    kind, _, arg = at.partition(":")
+    if isinstance(at, int) and not isinstance(at, bool):
+        if not -1 <= at < len(dt):
+            raise UsageError(f"event {at}: device {device} has events 0…{len(dt) - 1} (−1 = start)")
+        return at, f"event {at}"
+    kind, _, arg = str(at).partition(":")
     try:
         if kind == "peak" and not arg:
             return global_peak_index(dt), "global peak"
