@@ -14,7 +14,8 @@ from snapanalyze.analyze.oom import OOM_COLUMNS, OomExplanation, explain_oom, re
 from snapanalyze.load.columns import to_snapshot
 from snapanalyze.load.samples import read_run
 from snapanalyze.report import oom_text
-from snapanalyze.report.run_documents import no_oom_record
+from snapanalyze.report.run_documents import failed_record, no_oom_record, oom_document
+from snapanalyze.report.run_terminal import _failed_lines, render_oom
 from snapanalyze.session import explain_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -268,3 +269,33 @@ def test_peak_advice_adds_the_training_state_levers_when_it_is_live() -> None:
     assert advice[1].startswith("for optimizer_state, less optimizer state per device: shard it")
     assert oom_text.peak_advice("attention", "training", live=["attention"]) == advice[:1]
     assert oom_text.peak_advice(None, "vllm", live=["optimizer_state"]) == []
+
+
+def test_the_failed_allocation_is_named_with_its_code_request_and_stack() -> None:
+    """The oom entry's own frames say who asked: a vLLM weight repack in the fragmentation fixture, a prefill
+    GEMM of request req-2 in the run whose neighbour took the memory."""
+    e = explain_oom(load(SCENARIOS / "oom_fragmentation.pickle"))
+    failed = e.verdicts[0].failed
+    assert failed is not None and failed.size == e.verdicts[0].request_bytes and failed.stack is not None
+    assert failed.stack.owner.endswith("vocab_parallel_embedding.py:120:process_weights_after_loading")
+    assert failed.stack.category == "weights" and failed.stack.frames[0] == failed.stack.owner
+    items, _ = explain_path(RUNS / "oom_other_process")
+    doc = oom_document(items, [], "run")
+    record = doc["snapshots"][0]["ooms"][0]["failed_allocation"]
+    assert record["size_bytes"] == 512 * MiB and record["request"] == "req=req-2" and record["span"] == "phase:prefill"
+    assert record["owner"].endswith("layers/utils.py:105:default_unquantized_gemm") and len(record["frames"]) == 12
+    shown = render_oom(doc).splitlines()
+    verdict = next(i for i, line in enumerate(shown) if line.startswith("OOM on device"))
+    assert shown[verdict + 1].startswith("  failed: 512.00 MiB asked for by vllm/model_executor/layers/utils.py:105")
+    assert "    request req=req-2; in span phase:prefill" in shown
+
+
+def test_an_oom_entry_without_frames_says_so() -> None:
+    b = SnapshotBuilder(frames=False)
+    b.segment(BASE, [(MiB, MiB, "active_allocated"), (MiB, 0, "inactive")])
+    b.alloc(BASE, MiB)
+    b.event("oom", None, 64 * MiB, device_free=0)
+    e = explain_oom(to_snapshot(b.build(), "noframes.pickle", "pickle"))
+    assert e.verdicts[0].failed is not None and e.verdicts[0].failed.stack is None
+    assert _failed_lines(failed_record(e.verdicts[0].failed)) == [
+        "  failed: 64.00 MiB (the oom entry records no frames)"]

@@ -31,6 +31,7 @@ index, category, bytes, share, blocks, window_bytes (of those, allocated inside 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,11 +52,13 @@ from ..model import (
     Snapshot,
 )
 from ..replay import DeviceTimeline, Timeline, replay
-from .attribute import attribute
+from .attribute import StackView, attribute, explain_stack
 from .engine import Engine, detect_engine
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
-from .rules import RuleSet
+from .requests import event_requests
+from .rules import RuleSet, load_rules
+from .spans import open_spans
 
 MiB = 1 << 20
 SMALL_REQUEST = MiB            # rounded requests up to 1 MiB use the small pool
@@ -82,6 +85,30 @@ class Advice:
 
     kind: str
     values: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FailedAllocation:
+    """The allocation an `oom` entry records: the rounded bytes it asked for, the code that asked
+    (`attribute.explain_stack`: category, deciding frame, owner, frames; None where the entry carries no
+    frames), the request it belongs to ("" : none known) and the `record_function` span it ran in ("")."""
+
+    size: int
+    stack: StackView | None
+    request: str
+    span: str
+
+
+def failed_allocation(snapshot: Snapshot, device: int, index: int, rules: RuleSet | None = None,
+                      markers: pd.DataFrame | None = None) -> FailedAllocation:
+    trace = snapshot.trace(device)
+    at = np.array([index])
+    stack_id = int(snapshot.event_stack_ids(device, at)[0])
+    request = str(event_requests(trace, at, markers).names[0] or "")
+    span = str(open_spans(snapshot, device, trace.time_us[at])[0]) if trace.time_us is not None else ""
+    return FailedAllocation(int(trace.size[index]),
+                            explain_stack(snapshot, stack_id, rules or load_rules()) if stack_id >= 0 else None,
+                            request, span)
 
 
 @dataclass(frozen=True)
@@ -121,6 +148,7 @@ class OomVerdict:
     pressure_bytes: int | None = None
     sample_gap_us: int | None = None
     advice: tuple[Advice, ...] = ()
+    failed: FailedAllocation | None = None      # the allocation that failed, and the code that asked for it
 
     def record(self) -> dict[str, Any]:
         """The OOM_COLUMNS as a dict (one row of `OomExplanation.ooms`)."""
@@ -425,7 +453,9 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
         cats.append(c)
         live.append(blocks)
         total, source = cap(int(row.device))
-        rows.append(_one_oom(snapshot, timeline, row, c, nvml, total, source))
+        rows.append(dataclasses.replace(
+            _one_oom(snapshot, timeline, row, c, nvml, total, source),
+            failed=failed_allocation(snapshot, int(row.device), int(row.index), rules, markers)))
     table = pd.DataFrame([v.record() for v in rows], columns=OOM_COLUMNS)
     for c in ("time_us", "device_free_bytes", "capacity_bytes", "outside_bytes", "own_outside_bytes",
               "other_processes_bytes", "outside_growth_bytes"):

@@ -74,6 +74,20 @@ OOM_KEYS = ["device", "index", "time_us", "stream", "request_bytes", "device_fre
             "outside_growth_bytes", "shortfall_bytes", "split_segments", "verdict", "why", "advice"]
 
 
+def failed_record(failed: Any) -> dict[str, Any] | None:
+    """The allocation that failed (`analyze.oom.FailedAllocation`) as JSON: its bytes, the code that asked for
+    it (category, rule, inferred, deciding frame, owner, frames innermost first) and its request and span."""
+    if failed is None:
+        return None
+    stack = failed.stack
+    return {"size_bytes": failed.size, "request": failed.request or None, "span": failed.span or None,
+            **({"category": stack.category, "rule": stack.rule, "inferred": stack.inferred, "frame": stack.frame,
+                "owner": stack.owner or None, "frames": list(stack.frames), "more_frames": stack.more_frames}
+               if stack is not None else
+               {"category": None, "rule": None, "inferred": None, "frame": None, "owner": None, "frames": [],
+                "more_frames": 0})}
+
+
 def no_oom_record(n: Any) -> dict[str, Any]:
     """A device without an OOM (`analyze.oom.NoOom`) as the JSON record: its fields, then the message."""
     fields = dataclasses.asdict(n)
@@ -92,6 +106,7 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
         for (_, row), verdict in zip(e.ooms.iterrows(), e.verdicts):
             rec = _record({**row.to_dict(), "why": oom_text.why(verdict),
                            "advice": oom_text.advice(verdict, engine)}, OOM_KEYS)
+            rec["failed_allocation"] = failed_record(verdict.failed)
             c = e.categories[(e.categories["device"] == row["device"]) & (e.categories["index"] == row["index"])]
             rec["categories"] = [{"category": x.category, "bytes": int(x.bytes), "share": round(float(x.share), 6),
                                   "blocks": int(x.blocks), "window_bytes": int(x.window_bytes)}

@@ -56,10 +56,31 @@ def render_ranks(doc: dict[str, Any], width: int | None = None) -> str:
     return "\n".join(out + _problems(doc))
 
 
+def _failed_lines(f: dict[str, Any] | None) -> list[str]:
+    """The allocation that failed: its bytes, the code that asked (owner, else the deciding frame), what it is,
+    the request and span it ran in, and its stack (Python frames, innermost first)."""
+    if f is None:
+        return []
+    who = f["owner"] or f["frame"]
+    what = (f"{f['category']}{' (inferred)' if f['inferred'] else ''}, rule {f['rule']}" if f["category"] else "")
+    where = "; ".join(x for x in (f"request {f['request']}" if f["request"] else "",
+                                  f"in span {f['span']}" if f["span"] else "") if x)
+    out = [f"  failed: {units.fmt_bytes(f['size_bytes'])} asked for by {who} ({what})" if who else
+           f"  failed: {units.fmt_bytes(f['size_bytes'])} (the oom entry records no frames)"]
+    if where:
+        out.append(f"    {where}")
+    if f["frames"]:
+        out.append("    stack, innermost first:")
+        out.extend(f"      {frame}" for frame in f["frames"])
+        if f["more_frames"]:
+            out.append(f"      … {units.fmt_count(f['more_frames'], 'more frame')}")
+    return out
+
+
 def _oom_block(o: dict[str, Any], width: int | None) -> list[str]:
     where = f"event {o['index']:,}" + (f", {units.fmt_time_us(o['time_us'])}" if o["time_us"] else "")
     out = [f"\nOOM on device {o['device']} at {where}: verdict {o['verdict'].replace('_', ' ').upper()}",
-           f"  {o['why']}"]
+           *_failed_lines(o.get("failed_allocation")), f"  {o['why']}"]
     est = "" if o["exact"] else " (est.)"
     rows = [
         ["request (rounded)", units.fmt_bytes(o["request_bytes"]), f"stream {o['stream']}, {o['segment_type']} pool"],

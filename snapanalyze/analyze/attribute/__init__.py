@@ -47,9 +47,11 @@ from .result import (
     summarize_blocks,
     top_sites,
 )
+from .stack import StackView, explain_stack
 
 __all__ = ["BLOCK_COLUMNS", "PERSISTENT_CATEGORIES", "STAGES", "SUMMARY_COLUMNS", "Attribution", "Decision",
-           "Instant", "attribute", "label_lifetimes", "summarize_blocks", "time_us_of", "top_sites"]
+           "Instant", "StackView", "attribute", "explain_stack", "label_lifetimes", "summarize_blocks", "time_us_of",
+           "top_sites"]
 
 
 def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None = None,
