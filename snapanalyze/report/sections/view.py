@@ -1,0 +1,101 @@
+"""What the sections read from a `RankView`, shared by several of them: the attribution summary of an instant
+as template rows (`category_rows`), a device's window, a phase's name and a detail instant's anchor, the
+program of a view (`engine_of`, found once per view), the segment map laid out at an instant
+(`segment_rows`) and a table row as plain values (`_plain_row`). No wording here (see `phrases`)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import pandas as pd
+
+from ... import plots
+from ...analyze.engine import Engine, detect_engine
+from ..context import RankView
+from .section import FigureSpec
+
+
+def category_rows(view: RankView, device: int, event_index: int) -> list[dict[str, Any]]:
+    """The attribution summary of one instant as template rows (top sites redacted when asked)."""
+    attribution = view.attribution(device, event_index)
+    summary = attribution.summary[attribution.summary["device"] == device]
+    blocks = attribution.blocks[attribution.blocks["device"] == device]
+    inferred = blocks[blocks["inferred"].astype(bool)].groupby("category")["size"].sum()
+    # Each category's largest owner: the code that made most of its bytes (named where the category is `other`
+    # or inferred, so that a reader knows whose bytes they are).
+    by_owner = blocks[blocks["owner"] != ""].groupby(["category", "owner"], sort=False)["size"].sum()
+    top_owner = by_owner.sort_values(ascending=False, kind="stable").groupby(level=0, sort=False).head(1)
+    owners = {cat: (owner, int(n)) for (cat, owner), n in top_owner.items()}
+    label = view.redactor.label
+    known = list(view.rules.categories)
+    return [{"category": r.category, "bytes": int(r.bytes), "share": float(r.share), "blocks": int(r.blocks),
+             "inferred": int(inferred.get(r.category, 0)), "color": plots.category_color(r.category, known),
+             "sites": [(label(site), int(n)) for site, n in zip(r.top_frames, r.top_frame_bytes)],
+             "owner": label(owners[r.category][0]) if r.category in owners else "",
+             "owner_bytes": owners[r.category][1] if r.category in owners else 0}
+            for r in summary.itertuples()]
+
+
+def _window(view: RankView, device: int) -> tuple[int | None, int]:
+    """(window length in µs or None, number of events) of a device."""
+    dt = view.timeline[device]
+    first, last = dt.time_at(0), dt.time_at(len(dt) - 1)
+    return ((last - first) if first is not None and last is not None else None), len(dt)
+
+
+def _phase_label(rows: pd.DataFrame, row: Any) -> str:
+    """The phase's name as `snapanalyze phases` prints it and --phase accepts it: 'prefill#2' when the name
+    is repeated, else 'prefill' (`analyze.phases.phase_label`)."""
+    return str(row.label)
+
+
+def _instant_anchor(view: RankView, device: int, index: int) -> str | None:
+    """The anchor of the detail instant at `index` of `device`, if it is one."""
+    for instant in view.details.get(device, []):
+        if instant.event_index == index:
+            return f"instant-{view.key(device)}-{instant.slug}"
+    return None
+
+
+_ENGINES: weakref.WeakKeyDictionary[RankView, Engine] = weakref.WeakKeyDictionary()
+
+
+def engine_of(view: RankView) -> Engine:
+    """The program of a view (`analyze.engine.detect_engine` over the blocks live at its verdict's instants:
+    each device's main instant and its OOM entries), found once per view."""
+    found = _ENGINES.get(view)
+    if found is None:
+        parts = []
+        for device in view.devices:
+            indices = [view.main(device).event_index] if view.details.get(device) else []
+            if view.oom is not None:
+                indices += [int(i) for i in view.oom.ooms.loc[view.oom.ooms["device"] == device, "index"]]
+            for index in dict.fromkeys(indices):
+                blocks = view.attribution(device, index).blocks
+                parts.append(blocks.loc[blocks["device"] == device, ["stack_id", "category", "size"]])
+        blocks = (pd.concat(parts, ignore_index=True) if parts
+                  else pd.DataFrame({"stack_id": pd.Series(dtype="int64"), "category": [], "size": []}))
+        found = _ENGINES[view] = detect_engine(view.snapshot, blocks)
+    return found
+
+
+def segment_rows(view: RankView, device: int, index: int, fig_id: str) -> dict[str, Any] | None:
+    """The segment map laid out at (device, index) (`RankView.segment_maps`): its figure (`spec`) and the
+    numbers its template states, or None when none was laid out there."""
+    smap = view.segment_maps.get((device, index))
+    if smap is None or not len(smap.segments):
+        return None
+    free = smap.pieces[smap.pieces["state"] == "inactive"]
+    largest = smap.largest_free
+    figure = plots.segment_map_figure(smap)
+    return {"spec": FigureSpec(fig_id, figure), "figure": fig_id, "height": int(figure.layout.height or 380),
+            "segments": len(smap.segments), "reserved": smap.reserved_bytes,
+            "free": smap.free_bytes, "free_pieces": len(free), "largest": largest.size if largest is not None else None,
+            "largest_any": smap.largest_free_any_bytes, "request": smap.request_bytes,
+            "pending": int(smap.segments["pending_free_bytes"].sum()), "exact": smap.exact, "source": smap.source,
+            "shown": len({y for trace in figure.data for y in trace.y if not str(y).startswith("failed request")})}
+
+
+def _plain_row(row: pd.Series) -> dict[str, Any]:
+    return {k: (None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v) for k, v in row.items()}
