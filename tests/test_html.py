@@ -145,7 +145,13 @@ def test_oom_entries_get_a_section_and_a_verdict_line() -> None:
     page = body(build_report(load(SCENARIOS / "oom_fragmentation.pickle"), samples=4))
     assert '<section id="oom">' in page
     assert ("Device 0 ran out of memory at 6.401 s into the 6.401 s window (event 66 of 67): a 1.96 GiB request "
-            "failed with 1.08 GiB free on the device") in page
+            "from vllm/model_executor/layers/vocab_parallel_embedding.py:120:process_weights_after_loading failed with "
+            "1.08 GiB free on the device") in page
+    # led by the allocation that failed: who asked, and its stack
+    assert ("<b>The allocation that failed</b>: <span title=\"2,101,346,304 bytes\">1.96 GiB</span> asked for by <code>"
+            "vllm/model_executor/layers/vocab_parallel_embedding.py:120:process_weights_after_loading</code> (weights, "
+            "rule vllm.weights.load_functions).") in page
+    assert page.count('<ol class="stack">') == 1 and "<li class=\"muted\">… 5 more</li>" in page
     no_oom = body(build_report(load(SCENARIOS / "prompt_logprobs_logits.pickle"), samples=4, top=1))
     assert 'id="oom"' not in no_oom and "ran out of memory" not in no_oom
 
@@ -517,8 +523,9 @@ def visible_text(page: str) -> str:
 def test_an_oom_is_the_first_thing_the_verdict_says() -> None:
     page = body(build_report(load(SCENARIOS / "oom_fragmentation.pickle"), samples=4))
     assert headline(page) == ("Device 0 ran out of memory at 6.401 s into the 6.401 s window: a 1.96 GiB request "
-                              "failed (fragmentation: no free block fits it although 1.83 GiB is reserved but free); "
-                              "live then: only 36.39 GiB weights.")
+                              "from vllm/model_executor/layers/vocab_parallel_embedding.py:120:"
+                              "process_weights_after_loading failed (fragmentation: no free block fits it although "
+                              "1.83 GiB is reserved but free); live then: only 36.39 GiB weights.")
     # The device's line sets the failure beside the peak before it; the advice is the OOM's.
     assert verdict_lines(page) == ["Device 0: out of memory at 6.401 s (fragmentation, a 1.96 GiB request); peak "
                                    "36.70 GiB active (38.48 GiB reserved) at 5.600 s: only 36.70 GiB weights."]
@@ -526,8 +533,9 @@ def test_an_oom_is_the_first_thing_the_verdict_says() -> None:
     run = body(build_path_report(RUNS / "oom_other_process", samples=4))
     head = headline(run)
     assert head.startswith("Rank 0 ran out of memory at 2.501 s into the 2.501 s window, during prefill")
-    assert ("(request req-2): a 512.00 MiB request failed (pressure from outside the allocator: other processes held "
-            "7.12 GiB); live then: 192.19 MiB other on top of 14.52 GiB of kv_cache and weights.") in head
+    assert ("(request req-2): a 512.00 MiB request from vllm/model_executor/layers/utils.py:105:"
+            "default_unquantized_gemm failed (pressure from outside the allocator: other processes held 7.12 GiB); "
+            "live then: 192.19 MiB other on top of 14.52 GiB of kv_cache and weights.") in head
     details = verdict_of(run)[verdict_of(run).index("<details"):]
     first = re.search(r"<p>(.*?)</p>", details, re.S)
     assert first and first.group(1).startswith("Rank 0 ran out of memory")      # the OOM opens the details too
@@ -622,3 +630,10 @@ def test_the_report_text_reads_well(path: Path, tmp_path: Path) -> None:
     assert not re.findall(r"\b\d{4}\.\d\d [KMGTP]iB", text), "a size with four digits before the point"
     for head in re.findall(r"<thead>(.*?)</thead>", page, re.S):
         assert not re.search(r"<th[^>]*>\s*</th>", head), f"a column without a header: {head}"
+
+
+def test_a_state_without_a_trace_says_in_the_report_what_it_cannot_show() -> None:
+    page = body(build_report(load(SCENARIOS.parent / "real" / "docubox-state-only.pickle"), samples=4))
+    assert '<section id="oom">' in page and "a state without a trace</h3>" in page
+    assert "The file holds the allocator&#39;s state but no trace, so an allocation failure cannot be seen" in page
+    assert "admission limit" not in page

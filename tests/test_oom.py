@@ -299,3 +299,34 @@ def test_an_oom_entry_without_frames_says_so() -> None:
     assert e.verdicts[0].failed is not None and e.verdicts[0].failed.stack is None
     assert _failed_lines(failed_record(e.verdicts[0].failed)) == [
         "  failed: 64.00 MiB (the oom entry records no frames)"]
+
+
+def test_a_state_without_a_trace_says_what_it_cannot_show_and_what_it_proves() -> None:
+    """A snapshot dumped at an OOM without a trace: no failure can be seen, and the admission-limit wording
+    (a serving engine's) never appears; the state's free blocks against its live blocks are stated."""
+    e = explain_oom(load(ROOT / "fixtures" / "real" / "docubox-state-only.pickle"))
+    assert not e.no_oom and len(e.state_only) == 1
+    s = e.state_only[0]
+    assert s.reserved_bytes == s.allocated_bytes + s.reserved_free_bytes and s.free_blocks == 11
+    assert 0 < s.larger_live_blocks < s.live_blocks
+    said = oom_text.state_only_message(s)
+    assert "no trace, so an allocation failure cannot be seen" in said and "admission" not in said
+    assert "1 live block of 105 is larger than that" in said
+
+
+def test_admission_limits_are_named_only_where_requests_can_be_refused() -> None:
+    training = explain_oom(load(ROOT / "fixtures" / "real" / "cs336-forward-fp32-t2.6.pickle"))
+    serving = explain_oom(load(SCENARIOS / "kv_weights_baseline.pickle"))
+    assert [n.admission for n in training.no_oom] == [False] and [n.admission for n in serving.no_oom] == [True]
+    assert "admission" not in oom_text.no_oom_message(training.no_oom[0])
+    assert oom_text.no_oom_message(training.no_oom[0]).startswith("no allocation failure was recorded in the trace")
+    assert "refused by an admission limit" in oom_text.no_oom_message(serving.no_oom[0])
+
+
+def test_an_empty_file_says_it_holds_nothing_to_explain(tmp_path: Path) -> None:
+    from conftest import write_pickle
+
+    from snapanalyze import attribute
+    empty = load(write_pickle(tmp_path / "empty.pickle", {"segments": [], "device_traces": []}))
+    assert any("holds no allocator state and no trace" in n for n in explain_oom(empty).notes)
+    assert any("no live bytes to attribute" in n for n in attribute(empty).notes)

@@ -53,6 +53,7 @@ from ..model import (
 )
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import StackView, attribute, explain_stack
+from .attribute.frames import allocation_stacks
 from .engine import Engine, detect_engine
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
@@ -171,6 +172,25 @@ class NoOom:
     capacity_source: str
     headroom_bytes: int | None
     rejected_requests: tuple[dict[str, Any], ...]
+    admission: bool = False      # requests could be refused before they allocate: a serving engine, or markers say so
+
+
+@dataclass(frozen=True)
+class StateOnly:
+    """A device of a file that holds the allocator's state but no trace: no allocation failure can be seen in
+    it, and this is what the state still proves — reserved bytes, bytes in blocks, the free ones (count and
+    the largest, and on which stream it lies), and how many live blocks are larger than that largest free
+    block (a request of their size could reuse no free block: it needs a new segment)."""
+
+    device: int
+    reserved_bytes: int
+    allocated_bytes: int
+    reserved_free_bytes: int
+    free_blocks: int
+    largest_free_block_bytes: int
+    largest_free_stream: int | None
+    live_blocks: int
+    larger_live_blocks: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,6 +205,7 @@ class OomExplanation:
     no_oom: tuple[NoOom, ...] = ()                             # one per device, only when there is no oom
     notes: tuple[str, ...] = ()
     engine: Engine | None = None                               # the program, from the blocks live at the ooms
+    state_only: tuple[StateOnly, ...] = ()                     # devices with a state and no trace
 
 
 def is_last_block_change(snapshot: Snapshot, device: int, index: int) -> bool:
@@ -406,8 +427,25 @@ def rejected_requests(markers: pd.DataFrame | None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["name", "time_us", "reason"])
 
 
+def _state_only(snapshot: Snapshot, device: int) -> StateOnly:
+    free, in_blocks = _end_state_free(snapshot, device)
+    segs = snapshot.segments
+    reserved = int(segs["total_size"][segs["device"] == device].sum())
+    blocks = snapshot.blocks
+    live = blocks[(blocks["device"] == device) & blocks["state"].isin(ACTIVE_STATES)]
+    largest = int(free["size"].max()) if len(free) else 0
+    stream = int(free.loc[free["size"].idxmax(), "stream"]) if len(free) else None
+    return StateOnly(device=device, reserved_bytes=reserved, allocated_bytes=in_blocks,
+                     reserved_free_bytes=reserved - in_blocks, free_blocks=len(free), largest_free_block_bytes=largest,
+                     largest_free_stream=stream, live_blocks=len(live),
+                     larger_live_blocks=int((live["size"] > largest).sum()))
+
+
+SERVING_ENGINES = ("vllm", "sglang")   # engines that admit requests against a budget before they allocate
+
+
 def _no_oom(dt: DeviceTimeline, nvml: pd.DataFrame | None, capacity: int | None, capacity_source: str,
-            rejected: pd.DataFrame) -> NoOom:
+            rejected: pd.DataFrame, admission: bool = False) -> NoOom:
     index = global_peak_index(dt)
     active, reserved = dt.active_at(index), dt.reserved_at(index)
     used = None
@@ -424,7 +462,7 @@ def _no_oom(dt: DeviceTimeline, nvml: pd.DataFrame | None, capacity: int | None,
                  reserved_bytes=reserved, nvml_used_bytes=used, peak_basis=basis, capacity_bytes=capacity,
                  capacity_source=capacity_source if capacity is not None else "unknown",
                  headroom_bytes=capacity - held if capacity is not None else None,
-                 rejected_requests=tuple(rejected.to_dict("records")))
+                 rejected_requests=tuple(rejected.to_dict("records")), admission=admission or bool(len(rejected)))
 
 
 def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: pd.DataFrame | None = None,
@@ -463,16 +501,23 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     categories = pd.concat(cats, ignore_index=True) if cats else pd.DataFrame(columns=CATEGORY_COLUMNS)
     no_oom: tuple[NoOom, ...] = ()
     notes = []
+    traced = [d for d in sorted(timeline.devices) if len(timeline[d]) or d in snapshot.traces]
+    state_only = tuple(_state_only(snapshot, d) for d in sorted(timeline.devices) if d not in traced)
+    engine = detect_engine(snapshot, pd.concat(live, ignore_index=True)) if live else None
     if not len(ooms):
         rejected = rejected_requests(markers)
-        no_oom = tuple(_no_oom(timeline[d], nvml, *cap(d), rejected) for d in sorted(timeline.devices)
-                       if len(timeline[d]) or d in snapshot.traces)
+        engine = detect_engine(snapshot, pd.DataFrame({"stack_id": allocation_stacks(snapshot)}))
+        serving = engine.name in SERVING_ENGINES
+        no_oom = tuple(_no_oom(timeline[d], nvml, *cap(d), rejected, serving) for d in traced)
+    if not timeline.devices:
+        notes.append("the file holds no allocator state and no trace (no segments, no trace entries): there is no "
+                     "allocation, failed or not, to explain")
     if (table["exact"] == False).any():  # noqa: E712 - pandas element-wise comparison
         notes.append("estimated: events after an oom entry changed memory, so its free blocks are laid out from the "
                      "replay (live blocks at the entry, rounded sizes), not read from the end state")
-    engine = detect_engine(snapshot, pd.concat(live, ignore_index=True)) if live else None
     return OomExplanation(snapshot=snapshot, timeline=timeline, ooms=table, categories=categories,
-                          verdicts=tuple(rows), no_oom=no_oom, notes=tuple(notes), engine=engine)
+                          verdicts=tuple(rows), no_oom=no_oom, notes=tuple(notes), engine=engine,
+                          state_only=state_only)
 
 
 @dataclass(frozen=True, eq=False)

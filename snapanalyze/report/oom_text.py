@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import tomldata
-from ..analyze.oom import Advice, NoOom, OomVerdict
+from ..analyze.oom import Advice, NoOom, OomVerdict, StateOnly
 from ..errors import RulesError
 from ..units import fmt_bytes as _fmt
 from ..units import fmt_count
@@ -147,15 +147,18 @@ def advice(v: OomVerdict, engine: str = "pytorch") -> list[str]:
 
 
 def no_oom_message(n: NoOom) -> str:
-    """That no allocation failed, who was refused instead, and how far the peak stayed below capacity."""
-    rejected = n.rejected_requests
-    if rejected:
-        names = ", ".join(f"{r['name']}" + (f" ({r['reason']})" if r["reason"] else "") for r in rejected)
-        many = len(rejected) > 1
-        who = f"the rejected request{'s' if many else ''} {names} {'were' if many else 'was'}"
-    else:
-        who = "any rejected request was"
-    message = f"no allocation failure was recorded; {who} refused by an admission limit, not by the allocator"
+    """That no allocation failed, who was refused instead (a serving engine's admission limit, where requests
+    can be refused), and how far the peak stayed below capacity."""
+    message = "no allocation failure was recorded in the trace window"
+    if n.admission:
+        rejected = n.rejected_requests
+        if rejected:
+            names = ", ".join(f"{r['name']}" + (f" ({r['reason']})" if r["reason"] else "") for r in rejected)
+            many = len(rejected) > 1
+            who = f"the rejected request{'s' if many else ''} {names} {'were' if many else 'was'}"
+        else:
+            who = "any rejected request was"
+        message = f"no allocation failure was recorded; {who} refused by an admission limit, not by the allocator"
     held = n.nvml_used_bytes if n.nvml_used_bytes is not None else n.reserved_bytes
     if n.headroom_bytes is not None:
         return message + (f"; the peak stayed {fmt_bytes(n.headroom_bytes)} below capacity "
@@ -163,3 +166,18 @@ def no_oom_message(n: NoOom) -> str:
                           f"{n.peak_basis})")
     return message + (f"; the peak reached {fmt_bytes(held)} ({n.peak_basis}) but the device capacity is unknown "
                       "(no NVML samples or meta.json), so its distance to capacity cannot be said")
+
+
+def state_only_message(s: StateOnly) -> str:
+    """What a state without a trace can and cannot say about an allocation failure."""
+    where = f" on stream {s.largest_free_stream}" if s.largest_free_stream is not None else ""
+    one = s.larger_live_blocks == 1
+    larger = (f"; {fmt_count(s.larger_live_blocks, 'live block')} of {s.live_blocks:,} {'is' if one else 'are'} "
+              f"larger than that, so a request of {'its' if one else 'their'} size could reuse no free block and "
+              "needs a new segment" if s.larger_live_blocks else "")
+    return ("the file holds the allocator's state but no trace, so an allocation failure cannot be seen in it "
+            "(record the history before the failure: torch.cuda.memory._record_memory_history, or "
+            "snapanalyze.collect); the state proves: "
+            f"{fmt_bytes(s.reserved_bytes)} reserved, {fmt_bytes(s.allocated_bytes)} in blocks, "
+            f"{fmt_bytes(s.reserved_free_bytes)} reserved but free in {fmt_count(s.free_blocks, 'free block')}, "
+            f"the largest {fmt_bytes(s.largest_free_block_bytes)}{where}{larger}")

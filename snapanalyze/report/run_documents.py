@@ -97,7 +97,8 @@ def no_oom_record(n: Any) -> dict[str, Any]:
 
 def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str, Any]:
     """`snapanalyze explain-oom --format json`: per snapshot, its `ooms` (with the categories live at each)
-    or its `no_oom` statement per device, and the run's problems."""
+    or its `no_oom` statement per device, `state_only` for devices with a state and no trace, and the run's
+    problems."""
     snapshots = []
     for item in items:
         e = item.explanation
@@ -113,11 +114,12 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
                                  for x in c.itertuples()]
             ooms.append(rec)
         no_oom = [_record(n, list(n)) for n in (no_oom_record(x) for x in e.no_oom)]
+        state_only = [{**dataclasses.asdict(x), "message": oom_text.state_only_message(x)} for x in e.state_only]
         snapshots.append({"rank": item.rank, "tag": item.tag, "path": str(item.path),
                           "engine": ({"name": e.engine.name, "label": e.engine.label, "evidence": e.engine.evidence}
                                      if e.engine is not None else None),
                           "ooms": ooms,
-                          "no_oom": no_oom, "notes": list(e.notes)})
+                          "no_oom": no_oom, "state_only": state_only, "notes": list(e.notes)})
     return {"source": source, "snapshots": snapshots, "problems": list(problems)}
 
 

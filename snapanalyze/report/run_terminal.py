@@ -127,6 +127,8 @@ def render_oom(doc: dict[str, Any], width: int | None = None) -> str:
             out.extend(_oom_block(o, width))
         for n in s["no_oom"]:
             out.append(f"  device {n['device']}: {n['message']}")
+        for n in s.get("state_only", []):
+            out.append(f"  device {n['device']}: {n['message']}")
         out.extend(f"  note: {note}" for note in s["notes"])
     return "\n".join(out + _problems(doc))
 

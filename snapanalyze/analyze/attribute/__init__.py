@@ -88,6 +88,9 @@ def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None 
                          "allocated while requests of different "
                          "threads were running; the trace does not say which thread allocated them, so they "
                          "keep their frame categories")
+    if not devices:
+        notes.append("the file holds no allocator state and no trace (no segments, no trace entries): there are no "
+                     "live bytes to attribute")
     blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
     notes.extend(source_notes(decider, blocks["stack_id"].unique().tolist()))
     notes.extend(installed_notes(decider, blocks))

@@ -1,7 +1,8 @@
 """Out of memory: why each allocation failed (fragmentation, live exhaustion or pressure from outside the
 allocator, per `explain_oom`), with its numbers, what was live, the segment map at the failure and what
-would have helped; for a rank whose request an admission limit refused although nothing failed, that
-statement instead."""
+would have helped, led by the allocation that failed (its bytes, the code that asked and its stack); for a
+rank whose request an admission limit refused although nothing failed, that statement instead; for a file that
+holds the allocator's state but no trace, what that state can and cannot show."""
 
 from __future__ import annotations
 
@@ -43,11 +44,25 @@ def _oom_numbers(o: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": n, "bytes": None if v is None or v is pd.NA else int(v), "note": note} for n, v, note in rows]
 
 
+def _failed(view: Any, failed: Any) -> dict[str, Any] | None:
+    """The allocation that failed, as the template shows it: bytes, who asked (owner, else the deciding frame;
+    paths redacted as everywhere in the report), what it is, its request and span, and its stack."""
+    if failed is None:
+        return None
+    label, stack = view.redactor.label, failed.stack
+    return {"size": failed.size, "request": failed.request, "span": failed.span,
+            "who": label(stack.owner or stack.frame) if stack is not None else "",
+            "what": (f"{stack.category}{' (inferred)' if stack.inferred else ''}, rule {stack.rule}"
+                     if stack is not None else ""),
+            "frames": [label(f) for f in stack.frames] if stack is not None else [],
+            "more_frames": stack.more_frames if stack is not None else 0}
+
+
 def oom_section(report: Report) -> Section | None:
     """Why each allocation failed (`explain_oom`: fragmentation, live exhaustion or pressure from outside
     the allocator), with its numbers, what was live and what would have helped — or, for a rank whose
     request was refused although nothing failed, the statement that an admission limit refused it."""
-    entries, refusals, verdict = [], [], []
+    entries, refusals, states, verdict = [], [], [], []
     figures: list[FigureSpec] = []
     for view in report.views:
         if view.oom is None:
@@ -65,15 +80,18 @@ def oom_section(report: Report) -> Section | None:
             segments = segment_rows(view, device, index, f"fig-segments-{view.key(device)}-oom-e{index}")
             if segments is not None:
                 figures.append(segments["spec"])
+            failed = _failed(view, oom.failed)
             entries.append({
-                "segments": segments,
+                "segments": segments, "failed": failed,
                 "device": device, "heading": view.heading(device), "when": when, "verdict": o["verdict"],
                 "verdict_name": VERDICT_NAMES.get(o["verdict"], o["verdict"]), "why": _capital(why),
                 "advice": advice, "numbers": _oom_numbers(o), "exact": bool(o["exact"]),
                 "state_source": o["state_source"], "active": view.timeline[device].active_at(index),
                 "rows": category_rows(view, device, index), "anchor": f"oom-{view.key(device)}-e{index}"})
+            asked = f" from {failed['who']}" if failed and failed["who"] else ""
             sentence = (f"{_capital(view.where(device))} ran out of memory {when}: a {fmt_bytes(o['request_bytes'])} "
-                        "request failed" + (f" with {fmt_bytes(free)} free on the device" if free is not None else "")
+                        f"request{asked} failed"
+                        + (f" with {fmt_bytes(free)} free on the device" if free is not None else "")
                         + f". {_capital(why)}.")
             if advice:
                 sentence += f" What would have helped: {advice[0]}."
@@ -90,8 +108,12 @@ def oom_section(report: Report) -> Section | None:
             said = oom_text.no_oom_message(item)
             refusals.append({"heading": view.heading(item.device), "message": _capital(said), "rejected": rejected})
             verdict.append(f"{_capital(view.where(item.device))}: {said}.")
-    if not entries and not refusals:
+        for state in view.oom.state_only:
+            if state.device in view.devices:
+                said = oom_text.state_only_message(state)
+                states.append({"heading": view.heading(state.device), "message": _capital(said)})
+    if not entries and not refusals and not states:
         return None
-    body = render("sections/oom.html.j2", entries=entries, refusals=refusals)
+    body = render("sections/oom.html.j2", entries=entries, refusals=refusals, states=states)
     return Section(id="oom", title="Out of memory", body=body, figures=tuple(figures), verdict=tuple(verdict),
                    order=ORDER["oom"])

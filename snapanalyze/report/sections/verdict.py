@@ -98,8 +98,11 @@ def _oom_headline(o: _Oom) -> tuple[str, bool]:
     live = _live(view, o.device, v.index, rest=False)
     name = VERDICT_NAMES.get(v.verdict, v.verdict)
     reason = OOM_REASONS[v.verdict](v) if v.verdict in OOM_REASONS else ""
+    stack = v.failed.stack if v.failed is not None else None
+    who = view.redactor.label(stack.owner or stack.frame) if stack is not None else ""
     return (f"{_capital(view.where(o.device))} ran out of memory {_at(view, o.device, v.index)}"
-            f"{_during(view, o.device, v.index)}: a {fmt_bytes(v.request_bytes)} request failed ({name}"
+            f"{_during(view, o.device, v.index)}: a {fmt_bytes(v.request_bytes)} request"
+            + (f" from {who}" if who else "") + f" failed ({name}"
             + (f": {reason}" if reason else "") + f"); live then: {live.text()}."), live.inferred
 
 
