@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import ROOT
 
-from snapanalyze import load
+from snapanalyze import attribute_phase, load, phase_table
 from snapanalyze.analyze.attribute import attribute
 from snapanalyze.analyze.check import BudgetExceeded, check, parse_bytes, parse_limits
 from snapanalyze.errors import SnapanalyzeError, UsageError
@@ -70,7 +70,7 @@ def test_transient_and_category_limits() -> None:
     result = check(snap, max_transient=transient, max_category={"fallback_kernel": GiB, "logits": 0})
     rows = result.rows.set_index("subject")
     assert result.passed
-    assert rows.loc["peak − baseline active bytes", "actual_bytes"] == transient
+    assert rows.loc["peak − active bytes at the window start", "actual_bytes"] == transient
     at_peak = attribute(snap).summary.set_index("category")["bytes"]
     assert rows.loc["fallback_kernel", "at_peak_bytes"] == at_peak["fallback_kernel"] == GiB
     assert rows.loc["fallback_kernel", "actual_bytes"] >= rows.loc["fallback_kernel", "at_peak_bytes"]
@@ -97,3 +97,20 @@ def test_check_needs_a_limit_and_known_categories() -> None:
         check(snap, budget=1, metric="allocated")
     with pytest.raises(UsageError, match="no device 2"):
         check(snap, budget=1, device=2)
+
+
+def test_max_transient_over_a_phase_is_the_phases_transient() -> None:
+    """One meaning per word: `check --phase P --max-transient` measures what `phases` calls P's transient (its
+    peak over its start), not the peak over the window start, which counts everything loaded before P."""
+    from snapanalyze.load.samples import markers_for
+    run = ROOT / "fixtures" / "sweeps" / "phase_markers" / "run"
+    snap, markers = load(run), markers_for(run)
+    phases = phase_table(snap, markers=markers, categories=False).set_index("label")
+    over_phase = check(snap, max_transient=5 << 30, phase="prefill#2", markers=markers).rows.iloc[0]
+    assert over_phase["actual_bytes"] == phases.loc["prefill#2", "transient_bytes"] and over_phase["ok"]
+    assert over_phase["subject"] == "peak of phase prefill#2 − active bytes at its start"
+    over_window = check(snap, max_transient=5 << 30).rows.iloc[0]
+    assert over_window["subject"] == "peak − active bytes at the window start" and not over_window["ok"]
+    attributed = attribute_phase(snap, "prefill#2", markers=markers).instants[0]
+    assert attributed.active_bytes - attributed.baseline_active_bytes == phases.loc["prefill#2", "transient_bytes"]
+    assert attributed.baseline == "the start of phase prefill#2"

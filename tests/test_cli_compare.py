@@ -184,8 +184,8 @@ def test_check_passes_and_fails_with_exit_codes() -> None:
     assert table.stdout.splitlines() == [          # one line per limit, its verdict first
         str(REAL[-1]),
         f"FAIL  peak active {b['actual_bytes']} > budget {b['limit_bytes']} by {b['headroom_bytes']} (device 0)",
-        f"ok    transient at the peak {t['actual_bytes']} ≤ max transient {t['limit_bytes']}, "
-        f"{t['headroom_bytes']} to spare (device 0)",
+        f"ok    transient (peak − active bytes at the window start) {t['actual_bytes']} ≤ max transient "
+        f"{t['limit_bytes']}, {t['headroom_bytes']} to spare (device 0)",
         "FAILED: 1 of 2 limits exceeded"]
 
 

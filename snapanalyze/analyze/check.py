@@ -2,7 +2,9 @@
 
 Contract: `check(snapshot, budget=…, max_category={…}, max_transient=…)` returns a CheckResult with one row
 per limit and device: the budget against the peak of active bytes (or, with `metric="reserved"`, the highest
-reserved bytes); the transient (global peak − baseline) against `max_transient`; and each named category's
+reserved bytes); the transient against `max_transient` — the global peak over the active bytes at the window
+start, or with `phase=NAME` (and the run's `markers` for collector phases) the phase's peak over the active
+bytes at its start, as `phases` gives it; and each named category's
 highest live bytes anywhere in the trace (every block lifetime labelled as `attribute` labels it; never less
 than its bytes at the peak) against its maximum. `passed` is False when any row is over its limit; the CLI
 prints each limit's result and exits 1 then (`BudgetExceeded`, exit code 1 unlike the other errors' 2, is
@@ -28,6 +30,7 @@ from ..replay import replay
 from ..units import parse_bytes  # noqa: F401  (part of this module's API)
 from .attribute import attribute
 from .peaks import global_peak_index
+from .phases import phase_instant
 from .rules import RuleSet, load_rules
 from .sweep import category_levels, label_window
 
@@ -73,7 +76,7 @@ class CheckResult:
         out = []
         for r in self.rows[~self.rows["ok"]].itertuples():
             what = {"budget": f"{r.subject} {_human(r.actual_bytes)} exceed the budget",
-                    "transient": f"the transient at the peak ({_human(r.actual_bytes)}) exceeds --max-transient",
+                    "transient": f"the transient ({r.subject}: {_human(r.actual_bytes)}) exceeds --max-transient",
                     "category": f"category {r.subject} reaches {_human(r.actual_bytes)}, over its maximum"}[r.check]
             out.append(f"{self.source}: device {r.device}: {what} of {_human(r.limit_bytes)} "
                        f"by {_human(r.actual_bytes - r.limit_bytes)}")
@@ -82,7 +85,7 @@ class CheckResult:
 
 def check(snapshot: Snapshot, budget: int | None = None, max_category: dict[str, int] | None = None,
           max_transient: int | None = None, metric: str = "active", rules: RuleSet | None = None,
-          device: int | None = None) -> CheckResult:
+          device: int | None = None, phase: str | None = None, markers: pd.DataFrame | None = None) -> CheckResult:
     """Measure `snapshot` against the limits given (see the module docstring)."""
     if budget is None and not max_category and max_transient is None:
         raise UsageError("check: give at least one limit (--budget, --max category=size, --max-transient)")
@@ -111,8 +114,8 @@ def check(snapshot: Snapshot, budget: int | None = None, max_category: dict[str,
                 actual = int(max(np.max(dt.reserved, initial=0), dt.baseline_reserved))
                 subject, at_peak = "highest reserved bytes", dt.reserved_at(index)
             rows.append(_row(d, "budget", subject, budget, actual, at_peak, index))
-        if max_transient is not None:
-            rows.append(_row(d, "transient", "peak − baseline active bytes", max_transient, peak - base,
+        if max_transient is not None and phase is None:
+            rows.append(_row(d, "transient", "peak − active bytes at the window start", max_transient, peak - base,
                              peak - base, index))
         if max_category:
             summary = attribute(snapshot, at=int(index), rules=rules, device=d, timeline=timeline).summary
@@ -122,6 +125,11 @@ def check(snapshot: Snapshot, budget: int | None = None, max_category: dict[str,
             for category, limit in max_category.items():
                 at = int(at_peak_bytes.get(category, 0))
                 rows.append(_row(d, "category", category, limit, max(int(highest.get(category, 0)), at), at, index))
+    if max_transient is not None and phase is not None:
+        d, at, row = phase_instant(snapshot, phase, timeline, markers, device)
+        grown = int(row["peak_bytes"]) - int(row["before_bytes"])
+        rows.append(_row(d, "transient", f"peak of phase {row['label']} − active bytes at its start", max_transient,
+                         grown, grown, at))
     return CheckResult(source=snapshot.source, rows=pd.DataFrame(rows, columns=ROW_COLUMNS), metric=metric)
 
 

@@ -287,12 +287,16 @@ def phase_instant(snapshot: Snapshot, name: str, timeline: Timeline | None = Non
 def attribute_phase(snapshot: Snapshot, name: str, timeline: Timeline | None = None,
                     markers: pd.DataFrame | None = None, rules: RuleSet | None = None,
                     device: int | None = None) -> Attribution:
-    """`attribute` at the peak inside phase `name` (see `phase_instant`); the instant is labelled with the phase."""
+    """`attribute` at the peak inside phase `name` (see `phase_instant`); the instant is labelled with the phase,
+    and its baseline is the phase's start (the active bytes just before it), so its transient is the one
+    `phase_table` gives the phase."""
     timeline = timeline or replay(snapshot)
     d, index, row = phase_instant(snapshot, name, timeline, markers, device)
     result = attribute(snapshot, at=int(index), rules=rules, device=d, timeline=timeline, markers=markers)
     label = f"peak of phase {row['label']}"
-    instants = {k: dataclasses.replace(v, label=label) for k, v in result.instants.items()}
+    instants = {k: dataclasses.replace(v, label=label, baseline_active_bytes=int(row["before_bytes"]),
+                                       baseline=f"the start of phase {row['label']}")
+                for k, v in result.instants.items()}
     return dataclasses.replace(result, instants=instants)
 
 

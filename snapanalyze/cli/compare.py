@@ -159,7 +159,9 @@ def _sized(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -
 @click.option("--max", "maxima", multiple=True, metavar="CATEGORY=SIZE", callback=_sized,
               help="Maximum live bytes of one category anywhere in the trace (repeatable), e.g. logits=4GiB.")
 @click.option("--max-transient", "max_transient", type=SIZE, default=None,
-              help="Maximum transient at the peak (peak − baseline active bytes).")
+              help="Maximum transient: the peak over the active bytes at the window start, or with --phase the "
+                   "phase's peak over its start (what `phases` shows).")
+@click.option("--phase", default=None, help="Measure --max-transient over this phase (a name `phases` lists).")
 @click.option("--metric", type=click.Choice(["active", "reserved"]), default="active", show_default=True,
               help="What --budget limits: peak active (requested) bytes or the highest reserved bytes.")
 @device_option()
@@ -168,7 +170,7 @@ def _sized(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -
 @source_option
 @parallel_options
 def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxima: tuple[str, ...],
-          max_transient: int | None, metric: str, device: int | None, rules_file: str | None,
+          max_transient: int | None, phase: str | None, metric: str, device: int | None, rules_file: str | None,
           source: tuple[str, ...], fmt: str) -> None:
     """Exit 1 when the snapshot exceeds a budget, a category maximum or a transient maximum (for CI).
 
@@ -177,11 +179,13 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
     limits = parse_limits(maxima)
     if budget is None and not limits and max_transient is None:
         raise UsageError("check: give at least one limit (--budget, --max category=size, --max-transient)")
+    if phase is not None and max_transient is None:
+        raise UsageError("check: --phase says what --max-transient is measured over; give --max-transient too")
     rules_for(rules_file)                              # a bad --rules or --source fails before any load
     index = source_for(source)
     p = plan(file, rank, tag)
     work = functools.partial(_check, budget=budget, limits=limits, max_transient=max_transient, metric=metric,
-                             device=device, rules_file=rules_file, source=index)
+                             device=device, rules_file=rules_file, source=index, phase=phase)
     with Progress() as progress:
         p, results = each(p, work, progress)
     doc = results[0]
@@ -202,9 +206,11 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
 
 
 def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max_transient: int | None,
-           metric: str, device: int | None, rules_file: str | None, source: Any) -> dict[str, Any]:
+           metric: str, device: int | None, rules_file: str | None, source: Any,
+           phase: str | None = None) -> dict[str, Any]:
     from ..analyze.check import check as check_limits
     from ..load import load
+    from ..load.samples import markers_for
     from ..report.compare_documents import check_document
 
     t = job.target
@@ -212,5 +218,6 @@ def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max
     snapshot = load(t.path, t.rank, t.tag, frames="allocations", source=source)
     step("replaying and measuring" + (" (attributing every category)" if limits else ""))
     result = check_limits(snapshot, budget=budget, max_category=limits, max_transient=max_transient,
-                          metric=metric, rules=rules_for(rules_file), device=device)
+                          metric=metric, rules=rules_for(rules_file), device=device, phase=phase,
+                          markers=markers_for(t.path, t.rank, t.tag) if phase is not None else None)
     return check_document(result)

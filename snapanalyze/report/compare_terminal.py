@@ -232,7 +232,7 @@ _LIMIT_NAMES = {"budget": "budget", "transient": "max transient", "category": "m
 
 def _check_line(r: dict[str, Any], rank: int | None) -> str:
     """`FAIL  peak active 59.41 GiB > budget 56.00 GiB by 3.41 GiB (rank 1, device 0)`."""
-    subject = {"category": f"category {r['subject']}", "transient": "transient at the peak"}.get(
+    subject = {"category": f"category {r['subject']}", "transient": f"transient ({r['subject']})"}.get(
         r["check"], r["subject"].removesuffix(" bytes"))
     where = ", ".join(([f"rank {rank}"] if rank is not None else []) + [f"device {r['device']}"])
     actual, limit = units.fmt_bytes(r["actual_bytes"]), units.fmt_bytes(r["limit_bytes"])

@@ -85,6 +85,7 @@ def attribution_document(attribution: Any, explain: bool = False) -> dict[str, A
         entry: dict[str, Any] = {
             "device": device,
             "baseline_active_bytes": instant.baseline_active_bytes,
+            "baseline": instant.baseline,
             "instant": instant.label,
             "peak": {"event_index": instant.event_index, "time_us": instant.time_us,
                      "active_bytes": instant.active_bytes, "reserved_bytes": instant.reserved_bytes},

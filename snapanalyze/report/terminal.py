@@ -94,8 +94,8 @@ def render_attribution(doc: dict[str, Any], top: int, explain: bool, width: int 
         where = "before the first event" if p["event_index"] < 0 else f"event {p['event_index']:,}"
         out.append(f"\ndevice {d['device']} at the {d['instant']} ({where}"
                    + (f", {units.fmt_time_us(p['time_us'])}" if p["time_us"] else "") + ")")
-        out.append(f"  active {units.fmt_bytes(p['active_bytes'])} = baseline "
-                   f"{units.fmt_bytes(d['baseline_active_bytes'])} + transient {units.fmt_bytes(d['transient_bytes'])};"
+        out.append(f"  active {units.fmt_bytes(p['active_bytes'])} = {units.fmt_bytes(d['baseline_active_bytes'])} "
+                   f"at {d['baseline']} + transient {units.fmt_bytes(d['transient_bytes'])};"
                    f" reserved {units.fmt_bytes(p['reserved_bytes'])}"
                    + (f"; made by request {d['request']!r}" if d["request"] else ""))
         rows = [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_share(c["share"]), f"{c['blocks']:,}",

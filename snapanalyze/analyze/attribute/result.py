@@ -59,6 +59,7 @@ class Instant:
     reserved_bytes: int
     baseline_active_bytes: int
     request: str | None = None
+    baseline: str = "the window start"     # what `baseline_active_bytes` is the active bytes at; transient = over it
 
 
 @dataclass(frozen=True, eq=False)
