@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import display
 from .errors import BadInputError, RulesError, SnapanalyzeError, UnsafePickleError, UsageError
 from .load import load
+from .load.safe_pickle import Limits
 from .model import Snapshot
 from .replay import Timeline, replay
 from .units import parse_bytes
@@ -75,7 +76,7 @@ __all__ = [
     "load", "replay", "find_peaks", "attribute", "label_lifetimes", "top_sites", "load_rules", "summarize",
     "read_run", "compare_ranks", "phase_table", "attribute_phase", "outside_at_peaks", "join_samples",
     "explain_oom", "explain_path", "diff", "capacity", "sweep_points", "measure_sweep", "fit_capacity",
-    "capacity_contract", "check", "parse_bytes",
+    "capacity_contract", "check", "parse_bytes", "Limits",
     "Snapshot", "Timeline", "Attribution", "RuleSet", "RunSamples", "RankComparison", "OomExplanation",
     "Diff", "Capacity", "CheckResult", "Sweep", "Run", "open_run",
     "SnapanalyzeError", "BadInputError", "UnsafePickleError", "UsageError", "RulesError", "BudgetExceeded",
