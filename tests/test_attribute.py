@@ -602,3 +602,26 @@ def test_an_event_index_is_an_instant_as_event_i_is() -> None:
     assert by_index.instants == by_text.instants and by_index.blocks.equals(by_text.blocks)
     with pytest.raises(UsageError, match="event 100000: device 0 has events"):
         attribute(snap, at=100_000)
+
+
+def test_a_time_outside_the_trace_window_is_an_error_naming_the_window() -> None:
+    snap = load(SCENARIOS / "concurrent_requests.pickle")
+    with pytest.raises(UsageError, match=r"outside device 0's trace window \(2026-01-12 06:40:35\.004377 UTC … "):
+        attribute(snap, at="time:+100s")
+    with pytest.raises(UsageError, match="outside device 0's trace window"):
+        attribute(snap, at="time:2020-01-01T00:00:00Z")
+    assert attribute(snap, at="time:+0us").instants[0].event_index == 0
+
+
+def test_top_n_shows_n_sites_per_category() -> None:
+    from click.testing import CliRunner
+
+    from snapanalyze.cli import main
+    path = str(SCENARIOS / "concurrent_requests.pickle")
+    doc = json.loads(CliRunner().invoke(main, ["attribute", path, "--top", "5", "--format", "json"]).stdout)
+    other = next(c for c in doc["devices"][0]["categories"] if c["category"] == "other")
+    assert len(other["top_frames"]) == 5 and other["top_frame_bytes"] == sorted(other["top_frame_bytes"], reverse=True)
+    table = CliRunner().invoke(main, ["attribute", path, "--top", "5"]).stdout
+    assert table.count("(12.00 MiB)") == 3 and "(768.00 KiB); (no frames) (48.00 KiB)" in table
+    default = json.loads(CliRunner().invoke(main, ["attribute", path, "--format", "json"]).stdout)
+    assert max(len(c["top_frames"]) for c in default["devices"][0]["categories"]) == 3

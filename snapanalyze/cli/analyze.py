@@ -100,7 +100,7 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 # -- attribute ------------------------------------------------------------------------------------------------
 
 def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | None, rules_file: str | None,
-               source: Any, explain: bool, csv: bool, rank_column: bool) -> dict[str, Any]:
+               source: Any, explain: bool, csv: bool, rank_column: bool, top: int = 3) -> dict[str, Any]:
     from ..load import load
 
     t = job.target
@@ -123,7 +123,7 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
         if rank_column:
             blocks = blocks.assign(rank=job.rank)[["rank", *blocks.columns]]
         return {"csv": blocks.to_csv(index=False)}
-    return attribution_document(result, explain=explain)
+    return attribution_document(result, explain=explain, top=top)
 
 
 @main.command()
@@ -151,7 +151,7 @@ def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str 
         raise UsageError("--phase and --at choose the instant two ways: give one of them")
     p = plan(file, rank, tag)
     work = functools.partial(_attribute, at=at, phase=phase, device=device, rules_file=rules_file, source=index,
-                             explain=explain, csv=fmt == "csv", rank_column=p.multi)
+                             explain=explain, csv=fmt == "csv", rank_column=p.multi, top=top)
     with Progress() as progress:
         p, results = each(p, work, progress)
     if fmt == "csv":

@@ -77,11 +77,15 @@ def _peak_devices(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str
     return devices
 
 
-def attribution_document(attribution: Any, explain: bool = False) -> dict[str, Any]:
-    """The `attribute --format json` contract: devices[].categories[] sum exactly to peak.active_bytes."""
+def attribution_document(attribution: Any, explain: bool = False, top: int = 3) -> dict[str, Any]:
+    """The `attribute --format json` contract: devices[].categories[] sum exactly to peak.active_bytes; each
+    category's `top` sites by bytes in top_frames."""
+    from ..analyze.attribute import SUMMARY_TOP, summarize_blocks
+
     devices = []
+    summaries = attribution.summary if top == SUMMARY_TOP else summarize_blocks(attribution.blocks, top=top)
     for device, instant in sorted(attribution.instants.items()):
-        summary = attribution.summary[attribution.summary["device"] == device]
+        summary = summaries[summaries["device"] == device]
         entry: dict[str, Any] = {
             "device": device,
             "baseline_active_bytes": instant.baseline_active_bytes,

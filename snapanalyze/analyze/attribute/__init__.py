@@ -41,6 +41,7 @@ from .result import (
     BLOCK_COLUMNS,
     PERSISTENT_CATEGORIES,
     SUMMARY_COLUMNS,
+    SUMMARY_TOP,
     Attribution,
     Decision,
     Instant,
@@ -49,9 +50,9 @@ from .result import (
 )
 from .stack import StackView, explain_stack
 
-__all__ = ["BLOCK_COLUMNS", "PERSISTENT_CATEGORIES", "STAGES", "SUMMARY_COLUMNS", "Attribution", "Decision",
-           "Instant", "StackView", "attribute", "explain_stack", "label_lifetimes", "summarize_blocks", "time_us_of",
-           "top_sites"]
+__all__ = ["BLOCK_COLUMNS", "PERSISTENT_CATEGORIES", "STAGES", "SUMMARY_COLUMNS", "SUMMARY_TOP", "Attribution",
+           "Decision", "Instant", "StackView", "attribute", "explain_stack", "label_lifetimes", "summarize_blocks",
+           "time_us_of", "top_sites"]
 
 
 def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None = None,

@@ -50,6 +50,11 @@ def choose_instant(timeline: Timeline, device: int, at: str | int) -> tuple[int,
             if dt.time_us is None or len(dt) == 0:
                 raise UsageError(f"--at {at}: device {device}'s trace has no timestamps")
             t = time_us_of(arg, int(dt.time_us[0]))
+            first, last = int(dt.time_us[0]), int(dt.time_us[-1])
+            if not first <= t <= last:
+                raise UsageError(f"--at {at}: {fmt_time_us(t)} is outside device {device}'s trace window "
+                                 f"({fmt_time_us(first)} … {fmt_time_us(last)}): the trace does not say what was "
+                                 "live then")
             return int(np.searchsorted(dt.time_us, t, side="right")) - 1, f"time {fmt_time_us(t)}"
     except ValueError:
         raise UsageError(f"--at {at}: {_AT_FORMS}") from None

@@ -80,7 +80,10 @@ class Attribution(HtmlDisplay):
 
 
 
-def summarize_blocks(blocks: pd.DataFrame, top: int = 3) -> pd.DataFrame:
+SUMMARY_TOP = 3     # allocation sites per category in `Attribution.summary`
+
+
+def summarize_blocks(blocks: pd.DataFrame, top: int = SUMMARY_TOP) -> pd.DataFrame:
     """By device and category: bytes, share of the device's total, blocks, top frames by bytes, inferred bytes."""
     rows = []
     for device, dev in blocks.groupby("device", sort=True):
