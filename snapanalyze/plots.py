@@ -229,9 +229,9 @@ def timeline_figure(timeline: Timeline, device: int, peaks: pd.DataFrame | None 
         fig.add_trace(go.Scatter(
             x=axis.x(dt, idx), y=peak_rows["active_bytes"].to_numpy(dtype=np.float64) / GiB,
             mode="markers+text", name="peaks",
-            text=_spread_labels(axis.x(dt, idx), [f"peak {int(r)}" for r in peak_rows["rank"]], _span(dt, axis)),
+            text=_spread_labels(axis.x(dt, idx), [f"peak {int(r)}" for r in peak_rows["peak"]], _span(dt, axis)),
             textposition="top center", marker={"color": CURVE_COLORS["peak"], "size": 9, "symbol": "diamond"},
-            hovertext=[f"peak {int(r.rank)}: {fmt_bytes(int(r.active_bytes))} active ({int(r.active_bytes):,} B)"
+            hovertext=[f"peak {int(r.peak)}: {fmt_bytes(int(r.active_bytes))} active ({int(r.active_bytes):,} B)"
                        f"<br>{escape(axis.describe(dt, int(r.event_index)))}"
                        for r in peak_rows.itertuples()],
             hoverinfo="text"))

@@ -53,7 +53,7 @@ def test_columns_and_types() -> None:
 def test_global_peak_first_occurrence_on_ties() -> None:
     df = peaks_of([10, 50, 20, 50, 10], top=5)
     assert df.iloc[0]["event_index"] == 1
-    assert df.iloc[0]["rank"] == 1
+    assert df.iloc[0]["peak"] == 1
     # The later equal hump is a separate peak (the valley at 20 is deep), ranked after the first.
     assert df["event_index"].tolist() == [1, 3]
     assert df["active_bytes"].tolist() == [50, 50]
@@ -87,7 +87,7 @@ def test_baseline_tie_counts_as_the_baseline() -> None:
 
 def test_empty_trace_reports_the_baseline() -> None:
     df = peaks_of([], baseline=1234)
-    assert df[["rank", "event_index", "until_index", "active_bytes", "transient_bytes"]].values.tolist() == \
+    assert df[["peak", "event_index", "until_index", "active_bytes", "transient_bytes"]].values.tolist() == \
         [[1, -1, -1, 1234, 0]]
     assert pd.isna(df.iloc[0]["time_us"]) and pd.isna(df.iloc[0]["duration_us"])
 
@@ -105,7 +105,7 @@ THREE_HUMPS = [100, 100, 0, 300, 290, 300, 0, 0, 150, 200, 0]   # the dip to 290
 
 def test_three_separated_humps_in_height_order() -> None:
     df = peaks_of(THREE_HUMPS, top=3)
-    assert df["rank"].tolist() == [1, 2, 3]
+    assert df["peak"].tolist() == [1, 2, 3]
     assert df["event_index"].tolist() == [3, 9, 0]
     assert df["active_bytes"].tolist() == [300, 200, 100]
     assert df["transient_bytes"].tolist() == [300, 200, 100]
@@ -164,7 +164,7 @@ def test_devices_and_device_filter() -> None:
     tl = timeline_of(curve_timeline([0, 5, 0], device=0), curve_timeline([1, 9, 3, 9, 0], device=1))
     df = find_peaks(tl, top=3)
     assert df["device"].tolist() == [0, 1, 1]
-    assert df.groupby("device")["rank"].apply(list).to_dict() == {0: [1], 1: [1, 2]}
+    assert df.groupby("device")["peak"].apply(list).to_dict() == {0: [1], 1: [1, 2]}
     only = find_peaks(tl, device=1)
     assert set(only["device"]) == {1}
     assert only.iloc[0]["event_index"] == 1
@@ -185,7 +185,7 @@ def _check_peak_properties(active: list[int], baseline: int, df: pd.DataFrame, m
     assert df.iloc[0]["active_bytes"] == top
     heights = df["active_bytes"].tolist()
     assert heights == sorted(heights, reverse=True)
-    assert df["rank"].tolist() == list(range(1, len(df) + 1))
+    assert df["peak"].tolist() == list(range(1, len(df) + 1))
     positions = df["event_index"].to_numpy() + 1
     assert len(set(positions.tolist())) == len(positions)
     assert (curve[positions] == df["active_bytes"].to_numpy()).all()

@@ -183,7 +183,7 @@ def outside_at_peaks(timeline: Timeline, nvml: pd.DataFrame, peaks: pd.DataFrame
     for p in peaks.itertuples(index=False):
         dt = timeline[int(p.device)]
         duration = None if p.duration_us is pd.NA or p.duration_us is None else int(p.duration_us)
-        rows.append(outside_at_instant(dt, joined[int(p.device)], int(p.event_index), duration, peak=int(p.rank),
+        rows.append(outside_at_instant(dt, joined[int(p.device)], int(p.event_index), duration, peak=int(p.peak),
                                        max_gap_us=max_gap_us))
     df = pd.DataFrame(rows, columns=OUTSIDE_COLUMNS)
     for c in ("peak", "time_us", "duration_us", "sample_before_us", "sample_after_us", "interval_us",

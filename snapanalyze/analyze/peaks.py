@@ -1,12 +1,12 @@
 """Find the peaks of a device's active-bytes curve.
 
-Contract: `find_peaks(timeline, top=5)` returns one row per peak, highest first, per device. Rank 1 is the
+Contract: `find_peaks(timeline, top=5)` returns one row per peak, highest first, per device. Peak 1 is the
 global maximum of active bytes (first occurrence on ties; event_index −1 when the maximum is the baseline
 itself, i.e. nothing in the window rose above what was live when it began). Further peaks are local maxima
 separated from every higher peak by a valley at least `min_prominence` × (max − min of the curve) deep, so
 one long rise reports once, not once per allocation.
 
-Columns: device, rank, event_index, until_index (the next event that changed active bytes, −1: none),
+Columns: device, peak (1 = the highest; `--at peak:N` names the same), event_index, until_index (the next event that changed active bytes, −1: none),
 time_us (nullable), duration_us (nullable: how long the peak held), active_bytes, reserved_bytes,
 allocated_est_bytes (an estimate, see replay), baseline_active_bytes, transient_bytes (active − baseline).
 """
@@ -24,7 +24,7 @@ from ..replay import DeviceTimeline, Timeline
 if TYPE_CHECKING:                     # `peak_records` serves the CLI without loading pandas
     import pandas as pd
 
-COLUMNS = ["device", "rank", "event_index", "until_index", "time_us", "duration_us", "active_bytes",
+COLUMNS = ["device", "peak", "event_index", "until_index", "time_us", "duration_us", "active_bytes",
            "reserved_bytes", "allocated_est_bytes", "baseline_active_bytes", "transient_bytes"]
 
 
@@ -113,7 +113,7 @@ def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[d
             if j < len(accepted) and h - rmq(pos, accepted[j]) < need:
                 continue
         elif not chosen and int(tops[k]) != g:
-            continue  # the global peak (first occurrence) is always rank 1
+            continue  # the global peak (first occurrence) is always peak 1
         bisect.insort(accepted, pos)
         chosen.append(k)
     if not chosen:
@@ -121,11 +121,11 @@ def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[d
     else:
         chosen_rows = [(int(tops[k]), int(until[k])) for k in chosen]
     rows = []
-    for rank, (index, nxt) in enumerate(chosen_rows, start=1):
+    for peak, (index, nxt) in enumerate(chosen_rows, start=1):
         t0, t1 = dt.time_at(index), dt.time_at(nxt) if nxt >= 0 else None
         active = dt.active_at(index)
         rows.append({
-            "device": dt.device, "rank": rank, "event_index": index, "until_index": nxt,
+            "device": dt.device, "peak": peak, "event_index": index, "until_index": nxt,
             "time_us": t0, "duration_us": (t1 - t0) if (t0 is not None and t1 is not None) else None,
             "active_bytes": active, "reserved_bytes": dt.reserved_at(index),
             "allocated_est_bytes": dt.allocated_est_at(index), "baseline_active_bytes": dt.baseline_active,

@@ -254,7 +254,7 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
             for row in peaks[peaks["device"] == d].itertuples():
                 index = int(row.event_index)
                 cache.at(d, index)
-                chosen.append(DetailInstant(d, index, f"peak {int(row.rank)}", f"p{int(row.rank)}"))
+                chosen.append(DetailInstant(d, index, f"peak {int(row.peak)}", f"p{int(row.peak)}"))
         unique: dict[int, DetailInstant] = {}
         for instant in chosen:                      # two specs naming one instant: the first one's label
             unique.setdefault(instant.event_index, instant)

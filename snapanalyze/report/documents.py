@@ -71,7 +71,7 @@ def _peak_devices(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str
     rows = peaks.to_dict("records") if hasattr(peaks, "to_dict") else list(peaks)
     devices = []
     for device in sorted({int(r["device"]) for r in rows}):
-        mine = sorted((r for r in rows if int(r["device"]) == device), key=lambda r: int(r["rank"]))
+        mine = sorted((r for r in rows if int(r["device"]) == device), key=lambda r: int(r["peak"]))
         records = [peak_record(r) for r in mine]
         devices.append({**device_header(timeline, device), "peak": records[0], "peaks": records})
     return devices

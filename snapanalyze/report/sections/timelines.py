@@ -58,7 +58,7 @@ def timelines_section(report: Report) -> Section | None:
                 phases=view.phases if len(view.phases) else None)))
             rows = []
             for r in view.peaks[view.peaks["device"] == device].itertuples():
-                rows.append({"rank": int(r.rank), "when": axis.describe(dt, int(r.event_index)),
+                rows.append({"peak": int(r.peak), "when": axis.describe(dt, int(r.event_index)),
                              "active": int(r.active_bytes), "reserved": int(r.reserved_bytes),
                              "allocated_est": int(r.allocated_est_bytes), "transient": int(r.transient_bytes),
                              "held": None if pd.isna(r.duration_us) else int(r.duration_us),
