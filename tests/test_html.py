@@ -549,7 +549,8 @@ def test_the_verdict_of_a_run_is_a_headline_and_a_line_per_rank(tp2_page: str) -
     assert head.endswith("(request req-1); vision_encoder (+4.07 GiB against the median rank) made the difference.")
     assert not re.search(r"\. [A-Z]", head)                                   # one sentence
     lines = verdict_lines(page)
-    assert [line.split(":")[0] for line in lines] == ["Rank 0", "Rank 1"]
+    assert [line.split(":")[0] for line in lines] == ["Rank 0", "Rank 1", "Headroom (the least, on rank 1)"]
+    assert lines[2].startswith("Headroom (the least, on rank 1): the highest reserved, 60.34 GiB, left ")
     assert lines[1].startswith("Rank 1: peak 59.41 GiB active (60.34 GiB reserved) at 2.697 s, during prefill")
     assert "(request req-1): 4.07 GiB vision_encoder, " in lines[1]
     assert all(len(line) < 260 for line in lines)
@@ -637,3 +638,13 @@ def test_a_state_without_a_trace_says_in_the_report_what_it_cannot_show() -> Non
     assert '<section id="oom">' in page and "a state without a trace</h3>" in page
     assert "The file holds the allocator&#39;s state but no trace, so an allocation failure cannot be seen" in page
     assert "admission limit" not in page
+
+
+def test_a_given_capacity_gives_the_headroom_with_or_without_an_oom() -> None:
+    fits = body(build_path_report(SCENARIOS / "kv_weights_baseline.pickle", samples=4, capacity=80 << 30))
+    assert ("Headroom: the highest reserved, 62.11 GiB, left 17.89 GiB of headroom on the 80.00 GiB device "
+            "(given (--capacity)), not counting memory outside the allocator.") in fits
+    failed = body(build_path_report(SCENARIOS / "oom_fragmentation.pickle", samples=4, capacity=40 << 30))
+    assert "Headroom: the highest reserved, 38.48 GiB, left 1.52 GiB of headroom on the 40.00 GiB device" in failed
+    unknown = body(build_path_report(SCENARIOS / "kv_weights_baseline.pickle", samples=4))
+    assert "of headroom" not in unknown

@@ -6,9 +6,10 @@ itself, i.e. nothing in the window rose above what was live when it began). Furt
 separated from every higher peak by a valley at least `min_prominence` × (max − min of the curve) deep, so
 one long rise reports once, not once per allocation.
 
-Columns: device, peak (1 = the highest; `--at peak:N` names the same), event_index, until_index (the next event that changed active bytes, −1: none),
-time_us (nullable), duration_us (nullable: how long the peak held), active_bytes, reserved_bytes,
-allocated_est_bytes (an estimate, see replay), baseline_active_bytes, transient_bytes (active − baseline).
+Columns: device, peak (1 = the highest; `--at peak:N` names the same), event_index, until_index (the next
+event that changed active bytes, −1: none), time_us (nullable), duration_us (nullable: how long the peak
+held), active_bytes, reserved_bytes, allocated_est_bytes (an estimate, see replay), baseline_active_bytes,
+transient_bytes (active − baseline).
 """
 
 from __future__ import annotations

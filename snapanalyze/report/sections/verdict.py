@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ...analyze.attribute import PERSISTENT_CATEGORIES as PERSISTENT
 from ...analyze.engine import Engine
 from ...units import fmt_bytes, fmt_share
@@ -167,6 +169,25 @@ def _device_line(view: RankView, device: int, ooms: list[_Oom]) -> tuple[str, bo
     return f"{head}: " + "; ".join(parts) + ".", inferred
 
 
+def _headroom(pairs: list[tuple[RankView, int]]) -> str:
+    """The least headroom among the devices whose capacity is known (given, NVML or meta.json): what it left
+    above the highest reserved bytes of the window, with or without an OOM ("" where no capacity is known)."""
+    found = []
+    for view, device in pairs:
+        capacity, source = view.capacity(device)
+        if capacity is not None:
+            dt = view.timeline[device]
+            highest = int(max(np.max(dt.reserved, initial=0), dt.baseline_reserved))
+            found.append((capacity - highest, highest, capacity, source, view, device))
+    if not found:
+        return ""
+    left, highest, capacity, source, view, device = min(found, key=lambda f: f[0])
+    said = f"{fmt_bytes(left)} of headroom" if left >= 0 else f"{fmt_bytes(-left)} over it"
+    where = f" (the least, on {view.where(device)})" if len(found) > 1 else ""
+    return (f"Headroom{where}: the highest reserved, {fmt_bytes(highest)}, left {said} on the "
+            f"{fmt_bytes(capacity)} device ({source}), not counting memory outside the allocator.")
+
+
 def _engine_line(engine: Engine) -> str:
     if engine.evidence is None:
         if not engine.framed:
@@ -240,6 +261,8 @@ def verdict_section(report: Report) -> Section | None:
             text, flag = _device_line(v, device, [o for o in ooms if o.view is v and o.device == device])
             lines.append((text, False))
             inferred = inferred or flag
+    if headroom := _headroom(pairs):
+        lines.append((headroom, False))
     lines += [(text, False) for v in report.views for text in _refusals(v)]
     lines += [(text, True) for v in report.views for text in _warnings(v)]
     engine = engine_of(view) if pairs else None
