@@ -214,6 +214,11 @@ ENGINE_NAMINGS: tuple[EngineNaming, ...] = (
     # torchtitan (torchtitan/tools/profiling.py): memory_snapshot/iteration_<N>/rank<R>_memory_snapshot.pickle,
     # and iteration_<N>_exit/ when the step ran out of memory
     EngineNaming("torchtitan", re.compile(r"^rank(?P<rank>[0-9]+)_memory_snapshot\.pickle$"), folder=_TORCHTITAN_DIR),
+    # Any pickle whose name states its rank as the word "rank" and a number, as a training or serving script
+    # that dumps one file per rank names them (rank0_oom.pickle, snapshot_rank1.pickle, mem-rank-3-step10.pickle):
+    # the rest of the name is the tag ("final" when nothing is left). Tried last: an engine's own naming wins.
+    EngineNaming("rank-named", re.compile(r"^(?:(?P<tag>.*?)[_.-])?(?<![A-Za-z])rank[_=-]?(?P<rank>[0-9]+)"
+                                          r"(?:[_.-](?P<stage>.+?))?\.pickle$", re.IGNORECASE)),
 )
 
 
@@ -240,7 +245,7 @@ def engine_snapshot(path: StrPath) -> EngineSnapshot | None:
         groups = m.groupdict()
         parts = [p.parent.name] if naming.folder is not None else []
         parts += [v for v in (groups.get("tag"), groups.get("stage")) if v]
-        tag = sanitize_tag("-".join(parts))
+        tag = sanitize_tag("-".join(parts)) if parts or naming.engine != "rank-named" else "final"
         if tag is not None:
             return EngineSnapshot(naming.engine, int(m.group("rank")), tag)
     return None

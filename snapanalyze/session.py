@@ -48,7 +48,7 @@ from .analyze.sweep import (
 from .batch_shape import SHAPE_KEYS, shape_from_filename
 from .errors import BadInputError, UsageError
 from .load import SourceIndex, SourceRoots, load
-from .load.runs import RunEntry
+from .load.runs import NO_SNAPSHOTS, RunEntry
 from .load.runs import entries as run_entries
 from .load.samples import (
     RunSamples,
@@ -213,7 +213,8 @@ def compare_ranks(run: str | Path | Run, tag: str | None = None, rules: RuleSet 
     opened = run if isinstance(run, Run) else open_run(run)
     chosen, problems = opened.ranks(tag=tag)
     if not chosen:
-        raise BadInputError(opened.given, "no rank has a snapshot to compare: " + "; ".join(problems))
+        raise BadInputError(opened.given, "no rank has a snapshot to compare: "
+                            + ("; ".join(problems) if problems else NO_SNAPSHOTS))
     rules = rules or load_rules()
 
     def here(data: RankData) -> rank_analysis.RankMeasure:

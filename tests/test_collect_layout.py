@@ -188,7 +188,8 @@ def test_tags_from_names_are_made_valid() -> None:
     # torchtitan: memory_snapshot/iteration_<N>[_exit]/rank<R>_memory_snapshot.pickle
     ("memory_snapshot/iteration_10/rank3_memory_snapshot.pickle", ("torchtitan", 3, "iteration_10")),
     ("memory_snapshot/iteration_9_exit/rank0_memory_snapshot.pickle", ("torchtitan", 0, "iteration_9_exit")),
-    ("elsewhere/rank0_memory_snapshot.pickle", None),                  # torchtitan's name outside its folders
+    # torchtitan's name outside its folders: a pickle named with its rank, the rest of the name its tag
+    ("elsewhere/rank0_memory_snapshot.pickle", ("rank-named", 0, "memory_snapshot")),
     ("prof/1758551300.1-TP-0.trace.json.gz", None),                     # SGLang's trace, not a memory snapshot
     ("run/rank=0/snapshot-final.pickle", None),
 ])

@@ -217,3 +217,39 @@ def test_torchtitan_memory_snapshot_folders_are_a_run(tmp_path):
     assert sorted(str(p.relative_to(out)) for p in out.glob("rank=*/tag=*")) == [
         "rank=0/tag=iteration_10", "rank=0/tag=iteration_12_exit", "rank=1/tag=iteration_10",
         "rank=1/tag=iteration_12_exit"]
+
+
+@pytest.mark.parametrize("name, rank, tag", [
+    ("rank0_oom.pickle", 0, "oom"), ("snapshot_rank1.pickle", 1, "snapshot"), ("mem-rank-3-step10.pickle", 3,
+     "mem-step10"), ("rank2.pickle", 2, "final"), ("RANK4_x.pickle", 4, "x"), ("frank0.pickle", None, None),
+    ("snapshot-final.pickle", None, None), ("model.pickle", None, None)])
+def test_a_pickle_named_with_its_rank_says_its_rank_and_tag(name: str, rank: int | None, tag: str | None) -> None:
+    from snapanalyze.layout import engine_snapshot
+    found = engine_snapshot(Path("/run") / name)
+    assert (found.rank, found.tag) == (rank, tag) if found is not None else rank is None
+
+
+def test_a_folder_of_rank_named_pickles_is_a_run(tmp_path: Path) -> None:
+    """rank0_….pickle, rank1_….pickle in one folder, as scripts dump one file per rank: every run command reads
+    them as ranks, and convert puts each at its rank."""
+    for r in (0, 1):
+        shutil.copy(TP2 / f"rank={r}" / "snapshot-final.pickle", tmp_path / f"rank{r}_oom.pickle")
+    assert [(e.rank, e.tag) for e in entries(tmp_path)] == [(0, "oom"), (1, "oom")]
+    done = _cli("ranks", tmp_path, "--format", "json")
+    assert done.exit_code == 0, done.output
+    assert [r["rank"] for r in json.loads(done.stdout)["ranks"]] == [0, 1]
+    done = _cli("convert", tmp_path)
+    assert done.exit_code == 0, done.output
+    assert sorted(p.parent.name + "/" + p.name for p in tmp_path.glob("rank=*/tag=*")) == \
+        ["rank=0/tag=oom", "rank=1/tag=oom"]
+
+
+def test_a_pickle_without_a_rank_in_a_folder_is_named_with_the_reason(tmp_path: Path) -> None:
+    shutil.copy(TP2 / "rank=0" / "snapshot-final.pickle", tmp_path / "model.pickle")
+    refused = _cli("ranks", tmp_path)
+    assert refused.exit_code == 2
+    assert "model.pickle: skipped (its name gives no rank: analyse the file itself" in refused.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = _cli("ranks", empty)
+    assert refused.exit_code == 2 and "pickles whose names give their rank (rank0_oom.pickle" in refused.stderr

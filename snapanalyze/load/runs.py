@@ -24,6 +24,11 @@ from .. import layout
 from ..atomic import is_leftover
 from ..errors import BadInputError, UsageError
 
+NO_SNAPSHOTS = ("a directory without snapshots: expected rank=N/snapshot-<tag>.pickle or rank=N/tag=<tag>/ tables "
+                "(see `snapanalyze convert`), an engine's dump (SGLang <time>-TP-<rank>-memory.pickle, torchtitan "
+                "iteration_<N>/rank<R>_memory_snapshot.pickle), or pickles whose names give their rank "
+                "(rank0_oom.pickle, snapshot_rank1.pickle)")
+
 
 @dataclass(frozen=True)
 class RunEntry:
@@ -121,6 +126,10 @@ def _engine_files(root: Path, found: _Found) -> None:
     for path in candidates:
         named = layout.engine_snapshot(path)
         if named is None:
+            if path.parent == root and path.name.endswith(layout.SNAPSHOT_SUFFIX) \
+                    and not path.name.startswith(layout.SNAPSHOT_PREFIX):
+                found.skip(path, "its name gives no rank: analyse the file itself, or name one file per rank "
+                                 "rank<N>_….pickle")
             continue
         if not path.is_file():
             found.skip(path, "not a regular file")
@@ -165,10 +174,7 @@ def resolve(path: str | Path, rank: int | None = None, tag: str | None = None) -
     found = listing.entries
     if not found:
         skipped = f" ({'; '.join(listing.problems)})" if listing.problems else ""
-        raise BadInputError(root, "a directory without snapshots: expected rank=N/snapshot-<tag>.pickle or "
-                            "rank=N/tag=<tag>/ tables (see `snapanalyze convert`), or an engine's dump (SGLang "
-                            f"<time>-TP-<rank>-memory.pickle, torchtitan iteration_<N>/rank<R>_memory_snapshot.pickle)"
-                            f"{skipped}")
+        raise BadInputError(root, NO_SNAPSHOTS + skipped)
     if rank is not None:
         found = [e for e in found if e.rank == rank]
     if tag is not None:
