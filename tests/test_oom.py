@@ -330,3 +330,21 @@ def test_an_empty_file_says_it_holds_nothing_to_explain(tmp_path: Path) -> None:
     empty = load(write_pickle(tmp_path / "empty.pickle", {"segments": [], "device_traces": []}))
     assert any("holds no allocator state and no trace" in n for n in explain_oom(empty).notes)
     assert any("no live bytes to attribute" in n for n in attribute(empty).notes)
+
+
+def test_live_exhaustion_advice_ranks_what_grew_by_bytes_against_the_shortfall() -> None:
+    from snapanalyze.analyze.oom import Advice, _advice_for_categories
+    cats = pd.DataFrame({"category": ["weights", "mlp", "logits", "attention", "other"],
+                         "bytes": [40 * GiB, 3 * GiB, 6 * GiB, 1 * GiB, 5 * MiB],
+                         "window_bytes": [0, 3 * GiB, 6 * GiB, 1 * GiB, 5 * MiB]})
+    picked = _advice_for_categories(cats, shortfall=2 * GiB)
+    assert [a.values["category"] for a in picked] == ["logits", "mlp", "attention"]   # most bytes first, at most 3
+    worded = [oom_text._one(a, "training") for a in picked]
+    assert worded[0].startswith("a chunked loss over the vocabulary")
+    assert worded[0].endswith("logits holds 6.00 GiB allocated in the trace window and live at the failure, enough "
+                              "by itself to cover the 2.00 GiB that was missing")
+    assert worded[2].endswith("attention holds 1.00 GiB allocated in the trace window and live at the failure, 50% "
+                              "of the 2.00 GiB that was missing")
+    assert "activation checkpointing" in worded[1]                  # training: the chunk advice for activations
+    assert oom_text._one(Advice("category", {"category": "mlp", "bytes": GiB, "in_window": False}), "pytorch") \
+        .endswith("mlp holds 1.00 GiB live at the failure")

@@ -82,7 +82,7 @@ UNKNOWN_CAPACITY = "unknown: no NVML samples or meta.json (give the run director
 class Advice:
     """One thing that would have helped, as data (`report.oom_text` words it): `kind` is
     "expandable_segments" (values: reserved_free_bytes, largest_free_bytes), "max_split" (split_mb, segments,
-    free_bytes), "isolate", "category" (category, bytes, in_window) or "free_live" (bytes)."""
+    free_bytes), "isolate", "category" (category, bytes, in_window, shortfall) or "free_live" (bytes)."""
 
     kind: str
     values: Mapping[str, Any] = field(default_factory=dict)
@@ -298,14 +298,22 @@ def _split_segments(snapshot: Snapshot, device: int) -> pd.DataFrame:
     return agg[agg["any_use"] & agg["any_big_free"]][["segment_address", "segment_size", "free_bytes"]]
 
 
-def _advice_for_categories(cats: pd.DataFrame) -> list[Advice]:
-    """Advice about the category that grew the most inside the window (else the largest live one)."""
+ADVISED_CATEGORIES = 3       # categories a live exhaustion's advice names, most bytes first
+
+
+def _advice_for_categories(cats: pd.DataFrame, shortfall: int = 0) -> list[Advice]:
+    """Advice about the categories that grew most inside the window, most bytes first (else the largest live
+    one): what each holds is what changing it could free, set against the `shortfall` the request missed."""
     if not len(cats):
         return []
-    window = cats[cats["window_bytes"] > 0].sort_values("window_bytes", ascending=False, kind="stable")
-    pick = window.iloc[0] if len(window) else cats.sort_values("bytes", ascending=False, kind="stable").iloc[0]
-    amount = int(pick["window_bytes"]) if len(window) else int(pick["bytes"])
-    return [Advice("category", {"category": str(pick["category"]), "bytes": amount, "in_window": bool(len(window))})]
+    window = cats[cats["window_bytes"] > 0].sort_values(["window_bytes", "category"], ascending=[False, True],
+                                                        kind="stable")
+    picks = window.head(ADVISED_CATEGORIES) if len(window) else \
+        cats.sort_values(["bytes", "category"], ascending=[False, True], kind="stable").head(1)
+    return [Advice("category", {"category": str(pick["category"]),
+                                "bytes": int(pick["window_bytes"]) if len(window) else int(pick["bytes"]),
+                                "in_window": bool(len(window)), "shortfall": shortfall})
+            for _, pick in picks.iterrows()]
 
 
 def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> int | None:
@@ -382,7 +390,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
             advice.append(Advice("isolate"))
         else:
             verdict = "live_exhaustion"
-            advice.extend(_advice_for_categories(cats))
+            advice.extend(_advice_for_categories(cats, shortfall))
             advice.append(Advice("free_live", {"bytes": shortfall}))
     return OomVerdict(
         device=device, index=index, time_us=None if pd.isna(row.time_us) else int(row.time_us), stream=stream,

@@ -135,7 +135,10 @@ def _one(a: Advice, engine: str) -> str:
         name = x["category"]
         text = category_advice(name, engine)
         where = "allocated in the trace window and live at the failure" if x["in_window"] else "live at the failure"
-        return f"{text} — {name} holds {fmt_bytes(x['bytes'])} {where}"
+        short = int(x.get("shortfall") or 0)
+        covers = ("" if not short else f", enough by itself to cover the {fmt_bytes(short)} that was missing"
+                  if x["bytes"] >= short else f", {x['bytes'] / short:.0%} of the {fmt_bytes(short)} that was missing")
+        return f"{text} — {name} holds {fmt_bytes(x['bytes'])} {where}{covers}"
     if a.kind == "free_live":
         return f"free at least {fmt_bytes(x['bytes'])} of live memory before this allocation"
     raise ValueError(f"unknown advice kind {a.kind!r}")
