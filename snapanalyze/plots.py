@@ -362,10 +362,11 @@ def categories_figure(series: pd.DataFrame, timeline: Timeline, device: int, ord
                       marks: Sequence[tuple[int, str]] = (), height: int = 380,
                       max_points: int = TIMELINE_MAX_POINTS) -> go.Figure:
     """Stacked bytes per category of `device` at the attributed instants of `series` (`categories_over_time`),
-    drawn as steps: each instant's bytes hold until the next instant (memory changes only at events), so the
-    stack's top at every instant is the exact active bytes there. The exact active curve (`_curve`, steps,
-    at most about `max_points` points) is drawn over it, so where the live set moved between two instants
-    the line shows by how much.
+    drawn as steps and only where they are exact: each instant's bytes hold until the next instant when the
+    active bytes do not change before it, else until the first event that changes them (`exact_until`), and
+    nothing is drawn from there to the next instant. The exact active curve (`_curve`, steps, at most about
+    `max_points` points) is drawn over it and carries the rest, so a periodic workload shows its swings, not
+    one instant's categories held across them.
 
     `order` lists categories bottom first (unlisted ones follow by name); `marks` are (event index, label)
     pairs drawn as vertical lines (peaks, OOMs)."""
@@ -378,14 +379,23 @@ def categories_figure(series: pd.DataFrame, timeline: Timeline, device: int, ord
                             "xaxis": {"title": {"text": axis.title}},
                             "yaxis": {"title": {"text": "GiB live"}, "rangemode": "tozero"},
                             "hovermode": "x unified"})
+    instants = np.unique(part["event_index"].to_numpy(dtype=np.int64))
+    until = exact_until(dt, instants)
+    broken = until < np.r_[instants[1:], len(dt) if len(dt) else 0]     # the live set moved before the next instant
     for category in stacked:
-        rows = part[part["category"] == category].sort_values("event_index", kind="stable")
-        idx = rows["event_index"].to_numpy(dtype=np.int64)
+        rows = part[part["category"] == category].set_index("event_index")["bytes"]
+        values = rows.reindex(instants, fill_value=0).to_numpy(dtype=np.float64) / GiB
+        # each instant's bytes, held only while they are exact: to the next instant, or to the first event
+        # that changes the active bytes before it (then nothing: the exact curve carries the rest)
+        idx = np.concatenate([instants, until[broken]])
+        y = np.concatenate([values, np.zeros(int(broken.sum()))])
+        sequence = np.argsort(idx, kind="stable")
         color = category_color(category, present)
         fig.add_trace(go.Scatter(
-            x=axis.x(dt, idx), y=rows["bytes"].to_numpy(dtype=np.float64) / GiB, name=category,
+            x=axis.x(dt, idx[sequence]), y=y[sequence], name=category,
             mode="lines", stackgroup="categories", line={"width": 0.5, "color": color, "shape": "hv"},
-            fillcolor=color, customdata=idx, hovertemplate=f"{escape(category)}: %{{y:.3f}} GiB<extra></extra>"))
+            fillcolor=color, customdata=idx[sequence],
+            hovertemplate=f"{escape(category)}: %{{y:.3f}} GiB<extra></extra>"))
     if len(part) and len(dt):
         x, y, idx = _curve(dt, axis, dt.active, dt.baseline_active, max(1, max_points // 2),
                            part["event_index"].unique().tolist())
@@ -400,6 +410,17 @@ def categories_figure(series: pd.DataFrame, timeline: Timeline, device: int, ord
             fig.add_annotation(x=float(x), y=1, yref="paper", text=escape(label), showarrow=False,
                                yanchor="bottom", font={"size": 10, "color": CURVE_COLORS["peak"]})
     return fig
+
+
+def exact_until(dt: DeviceTimeline, instants: np.ndarray) -> np.ndarray:
+    """For each instant (ascending event indices, −1: the window's start), the index of the first later event
+    that changes the active bytes (len(dt) where none does): the state after the instant holds until then."""
+    active = np.asarray(dt.active, dtype=np.int64)
+    if not len(active):
+        return np.zeros(len(instants), dtype=np.int64)
+    before = np.r_[dt.baseline_active, active[:-1]]
+    changes = np.flatnonzero(active != before)          # events whose active bytes differ from the state before
+    return np.r_[changes, len(active)][np.searchsorted(changes, np.asarray(instants) + 1)]
 
 
 def _span(dt: DeviceTimeline, axis: TimeAxis) -> float:

@@ -244,11 +244,13 @@ def test_categories_figure_stacks_steps_that_meet_the_exact_curve_at_every_insta
     assert all(t.line.shape == "hv" for t in fig.data)              # memory is flat between two events
     total = sum(np.asarray(t.y) for t in stacked)
     instants = sorted(series["event_index"].unique())
-    assert np.allclose(total, [timeline[0].active_at(int(i)) / GiB for i in instants])
+    at_instant = np.isin(np.asarray(stacked[0].customdata), instants)
+    assert np.allclose(total[at_instant], [timeline[0].active_at(int(i)) / GiB for i in instants])
+    assert not total[~at_instant].any()               # where the live set moved before the next instant: nothing
     (exact,) = [t for t in fig.data if t.name == "active (exact)"]
     assert set(instants) <= set(np.asarray(exact.customdata).tolist())
     xs, ys = np.asarray(exact.x), np.asarray(exact.y)
-    for x, top in zip(np.asarray(stacked[0].x), total):
+    for x, top in zip(np.asarray(stacked[0].x)[at_instant], total[at_instant]):
         assert step_at(xs, ys, float(x)) == pytest.approx(top)
     assert [a.text for a in fig.layout.annotations] == ["peak 1"]
 
@@ -364,3 +366,30 @@ def test_segment_map_figure_marks_the_largest_free_block_and_the_failed_request(
     assert free_drawn == pytest.approx(smap.free_bytes)          # every free byte is in the shown segments
     notes = [a.text for a in fig.layout.annotations]
     assert any(f"{len(smap.segments) - 12} more segments not drawn" in n for n in notes)
+
+
+def test_a_periodic_workload_is_not_drawn_as_one_instant_held_across_its_swings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Sixty cycles of 4 GiB up and down with a handful of attributed instants: every drawn step of the stack
+    equals the exact curve for as long as it is drawn (held only while the active bytes stay put), and the
+    stack is absent across the swings the instants do not cover."""
+    from conftest import BASE, SnapshotBuilder, write_pickle
+    b = SnapshotBuilder()
+    b.segment(BASE, [(512 * MiB, 512 * MiB, "active_allocated"), (4 * GiB, 0, "inactive")])
+    for _ in range(60):
+        b.alloc(BASE + 512 * MiB, 4 * GiB)
+        b.free(BASE + 512 * MiB, 4 * GiB)
+    snap = load(write_pickle(tmp_path / "periodic.pickle", b.build()))
+    timeline = replay(snap)
+    series = categories_over_time(snap, timeline, samples=4)
+    fig = categories_figure(series, timeline, 0)
+    stacked = [t for t in fig.data if t.stackgroup == "categories"]
+    total = sum(np.asarray(t.y) for t in stacked)
+    (exact,) = [t for t in fig.data if t.name == "active (exact)"]
+    xs, ys = np.asarray(exact.x), np.asarray(exact.y)
+    x = np.asarray(stacked[0].x)
+    for k in range(len(x) - 1):                       # each drawn step holds only while it is exact
+        if total[k] and x[k + 1] > x[k]:
+            inside = (xs > x[k]) & (xs < x[k + 1])
+            assert step_at(xs, ys, float(x[k])) == pytest.approx(total[k])
+            assert np.allclose(ys[inside], total[k]), (k, x[k], x[k + 1])
+    assert (total == 0).sum() >= len(series["event_index"].unique()) - 2    # gaps where the swings were

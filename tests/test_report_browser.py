@@ -207,17 +207,20 @@ def test_the_page_really_fails_on_a_network_request(tmp_path: Path) -> None:
 
 
 def stacked_totals_meet_the_exact_curve(traces: list[dict[str, Any]]) -> int:
-    """Assert that at every attributed instant the stacked categories sum to the exact active curve drawn over
-    them, and that every line is a step; return the number of instants checked."""
+    """Assert that wherever the stacked categories are drawn they sum to the exact active curve drawn over them
+    (a point where nothing is drawn is where the live set moved before the next attributed instant), and that
+    every line is a step; return the number of drawn points checked."""
     stacked = [t for t in traces if t["stackgroup"] == "categories"]
     (exact,) = [t for t in traces if t["name"] == "active (exact)"]
     assert stacked and all(t["shape"] == "hv" for t in traces)
     at = dict(zip(exact["customdata"], exact["y"]))
-    instants = stacked[0]["customdata"]
-    for n, index in enumerate(instants):
+    drawn = 0
+    for n, index in enumerate(stacked[0]["customdata"]):
         total = sum(t["y"][n] for t in stacked)
-        assert total == pytest.approx(at[index], rel=1e-9, abs=1e-12), index
-    return len(instants)
+        if total:
+            assert total == pytest.approx(at[index], rel=1e-9, abs=1e-12), index
+            drawn += 1
+    return drawn
 
 
 def test_categories_over_time_equal_the_exact_curve_at_their_points(tmp_path: Path) -> None:
