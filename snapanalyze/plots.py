@@ -428,7 +428,7 @@ def _span(dt: DeviceTimeline, axis: TimeAxis) -> float:
     return float(np.ptp(axis.x(dt, np.array([-1, len(dt) - 1], dtype=np.int64)))) if len(dt) else 0.0
 
 
-def _spread_labels(xs: np.ndarray, labels: list[str], span: float, gap: float = 0.03) -> list[str]:
+def _spread_labels(xs: np.ndarray, labels: list[str], span: float, gap: float = 0.06) -> list[str]:
     """`labels`, with each one closer than `gap` × `span` to an earlier shown one blanked (no overprinting)."""
     shown: list[float] = []
     out = []

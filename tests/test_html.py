@@ -638,12 +638,14 @@ def test_a_state_without_a_trace_says_in_the_report_what_it_cannot_show() -> Non
     assert '<section id="oom">' in page and "a state without a trace</h3>" in page
     assert "The file holds the allocator&#39;s state but no trace, so an allocation failure cannot be seen" in page
     assert "admission limit" not in page
+    assert headline(page).startswith("The file holds the allocator's state but no trace: 86.65 MiB live on device 0")
+    assert 'id="timelines"' not in page and 'id="categories"' not in page      # no time to draw without a trace
 
 
 def test_a_given_capacity_gives_the_headroom_with_or_without_an_oom() -> None:
     fits = body(build_path_report(SCENARIOS / "kv_weights_baseline.pickle", samples=4, capacity=80 << 30))
-    assert ("Headroom: the highest reserved, 62.11 GiB, left 17.89 GiB of headroom on the 80.00 GiB device "
-            "(given (--capacity)), not counting memory outside the allocator.") in fits
+    assert ("Headroom: the highest reserved, 62.11 GiB, left 17.89 GiB of headroom on the 80.00 GiB device, not "
+            "counting memory outside the allocator (capacity: given (--capacity)).") in fits
     failed = body(build_path_report(SCENARIOS / "oom_fragmentation.pickle", samples=4, capacity=40 << 30))
     assert "Headroom: the highest reserved, 38.48 GiB, left 1.52 GiB of headroom on the 40.00 GiB device" in failed
     unknown = body(build_path_report(SCENARIOS / "kv_weights_baseline.pickle", samples=4))

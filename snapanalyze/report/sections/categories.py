@@ -21,8 +21,8 @@ def categories_section(report: Report) -> Section | None:
                                             key=lambda kv: (-kv[1].precedence, kv[0]))]
         for device in view.devices:
             part = series[series["device"] == device]
-            if not len(part):
-                continue
+            if not len(part) or not len(view.timeline[device]):
+                continue                      # nothing over time without a trace
             marks = [(i.event_index, i.label) for i in view.details.get(device, [])]
             ooms = view.snapshot.ooms
             marks += [(int(i), "OOM") for i in ooms.loc[ooms["device"] == device, "index"]]

@@ -142,6 +142,10 @@ def _peak_headline(report: Report, view: RankView, device: int) -> tuple[str, st
         return text + ".", None, False
     live = _live(view, device, index, rest=False, owners=True)
     label = view.main(device).label
+    if not len(dt):                           # a state without a trace: no peak, time or failure can be seen
+        return (f"The file holds the allocator's state but no trace: {fmt_bytes(active)} live on "
+                f"{view.where(device)} ({fmt_bytes(reserved)} reserved): {live.text()}; when it peaked and whether "
+                "an allocation failed cannot be seen without a trace."), None, live.inferred
     first = (f"The peak on {view.where(device)} was {fmt_bytes(active)} active" if label == "peak 1" else
              f"At {label} on {view.where(device)}, {fmt_bytes(active)} were active")
     return (f"{first} ({fmt_bytes(reserved)} reserved) {when}: "
@@ -185,7 +189,7 @@ def _headroom(pairs: list[tuple[RankView, int]]) -> str:
     said = f"{fmt_bytes(left)} of headroom" if left >= 0 else f"{fmt_bytes(-left)} over it"
     where = f" (the least, on {view.where(device)})" if len(found) > 1 else ""
     return (f"Headroom{where}: the highest reserved, {fmt_bytes(highest)}, left {said} on the "
-            f"{fmt_bytes(capacity)} device ({source}), not counting memory outside the allocator.")
+            f"{fmt_bytes(capacity)} device, not counting memory outside the allocator (capacity: {source}).")
 
 
 def _engine_line(engine: Engine) -> str:
