@@ -90,6 +90,8 @@ def test_every_command_the_readme_shows_runs(command: str, tmp_path: Path) -> No
         args = _fill(tokens, tmp_path)
         if args[0] == "report":
             args += ["--samples", "2", "--force"]
+        if args[0] == "mcp":                                             # a server: test_mcp talks to it
+            args.append("--help")
         if args[0] == "convert":
             run = tmp_path / "run"
             shutil.copytree(args[1], run, dirs_exist_ok=True)
