@@ -71,7 +71,18 @@ def test_another_requests_live_bytes_are_concurrent_request_by_marker(tmp_path):
     assert exact.blocks.loc[exact.blocks["category"] == "concurrent_request", "rule"].tolist() == \
         ["signal.user_metadata"]
     assert not any("no request identity" in n for n in result.notes)
-    assert any("no request identity" in n for n in attribute(snap, at="event:1").notes)
+
+
+def test_the_request_identity_note_is_for_serving_engines_once_per_file() -> None:
+    """Only a serving engine batches requests into one forward; a training run or a plain program has none to
+    tell apart, so the note would be noise there."""
+    scenarios = Path(__file__).resolve().parent.parent / "fixtures"
+    serving = attribute(load(scenarios / "scenarios" / "kv_weights_baseline.pickle")).notes
+    assert [n for n in serving if "no request identity" in n] == [
+        "device 0: no request identity recorded (user_metadata empty, no request markers), so bytes of other "
+        "requests batched into the same forward cannot be told apart"]
+    training = attribute(load(scenarios / "real" / "cs336-medium-ctx1024-training-t2.11.pickle")).notes
+    assert not any("no request identity" in n for n in training)
 
 
 def test_adjacent_and_open_spans(tmp_path):

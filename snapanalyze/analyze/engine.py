@@ -41,6 +41,7 @@ class Engine:
 
 
 PYTORCH = Engine("pytorch", "PyTorch")
+SERVING_ENGINES = ("vllm", "sglang")   # engines that batch requests, and admit them against a memory budget
 
 
 @functools.cache

@@ -54,7 +54,7 @@ from ..model import (
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import StackView, attribute, explain_stack
 from .attribute.frames import allocation_stacks
-from .engine import Engine, detect_engine
+from .engine import SERVING_ENGINES, Engine, detect_engine
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
 from .requests import event_requests
@@ -447,9 +447,6 @@ def _state_only(snapshot: Snapshot, device: int) -> StateOnly:
                      reserved_free_bytes=reserved - in_blocks, free_blocks=len(free), largest_free_block_bytes=largest,
                      largest_free_stream=stream, live_blocks=len(live),
                      larger_live_blocks=int((live["size"] > largest).sum()))
-
-
-SERVING_ENGINES = ("vllm", "sglang")   # engines that admit requests against a budget before they allocate
 
 
 def _no_oom(dt: DeviceTimeline, nvml: pd.DataFrame | None, capacity: int | None, capacity_source: str,

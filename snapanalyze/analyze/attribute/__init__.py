@@ -31,6 +31,7 @@ from ...errors import UsageError
 from ...model import Snapshot
 from ...replay import Timeline, replay
 from ...units import fmt_count
+from ..engine import SERVING_ENGINES, detect_engine
 from ..requests import RequestIndex
 from ..rules import RuleSet, load_rules
 from .frames import Decider
@@ -71,6 +72,7 @@ def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None 
     has_markers = len(RequestIndex.of(markers)) > 0
     said = _said(decider, markers)
     parts, instants, notes = [], {}, []
+    anonymous: list[int] = []                          # devices whose requests nothing names
     for d in devices:
         dt = timeline[d]
         index, name = choose_instant(timeline, d, at)
@@ -82,13 +84,16 @@ def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None 
             raise AssertionError("attributed bytes differ from the replayed active bytes")
         t = snapshot.trace(d)
         if (t.user_metadata is None or not any(t.user_metadata_names)) and not has_markers:
-            notes.append(f"device {d}: no request identity recorded (user_metadata empty, no request markers), "
-                         "so bytes of other requests batched into the same forward cannot be told apart")
+            anonymous.append(d)
         if ambiguous:
             notes.append(f"device {d}: {fmt_count(ambiguous, 'live block')} {'was' if ambiguous == 1 else 'were'} "
                          "allocated while requests of different "
                          "threads were running; the trace does not say which thread allocated them, so they "
                          "keep their frame categories")
+    if anonymous and parts and detect_engine(snapshot, pd.concat(parts, ignore_index=True)).name in SERVING_ENGINES:
+        where = f"device {anonymous[0]}" if len(anonymous) == 1 else f"devices {', '.join(map(str, anonymous))}"
+        notes.insert(0, f"{where}: no request identity recorded (user_metadata empty, no request markers), so bytes "
+                        "of other requests batched into the same forward cannot be told apart")
     if not devices:
         notes.append("the file holds no allocator state and no trace (no segments, no trace entries): there are no "
                      "live bytes to attribute")
