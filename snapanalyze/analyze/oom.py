@@ -17,13 +17,18 @@ otherwise estimated from the replay (live blocks at the entry laid into the segm
 - "live_exhaustion": the device could not give the request and nothing outside explains it;
 - "unexplained" (checked first): a usable free block was large enough, so the state at the failure differs
   from what the file shows.
-Each verdict (`OomVerdict`) comes with what decided it and `advice` as data (`Advice`), drawn from the
-numbers and from the categories live at the failure (`attribute` at the entry); `report.oom_text` puts them
-in words. Without any `oom` entry, `no_oom` (`NoOom` per device) holds what shows that no allocation failure
-was recorded — the rejected requests (named when a request marker says so, see `rejected_requests`) were
-refused by an admission limit — and how far the peak stayed below capacity (NVML used at the peak, else
-reserved; or that the capacity is unknown). `session.explain_path(file_or_run)` does this for a file or
-every rank of a run, with each rank's NVML samples, markers and capacity.
+Each verdict (`OomVerdict`) comes with what decided it, the allocation that failed (`failed`: its bytes, the
+code that asked for it from the entry's own frames — `attribute.explain_stack` — its request and span) and
+`advice` as data (`Advice`), drawn from the numbers and from the categories live at the failure (`attribute`
+at the entry; for a live exhaustion up to three that grew in the window, most bytes first, each against the
+shortfall); `report.oom_text` puts them in words. Without any `oom` entry, `no_oom` (`NoOom` per device with
+a trace) holds that no allocation failure was recorded and how far the peak stayed below capacity (NVML used
+at the peak, else reserved; or that the capacity is unknown); `admission` says whether requests could have
+been refused before they allocated (a serving engine's frames, or request markers that say so, see
+`rejected_requests`), which only then is said. A device with a state but no trace is `state_only`
+(`StateOnly`): no failure can be seen there, and the state's free blocks are set against its live ones.
+`session.explain_path(file_or_run)` does this for a file or every rank of a run, with each rank's NVML
+samples, markers and capacity.
 
 `OomExplanation.ooms` columns: OOM_COLUMNS (a row per `verdicts` entry). `.categories` columns: device,
 index, category, bytes, share, blocks, window_bytes (of those, allocated inside the trace window).
