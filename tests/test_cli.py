@@ -389,3 +389,26 @@ def test_progress_redraws_a_long_step_and_stops() -> None:
     assert text.count("snapanalyze: replaying…") >= 2 and text.endswith("\r\033[K")
     time.sleep(TICK_S * 1.5)
     assert stream.getvalue() == text                                          # nothing drawn after done()
+
+
+HOSTILE = "\x1b]52;c;ZXZpbA==\x07\x1b[2J\r\u202eevil\u200b\x9b"
+
+
+def test_hostile_text_in_a_snapshot_stays_text_in_the_terminal_and_in_csv(tmp_path: Path) -> None:
+    """Frame names and metadata are a stranger's text: no escape sequence, carriage return, bidi override or
+    zero-width character reaches the terminal, and no CSV cell opens as a spreadsheet formula."""
+    from conftest import BASE, SnapshotBuilder, write_pickle
+    b = SnapshotBuilder()
+    b.segment(BASE, [(1 << 20, 1 << 20, "active_allocated"), (1 << 20, 0, "inactive")])
+    b.alloc(BASE, 1 << 20, user_metadata='=HYPERLINK("https://evil.example")',
+            frames=[{"filename": f"/app/{HOSTILE}model.py", "line": 3, "name": f"run{HOSTILE}"}])
+    path = write_pickle(tmp_path / "hostile.pickle", b.build())
+    for args in (["attribute", str(path)], ["summary", str(path)], ["peaks", str(path)], ["phases", str(path)],
+                 ["attribute", str(path), "--explain"]):
+        out = run(*args)
+        assert out.exit_code == 0, out.output
+        assert not set(out.stdout) & set("\x1b\x07\r\u202e\u200b\x9b"), (args, out.stdout)
+    shown = run("attribute", str(path)).stdout
+    assert "\\x1b]52;c;ZXZpbA==\\x07" in shown and "\\u202eevil" in shown          # shown, not acted on
+    cells = run("attribute", str(path), "--format", "csv").stdout
+    assert not set(cells) & set("\x1b\x07\r\u202e") and "'=HYPERLINK" in cells and ",=" not in cells

@@ -47,7 +47,7 @@ class _Group(click.Group):
                 shown(message, category, *args, **kwargs)
             elif str(message) not in seen:
                 seen.append(str(message))
-                click.echo(f"snapanalyze: warning: {message}", err=True)
+                click.echo(f"snapanalyze: warning: {_visible(str(message))}", err=True)
 
         with warnings.catch_warnings():
             warnings.simplefilter("always", InputWarning)
@@ -61,13 +61,19 @@ class _Group(click.Group):
                 ctx.exit(getattr(exc, "exit_code", 2))
 
 
+def _visible(text: str) -> str:
+    from ..report.text import visible
+    return visible(text)
+
+
 def _message(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return "ran out of memory (an input larger than this machine can analyse, or one built to exhaust it; " \
                "--max-memory refuses such inputs early)"
     if isinstance(exc, RecursionError):
         return "an input nests deeper than any snapshot does (refused)"
-    return str(exc)
+    from ..report.text import visible
+    return visible(str(exc))            # an error may quote a name from the input
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -110,7 +110,7 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
     from ..analyze.attribute import attribute as attribute_blocks  # pandas after the raw objects are freed
     from ..analyze.phases import attribute_phase
     from ..load.samples import markers_for
-    from ..report.documents import attribution_document
+    from ..report.documents import attribution_document, blocks_csv
 
     markers = markers_for(t.path, t.rank, t.tag)
     step("attributing")
@@ -122,7 +122,7 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
         blocks = result.blocks
         if rank_column:
             blocks = blocks.assign(rank=job.rank)[["rank", *blocks.columns]]
-        return {"csv": blocks.to_csv(index=False)}
+        return {"csv": blocks_csv(blocks)}
     return attribution_document(result, explain=explain, top=top)
 
 

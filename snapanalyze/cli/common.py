@@ -126,9 +126,10 @@ def terminal_width() -> int | None:
 
 
 def echo_text(text: str, width: int | None) -> None:
-    """Print terminal text, its long lines wrapped to `width` (tables arrive fitted already)."""
-    from ..report.text import wrap
-    click.echo(wrap(text, width))
+    """Print terminal text, its long lines wrapped to `width` (tables arrive fitted already), every character
+    a terminal would act on written visibly (`text.visible`: names and metadata come from the snapshot)."""
+    from ..report.text import visible, wrap
+    click.echo(wrap(visible(text), width))
 
 
 def emit_json(doc: Any) -> None:

@@ -116,3 +116,19 @@ def explain_records(attribution: Any, device: int) -> list[dict[str, Any]]:
     return [{"category": r.category, "rule": r.rule, "frame": r.frame, "reason": r.reason,
              "tags": [t for t in r.tags.split(",") if t], "inferred": bool(r.inferred), "bytes": int(r.bytes),
              "blocks": int(r.blocks), "stacks": int(r.stacks)} for r in g.itertuples()]
+
+
+def blocks_csv(blocks: Any) -> str:
+    """`Attribution.blocks` as CSV that a spreadsheet opens safely: each distinct text cell made inert once
+    (`text.csv_cell`: formulas get a leading apostrophe, hidden characters become escapes)."""
+    import pandas as pd
+
+    from .text import csv_cell
+
+    safe = blocks.copy(deep=False)
+    for column in safe.columns:
+        if safe[column].dtype == object:
+            codes, uniques = pd.factorize(safe[column], use_na_sentinel=False)
+            safe[column] = pd.Series([csv_cell(u) for u in uniques], dtype=object).to_numpy()[codes]
+    text: str = safe.to_csv(index=False)
+    return text

@@ -6,15 +6,42 @@ Contract: `table` renders rows of already-formatted cells with right-aligned num
 printed as records, a row's `header: value` pairs to a paragraph, never a name or number folded; a table
 that fits, or one rendered without a width (piped output), comes out the same either way. `wrap` folds the
 other lines of a text (sentences, notes) that are longer than the width at spaces, continuing indented.
-`inferred_share` and INFERRED_LEGEND are how every table flags inferred bytes. Nothing here prints.
+`inferred_share` and INFERRED_LEGEND are how every table flags inferred bytes. `visible(text)` is text as a
+terminal must show it when it may hold a stranger's characters (frame and file names, metadata): every
+control character but newline and tab (ESC/CSI/OSC sequences, BEL, backspace, carriage return, C1, NUL),
+bidi overrides and isolates, and zero-width characters become visible escapes (``\x1b``, ``\u202e``), so
+nothing can move the cursor, clear the screen, write the clipboard or reorder what is read. `csv_cell`
+makes a CSV cell safe to open in a spreadsheet: text that begins like a formula (= + - @, tab, CR) gets a
+leading apostrophe. Nothing here prints.
 """
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 
 from ..units import fmt_bytes
+
+# Characters a terminal acts on or hides: C0 controls but \t and \n, DEL and C1, bidi embeddings, overrides
+# and isolates, zero-width spaces and joiners, the word joiner and the byte-order mark.
+_HIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def visible(text: str) -> str:
+    """`text` with every character a terminal would act on or hide written as a visible escape."""
+    return _HIDDEN.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                       else f"\\u{ord(m.group()):04x}", text)
+
+
+def csv_cell(value: object) -> object:
+    """A text cell that a spreadsheet would read as a formula, made inert with a leading apostrophe; its
+    carriage returns and other hidden characters made visible. Numbers and other values pass unchanged."""
+    if not isinstance(value, str):
+        return value
+    value = visible(value.replace("\r", "\\r"))
+    return "'" + value if value.startswith(_FORMULA) else value
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool] | None = None,
