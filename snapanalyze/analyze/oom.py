@@ -209,7 +209,7 @@ class OomExplanation:
     verdicts: tuple[OomVerdict, ...] = ()                      # one per row of `ooms`, in order
     no_oom: tuple[NoOom, ...] = ()                             # one per device, only when there is no oom
     notes: tuple[str, ...] = ()
-    engine: Engine | None = None                               # the program, from the blocks live at the ooms
+    engine: Engine | None = None                               # the program: blocks live at the ooms, else every stack
     state_only: tuple[StateOnly, ...] = ()                     # devices with a state and no trace
 
 
@@ -513,10 +513,11 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     notes = []
     traced = [d for d in sorted(timeline.devices) if len(timeline[d]) or d in snapshot.traces]
     state_only = tuple(_state_only(snapshot, d) for d in sorted(timeline.devices) if d not in traced)
-    engine = detect_engine(snapshot, pd.concat(live, ignore_index=True)) if live else None
+    # the program: from the blocks live at the failures, else (nothing failed) from every allocation's stack
+    engine = detect_engine(snapshot, pd.concat(live, ignore_index=True) if live else
+                           pd.DataFrame({"stack_id": allocation_stacks(snapshot)}))
     if not len(ooms):
         rejected = rejected_requests(markers)
-        engine = detect_engine(snapshot, pd.DataFrame({"stack_id": allocation_stacks(snapshot)}))
         serving = engine.name in SERVING_ENGINES
         no_oom = tuple(_no_oom(timeline[d], nvml, *cap(d), rejected, serving) for d in traced)
     if not timeline.devices:

@@ -72,8 +72,7 @@ def _message(exc: BaseException) -> str:
                "--max-memory refuses such inputs early)"
     if isinstance(exc, RecursionError):
         return "an input nests deeper than any snapshot does (refused)"
-    from ..report.text import visible
-    return visible(str(exc))            # an error may quote a name from the input
+    return _visible(str(exc))            # an error may quote a name from the input
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -27,10 +27,13 @@ def choose_instant(timeline: Timeline, device: int, at: str | int) -> tuple[int,
     """The event index of `at` on a device and its label (see the package docstring for the forms; an int is
     an event index, as `event:I`, for the analyses that chose one)."""
     dt = timeline[device]
+
+    def event(i: int, said: str) -> tuple[int, str]:
+        if not -1 <= i < len(dt):
+            raise UsageError(f"{said}: device {device} has events 0…{len(dt) - 1} (−1 = start)")
+        return i, f"event {i}"
     if isinstance(at, int) and not isinstance(at, bool):
-        if not -1 <= at < len(dt):
-            raise UsageError(f"event {at}: device {device} has events 0…{len(dt) - 1} (−1 = start)")
-        return at, f"event {at}"
+        return event(at, f"event {at}")
     kind, _, arg = str(at).partition(":")
     try:
         if kind == "peak" and not arg:
@@ -42,10 +45,7 @@ def choose_instant(timeline: Timeline, device: int, at: str | int) -> tuple[int,
                 raise UsageError(f"--at {at}: device {device} has {len(peaks)} peak(s)")
             return int(peaks.iloc[n - 1]["event_index"]), f"peak {n}"
         if kind == "event":
-            i = int(arg)
-            if not -1 <= i < len(dt):
-                raise UsageError(f"--at {at}: device {device} has events 0…{len(dt) - 1} (−1 = start)")
-            return i, f"event {i}"
+            return event(int(arg), f"--at {at}")
         if kind == "time":
             if dt.time_us is None or len(dt) == 0:
                 raise UsageError(f"--at {at}: device {device}'s trace has no timestamps")
