@@ -6,7 +6,8 @@ there). `FrameSources` maps every frame of one snapshot — `(filename, line, fu
 holds it — to its `FrameSource`, or to nothing where no file was found; the loader makes it
 (`load(..., source=...)`, `load.source.SourceIndex.frames`) and the snapshot carries it, so the analyses
 read source as data and open no file. `environment` says whether installed packages were looked up in
-the analysing Python's site-packages.
+the analysing Python's site-packages; `skipped` names each frame file that was found but not read or
+parsed (a device, over the size cap, nesting Python cannot parse) with the reason.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class FrameSources:
 
     found: Mapping[Frame, FrameSource] = field(repr=False)
     environment: bool = False          # installed packages were read from the analysing environment
+    skipped: Mapping[str, str] = field(default_factory=dict, repr=False)   # frame file -> why it was not read
 
     def resolve(self, filename: str, line: int, function: str) -> FrameSource | None:
         return self.found.get((filename, line, function))

@@ -46,7 +46,10 @@ def fmt_count(n: int, noun: str, plural: str | None = None) -> str:
 def fmt_time_us(t: int | None) -> str:
     if t is None:
         return "–"
-    return datetime.fromtimestamp(t / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    try:
+        return datetime.fromtimestamp(t / 1e6, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    except (ValueError, OverflowError, OSError):       # outside the calendar datetime knows (years 1–9999)
+        return f"{t:,} µs since 1970 UTC"
 
 
 def fmt_duration_us(d: int | None) -> str:

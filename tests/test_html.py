@@ -650,3 +650,41 @@ def test_a_given_capacity_gives_the_headroom_with_or_without_an_oom() -> None:
     assert "Headroom: the highest reserved, 38.48 GiB, left 1.52 GiB of headroom on the 40.00 GiB device" in failed
     unknown = body(build_path_report(SCENARIOS / "kv_weights_baseline.pickle", samples=4))
     assert "of headroom" not in unknown
+
+
+# The tags plotly's label renderer honours that our figures use; every other tag in a label would be
+# interpreted (plotly draws `<a href>` as a link) and must arrive escaped.
+PLOTLY_TAGS = {"br", "b", "i", "em", "sup", "sub", "span", "extra"}
+
+
+def test_no_untrusted_tag_reaches_a_figure_label(tmp_path: Path) -> None:
+    """Frame files and names, metadata and annotations that carry HTML reach plotly escaped: the figures'
+    strings hold only the formatting tags we write, so no stranger's link or markup is drawn."""
+    link = '<a href="https://evil.example/x">x</a><svg onload=1>'
+    b = SnapshotBuilder()
+    frames = [{"filename": f"/srv/{link}/model.py", "line": 7, "name": link},
+              {"filename": "/srv/app.py", "line": 1, "name": f"step{link}"}]
+    b.segment(0x7F00_0000_0000, [(4 << 20, 4 << 20, "inactive")])
+    b.alloc(0x7F00_0000_0000, 1 << 20, frames=frames, user_metadata=link)
+    b.alloc(0x7F00_0010_0000, 2 << 20, frames=frames, user_metadata=link)
+    b.free(0x7F00_0010_0000, 2 << 20, frames=frames)
+    b.event("oom", None, 8 << 20, device_free=1 << 20, frames=frames)
+    page = build_report(load(write_pickle(tmp_path / "links.pickle", b.build())))
+    blocks = re.findall(r'<script type="application/json" id="(fig-[^"]*)-data">(.*?)</script>', page, re.S)
+    assert len(blocks) >= 3
+    tags: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            tags.update(t.lower() for t in re.findall(r"</?\s*([a-zA-Z][\w-]*)", value))
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for _, text in blocks:
+        walk(json.loads(text))
+    assert tags <= PLOTLY_TAGS, tags - PLOTLY_TAGS
+    assert any("evil.example" in t for _, t in blocks)        # the names are there, as text

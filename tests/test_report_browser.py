@@ -48,6 +48,7 @@ class PageRun:
     figures: int = 0
     rendered: int = 0
     pwned: Any = None
+    links: list[str] = field(default_factory=list)   # every link on the page that leaves it
     verdict_top: str = ""          # the verdict as it first shows: headline, lines, advice (details folded)
     verdict: str = ""              # the verdict with its details opened by a click
     text: str = ""
@@ -98,6 +99,10 @@ def open_report(path: Path, screenshot: Path | None = None) -> PageRun:
                 "d => d.querySelectorAll('.main-svg').length > 0 && d.getBoundingClientRect().height > 100"
                 " && d.querySelectorAll('path, rect').length > 0).length")
             run.pwned = page.evaluate("() => typeof window.pwned === 'undefined' ? null : window.pwned")
+            run.links = page.evaluate(
+                "() => [...document.querySelectorAll('a')].map(a => a.getAttribute('href')"
+                " || a.getAttribute('xlink:href') || a.getAttributeNS('http://www.w3.org/1999/xlink', 'href') || '')"
+                ".filter(h => h && !h.startsWith('#'))")
             verdict = page.locator("#verdict")
             run.verdict_top = verdict.inner_text() if verdict.count() else ""
             if page.locator("#verdict details > summary").count():
@@ -170,7 +175,9 @@ def hostile_snapshot(tmp_path: Path) -> Path:
     """A small snapshot whose every frame is named like a script injection, in a file and a function."""
     b = SnapshotBuilder()
     frames = [{"filename": f"/srv/{HOSTILE}/model.py", "line": 7, "name": HOSTILE},
-              {"filename": "/srv/app.py", "line": 1, "name": "<img src=x onerror=window.pwned=2>"}]
+              {"filename": "/srv/app.py", "line": 1, "name": "<img src=x onerror=window.pwned=2>"},
+              {"filename": '/srv/<a href="https://evil.example/f">lib.py</a>', "line": 3,
+               "name": '<a href="https://evil.example/n">step</a>'}]
     b.segment(0x7F00_0000_0000, [(4 << 20, 4 << 20, "inactive")])
     b.alloc(0x7F00_0000_0000, 1 << 20, frames=frames)
     b.alloc(0x7F00_0010_0000, 2 << 20, frames=frames, user_metadata=HOSTILE)
@@ -190,6 +197,7 @@ def test_hostile_frame_names_cannot_break_the_page(tmp_path: Path) -> None:
     assert run.pwned is None
     assert run.errors == []
     assert run.foreign_requests == []
+    assert run.links == []                           # plotly's label HTML cannot plant a link either
     assert run.figures >= 3 and run.rendered == run.figures
     assert "The peak on device 0 was 3.00 MiB" in run.verdict
     assert HOSTILE in run.text                       # shown to the reader as the literal frame name

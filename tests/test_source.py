@@ -4,12 +4,16 @@ a newer Python's syntax and hostile paths handled."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from conftest import SnapshotBuilder, write_pickle
 
 from snapanalyze import UsageError
-from snapanalyze.load.source import SourceIndex
+from snapanalyze.cli import main
+from snapanalyze.load.source import MAX_FILE_BYTES, SourceIndex
 
 MODEL = '''\
 import torch
@@ -105,3 +109,38 @@ def test_devices_and_missing_roots_are_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a directory"):
         SourceIndex.of(tmp_path / "nope")
     assert SourceIndex.of(None) is None and SourceIndex.of([]) is None
+
+
+def test_files_that_cannot_be_read_or_parsed_are_skipped_with_the_reason(tmp_path: Path) -> None:
+    """A device or FIFO named like a module, a file over the size cap, and one nesting deeper than Python's
+    parser goes are skipped — each named with why — and never hang or fail the rest."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "ok.py").write_text("def f(x):\n    return x\n")
+    (root / "big.py").write_text("def f(x):\n    return x\n" + "#" * (MAX_FILE_BYTES + 1))
+    (root / "deep.py").write_text("def f(x):\n    return x\nY = " + "+".join(["x"] * 100_000) + "\n")
+    os.mkfifo(root / "fifo.py")                      # reading it would block forever
+    (root / "kmsg.py").symlink_to("/dev/zero")       # reading it would never end
+    index = SourceIndex.of(root)
+    assert index is not None
+    frames = [(f"/elsewhere/{name}.py", 2, "f") for name in ("ok", "big", "deep", "fifo", "kmsg")]
+    sources = index.frames(frames)
+    assert [f[0] for f in sources.found] == ["/elsewhere/ok.py"]
+    assert sources.skipped == {"/elsewhere/big.py": "not read: over 1 MiB",
+                               "/elsewhere/deep.py": "not parsed: it nests deeper than Python parses",
+                               "/elsewhere/fifo.py": "not read: not a regular file",
+                               "/elsewhere/kmsg.py": "not read: not a regular file"}
+
+
+def test_a_skipped_file_is_named_in_the_attribution_notes(tmp_path: Path) -> None:
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "model.py").write_text("def forward(x):\n    return x\n" + "#" * (MAX_FILE_BYTES + 1))
+    b = SnapshotBuilder()
+    b.segment(0x7F00_0000_0000, [(2 << 20, 2 << 20, "inactive")])
+    b.alloc(0x7F00_0000_0000, 1 << 20, frames=[{"filename": "/app/model.py", "line": 2, "name": "forward"}])
+    path = write_pickle(tmp_path / "s.pickle", b.build())
+    result = CliRunner().invoke(main, ["attribute", str(path), "--source", str(root)])
+    assert result.exit_code == 0, result.output
+    assert ("1 file of the program's own code found under --source was skipped (model.py: not read: over 1 MiB)"
+            in result.output)

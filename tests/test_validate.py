@@ -160,6 +160,33 @@ def test_times_that_run_backwards_withhold_windows_and_durations(tmp_path: Path)
     assert result.stderr.strip().splitlines() == [f"snapanalyze: warning: {doc['warnings'][0]}"]
 
 
+def test_non_finite_settings_are_withheld_and_the_json_stays_strict(tmp_path: Path) -> None:
+    """A NaN or infinite allocator setting would write `NaN` into JSON (not JSON): it is withheld, named."""
+    raw = snapshot()
+    raw["allocator_settings"] = {"garbage_collection_threshold": float("nan"), "expandable_segments": False,
+                                 "extra": {"ratio": float("-inf"), "ok": 0.5}}
+    path = write_pickle(tmp_path / "nan.pickle", raw)
+    for command in ("summary", "peaks", "attribute", "explain-oom", "phases"):
+        result = run(path, command, "--format", "json")
+        assert result.exit_code == 0, result.output
+        doc = json.loads(result.stdout, parse_constant=lambda c, command=command: pytest.fail(f"{command} wrote {c}"))
+        assert any("garbage_collection_threshold is not a finite number: withheld" in w for w in doc["warnings"])
+        assert any("allocator_settings.extra.ratio is not a finite number" in w for w in doc["warnings"])
+    settings = load(path).allocator_settings
+    assert settings == {"expandable_segments": False, "extra": {"ok": 0.5}}
+
+
+def test_a_time_past_year_9999_still_prints(tmp_path: Path) -> None:
+    raw = snapshot()
+    for i, event in enumerate(raw["device_traces"][0]):
+        event["time_us"] = 253_402_300_800_000_000 + i       # 10000-01-01: past what datetime can show
+    path = write_pickle(tmp_path / "y10k.pickle", raw)
+    for command in ("summary", "peaks", "attribute", "explain-oom", "phases"):
+        result = run(path, command)
+        assert result.exit_code == 0 and result.exception is None, result.output
+    assert "from 253,402,300,800,000,000 µs since 1970 UTC" in run(path, "peaks").stdout
+
+
 def test_blocks_that_do_not_fill_their_segment_are_a_warning(tmp_path: Path) -> None:
     raw = snapshot()
     raw["segments"][0]["total_size"] += MiB

@@ -137,4 +137,4 @@ def emit_json(doc: Any) -> None:
     if isinstance(doc, dict):
         ctx = click.get_current_context(silent=True)
         doc = {**doc, "warnings": list(ctx.meta.get(WARNINGS_KEY, [])) if ctx is not None else []}
-    click.echo(json.dumps(doc, indent=2, default=str))
+    click.echo(json.dumps(doc, indent=2, default=str, allow_nan=False))

@@ -13,7 +13,10 @@ enclosing class's base-class names (last dotted part, ``nn.Module`` → ``Module
 through classes defined anywhere under the roots. `code` is the statement at the line (whitespace collapsed,
 at most 240 characters); `call` is the dotted name of the only call that statement makes ("" when it makes
 none or several, because then which call allocated is not known). Roots that do not exist are a UsageError.
-Files over 4 MiB are skipped: nothing a program's own module should be. With `environment`, a frame of an
+A file is read only if it is a regular file of at most 1 MiB (the largest modules of transformers, vLLM or
+Megatron are a few hundred KB; a device, a FIFO or a generated blob would hang or cost seconds and GBs) and
+parsed only if Python's parser accepts its nesting; a file found but skipped is named with the reason in
+`FrameSources.skipped`, and its frames decide as if it had no source. With `environment`, a frame of an
 installed package (``…/site-packages/transformers/models/…``) that neither its own path nor the roots give
 is read at the same package-relative path in this Python's site-packages (found by path: nothing is
 imported); whether that copy is the version that ran is for the caller to check (`drifted` frames).
@@ -37,7 +40,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..frame_source import Frame, FrameSource, FrameSources
 
-MAX_FILE_BYTES = 4 << 20
+MAX_FILE_BYTES = 1 << 20
 _SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", ".tox", ".mypy_cache"}
 _PACKAGE = re.compile(r"(?:^|/)(?:site|dist)-packages/([^/]+/.+\.py)$")   # a package's file, relative
 _CLASS_RE = re.compile(r"^[ \t]*class[ \t]+(\w+)", re.MULTILINE)
@@ -84,7 +87,7 @@ def _dotted(node: ast.expr) -> str:
     return ".".join(reversed(parts))
 
 
-def _tree(text: str) -> ast.Module | None:
+def _tree(text: str) -> ast.Module | str:
     """The file's syntax tree. A line this Python cannot parse (the program may target a newer one, e.g.
     3.12's nested f-string quotes) is blanked to `pass` at its indentation and parsing retried, so the
     definitions around it still resolve; `code` then shows that line's raw text."""
@@ -97,17 +100,18 @@ def _tree(text: str) -> ast.Module | None:
         except SyntaxError as exc:
             n = (exc.lineno or 0) - 1
             if not 0 <= n < len(lines) or lines[n].strip() == "pass":
-                return None
+                return f"not parsed: {exc.msg} at line {exc.lineno}"
             lines[n] = lines[n][:len(lines[n]) - len(lines[n].lstrip())] + "pass"
-        except (ValueError, RecursionError, MemoryError):
-            return None
-    return None
+        except (ValueError, RecursionError, MemoryError) as exc:
+            return f"not parsed: {'it nests deeper than Python parses' if isinstance(exc, RecursionError) else exc}"
+    return "not parsed: more than 32 lines this Python cannot parse"
 
 
-def _parse(text: str) -> _File | None:
+def _parse(text: str) -> _File | str:
+    """The file's definitions and statements, or why it could not be parsed."""
     tree = _tree(text)
-    if tree is None:
-        return None
+    if isinstance(tree, str):
+        return tree
     defs: list[_Def] = []
     statements: list[tuple[int, int, ast.stmt]] = []
     classes: dict[str, tuple[str, ...]] = {}
@@ -124,8 +128,8 @@ def _parse(text: str) -> _File | None:
                     classes.setdefault(child.name, tuple(b for b in map(_base_name, child.bases) if b))
                 defs.append(_Def(start, child.end_lineno or child.lineno, child.name, inner, cls))
                 visit(child, inner, child.name if is_class else cls)
-            else:
-                visit(child, chain, cls)
+            elif isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                visit(child, chain, cls)        # only statements hold statements: expressions are not walked
 
     visit(tree, (), "")
     return _File(defs, statements, text.splitlines(), classes)
@@ -145,7 +149,7 @@ class SourceIndex:
     roots: tuple[Path, ...]
     environment: bool = False          # installed packages' frames are also looked up in this site-packages
     _by_name: dict[str, list[tuple[str, ...]]] | None = field(default=None, repr=False)
-    _files: dict[str, _File | None] = field(default_factory=dict, repr=False)
+    _files: dict[str, _File | str] = field(default_factory=dict, repr=False)   # parsed, or why not
     _located: dict[str, str | None] = field(default_factory=dict, repr=False)
     _resolved: dict[tuple[str, int, str], FrameSource | None] = field(default_factory=dict, repr=False)
     _class_files: dict[str, list[str]] | None = field(default=None, repr=False)
@@ -170,11 +174,13 @@ class SourceIndex:
 
     def frames(self, frames: Iterable[Frame]) -> FrameSources:
         """The source of each of `frames` that has one, as the map a snapshot carries (`FrameSources`)."""
-        found = {}
+        found, skipped = {}, {}
         for frame in frames:
             if frame[0].endswith(".py") and (hit := self.resolve(*frame)) is not None:
                 found[frame] = hit
-        return FrameSources(found, environment=self.environment)
+            elif (path := self._located.get(frame[0])) is not None and isinstance(self._files.get(path), str):
+                skipped[frame[0]] = str(self._files[path])
+        return FrameSources(found, environment=self.environment, skipped=skipped)
 
     # -- finding files ----------------------------------------------------------------------------
     def _index(self) -> dict[str, list[tuple[str, ...]]]:
@@ -212,9 +218,12 @@ class SourceIndex:
 
     def _file(self, path: str) -> _File | None:
         if path not in self._files:
-            text = _read(path)
-            self._files[path] = _parse(text) if text is not None else None
-        return self._files[path]
+            try:
+                self._files[path] = _parse(_read(path))
+            except (OSError, ValueError) as exc:
+                self._files[path] = f"not read: {exc.strerror or exc}" if isinstance(exc, OSError) else "not read"
+        parsed = self._files[path]
+        return parsed if isinstance(parsed, _File) else None
 
     # -- classes ----------------------------------------------------------------------------------
     def _bases(self, cls: str, here: _File) -> tuple[str, ...]:
@@ -239,7 +248,7 @@ class SourceIndex:
             for paths in self._index().values():
                 for parts in paths:
                     path = str(Path(*reversed(parts)))
-                    text = _read(path)
+                    text = _text(path)
                     for found in set(_CLASS_RE.findall(text or "")):
                         self._class_files.setdefault(found, []).append(path)
         for path in self._class_files.get(name, []):
@@ -324,17 +333,25 @@ def _regular_file(path: str) -> bool:
         st = os.stat(path)
     except (OSError, ValueError):
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_size <= MAX_FILE_BYTES
+    return stat.S_ISREG(st.st_mode)
 
 
-def _read(path: str) -> str | None:
-    if not _regular_file(path):
-        return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError:
-        return None
+def _read(path: str) -> str:
+    """The file's text, or OSError saying why it is not read (not a regular file, over the size cap)."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError("not a regular file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise OSError(f"over {MAX_FILE_BYTES >> 20} MiB")
+    with open(path, "rb") as f:
+        data = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
-        return None
+        raise OSError(f"over {MAX_FILE_BYTES >> 20} MiB")
     return data.decode("utf-8", errors="replace")
+
+
+def _text(path: str) -> str | None:
+    try:
+        return _read(path)
+    except (OSError, ValueError):
+        return None

@@ -15,6 +15,7 @@ or block; the error path alone looks up where the first bad entry came from.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -197,15 +198,31 @@ def _segment_rows(segs: Mapping[str, np.ndarray], blocks: Mapping[str, np.ndarra
     return found
 
 
+def _finite(value: Any, where: str, withheld: list[str]) -> Any:
+    """`value` without its non-finite floats (NaN, ±inf: no JSON, no arithmetic), each path put in `withheld`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        withheld.append(where)
+        return None
+    if isinstance(value, dict):
+        kept = {k: _finite(v, f"{where}.{k}", withheld) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if not (v is None and isinstance(value[k], float))}
+    if isinstance(value, list):
+        return [_finite(v, f"{where}[{i}]", withheld) for i, v in enumerate(value)]
+    return value
+
+
 def _settings(settings: dict[str, Any] | None) -> tuple[dict[str, Any] | None, list[str]]:
-    """The settings without the known ones of the wrong type, and a warning for each dropped."""
+    """The settings without the known ones of the wrong type and without non-finite numbers, and a warning
+    for each dropped."""
     if not settings:
         return settings, []
     wrong = [key for key, types in SETTING_TYPES.items() if key in settings and (
         not isinstance(settings[key], types) or (bool not in types and isinstance(settings[key], bool)))]
-    kept = {k: v for k, v in settings.items() if k not in wrong}
+    withheld: list[str] = []
+    kept = _finite({k: v for k, v in settings.items() if k not in wrong}, "allocator_settings", withheld)
     return kept, [f"allocator_settings.{key} is a {type(settings[key]).__name__}, expected "
-                  f"{' or '.join(t.__name__ for t in SETTING_TYPES[key])}: ignored" for key in wrong]
+                  f"{' or '.join(t.__name__ for t in SETTING_TYPES[key])}: ignored" for key in wrong] + [
+                  f"{where} is not a finite number: withheld" for where in withheld]
 
 
 def validate(snapshot: Snapshot) -> Snapshot:

@@ -31,10 +31,17 @@ def source_notes(decider: Decider, stack_ids: list[int]) -> list[str]:
                 "program's checkout) would resolve their frames to Class.method and the code at each line, which "
                 "tells an MLP's Linear from an attention one"]
     notes = []
-    missing = sum(1 for found in files.values() if not found)
+    skipped = {f: rules.source.skipped[f] for f, found in files.items() if not found and f in rules.source.skipped}
+    missing = sum(1 for f, found in files.items() if not found and f not in skipped)
     if missing:
         notes.append(f"{missing} of {len(files)} file(s) of the program's own code in the live stacks were not "
                      "found under --source: their frames decide by file and function name only")
+    if skipped:
+        shown = "; ".join(f"{f.rsplit('/', 1)[-1]}: {why}" for f, why in sorted(skipped.items())[:5])
+        notes.append(f"{fmt_count(len(skipped), 'file')} of the program's own code found under --source "
+                     f"{'was' if len(skipped) == 1 else 'were'} skipped ({shown}"
+                     f"{f'; and {len(skipped) - 5} more' if len(skipped) > 5 else ''}): "
+                     "their frames decide by file and function name only")
     frames = decider.interner.frames
     for _, fids in sorted(decider.untrusted.items()):
         named = frames[fids[0]][0]
