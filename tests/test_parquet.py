@@ -290,3 +290,34 @@ def test_warnings_and_what_tables_leave_out_survive_conversion(tmp_path: Path) -
     assert again.warnings[0] == snapshot.warnings[0] and "runs backwards" in again.warnings[0]
     assert any("pinned host memory (4 host segments) is not kept" in w for w in again.warnings)
     assert any("runs backwards" in str(w.message) for w in caught)
+
+
+def _bomb(path, rows):
+    """`path` rewritten as `rows` copies of its first row, in row groups that compress to almost nothing."""
+    import pyarrow as pa
+
+    table = pq.read_table(path)
+    group = table.take(pa.array(np.zeros(min(rows, 1 << 20), dtype=np.int64)))
+    with pq.ParquetWriter(path, table.schema, compression="zstd") as writer:
+        for _ in range(rows // group.num_rows):
+            writer.write_table(group, row_group_size=group.num_rows)
+
+
+def test_a_parquet_bomb_is_refused_from_its_footer_before_decoding(converted, tmp_path):
+    """A small events.parquet that claims millions of rows would decode to gigabytes: refused from the footer
+    alone, with the sizes named, and refused sooner under --max-memory."""
+    import resource
+
+    from snapanalyze.load.safe_pickle import Limits, limits_in_effect
+
+    directory = _copy(converted, tmp_path)
+    events = directory / "events.parquet"
+    _bomb(events, 6 << 20)
+    assert events.stat().st_size < 1 << 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(BadInputError, match=r"events.parquet: its columns would decode to [\d.]+ MiB \([\d,]+ bytes\), "
+                                            r"more than the 256.00 MiB a file of [\d,]+ bytes may take"):
+        _use(directory)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10     # KiB: nothing decoded
+    with limits_in_effect(Limits(max_memory_bytes=4096)), pytest.raises(BadInputError, match="more than the 4.00 KiB"):
+        _use(_copy(converted, tmp_path / "small"))

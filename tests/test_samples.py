@@ -300,3 +300,26 @@ def test_marker_attrs_nested_past_the_recursion_limit_are_kept_raw(tp2: Path) ->
     pq.write_table(table.set_column(attrs, "attrs", pa.array([deep] * table.num_rows, pa.string())), marks)
     first = read_run(tp2).markers_of(1)["attrs"].iloc[0]
     assert first == {"_raw": deep}
+
+
+def test_a_markers_table_past_the_memory_cap_is_refused_before_decoding(tmp_path: Path) -> None:
+    """Millions of spans in a markers.parquet of a few KB: the footer says what they would decode to, and
+    under --max-memory the run is refused at once, naming the file, instead of growing past the cap."""
+    import subprocess
+    import sys
+
+    run = Path(shutil.copytree(Path(__file__).parent.parent / "fixtures" / "runs" / "admission_rejected",
+                               tmp_path / "run"))
+    markers = run / "rank=0" / "markers.parquet"
+    table = pq.read_table(markers)
+    group = table.take(pa.array([0] * (1 << 20)))
+    with pq.ParquetWriter(markers, table.schema, compression="zstd") as writer:
+        for _ in range(2):
+            writer.write_table(group)
+    assert markers.stat().st_size < 1 << 20
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "--max-memory", "64MiB", "phases", str(run)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "markers.parquet: its columns would decode to" in lines[0], done.stderr
+    assert "more than the 64.00 MiB a file of" in lines[0]

@@ -8,6 +8,7 @@ import copy
 import json
 import os
 import pickle
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,7 +208,13 @@ def test_every_shipped_and_real_file_is_consistent(path: Path) -> None:
 EXAMPLES = int(os.environ.get("SNAPANALYZE_FUZZ_EXAMPLES", "120"))
 OUTCOMES: Counter[str] = Counter()
 COMMANDS = (("peaks", "--format", "json"), ("attribute", "--format", "json"), ("summary", "--format", "json"),
-            ("explain-oom", "--format", "json"))
+            ("explain-oom", "--format", "json"), ("attribute",), ("summary",))
+# A stranger's text in any field: terminal escapes (OSC 52 clipboard, clear screen, C1 CSI), a carriage return
+# and backspace that forge a line, bidi override and zero-width characters, HTML a renderer could interpret
+# as a link, a spreadsheet formula, and NUL.
+PAYLOADS = ("\x1b]52;c;ZXZpbA==\x07", "\x1b[2J\r", "\x9b31m", "x\bforged", "\u202eevil\u200b", "\x00",
+            '<a href="https://evil.example/x">x</a>', "=HYPERLINK(1)")
+UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
 SIGNED = ("allocator_settings", "delta", "change", "event_index", "until_index", "index")
 
 
@@ -234,9 +241,9 @@ def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
 
 PATHS = [list(_paths(base)) for base in BASES]
 ODD = st.sampled_from([-1, 0, 1, 1000, -(1 << 40), 1 << 44, 1 << 62, 1 << 64, None, "x", "\ud800", 1.5, [], {},
-                       True, [0] * 3, (1, 2)])
+                       True, [0] * 3, (1, 2), float("nan"), float("-inf"), *PAYLOADS])
 MUTATION = st.tuples(st.integers(0, 10**6), st.sampled_from(["delete", "odd", "negate", "scale", "shift",
-                                                              "duplicate", "swap", "reverse_times"]),
+                                                              "duplicate", "swap", "reverse_times", "text"]),
                      ODD, st.integers(-(1 << 20), 1 << 20))
 
 
@@ -258,6 +265,8 @@ def _mutate(raw: Any, paths: list[tuple[Any, ...]], pick: int, kind: str, odd: A
         del parent[key]
     elif kind == "odd" or (kind in ("negate", "scale", "shift") and not number):
         parent[key] = odd
+    elif kind == "text":             # a payload inside a string the analysis keeps (names, metadata, settings)
+        parent[key] = f"{value}{PAYLOADS[shift % len(PAYLOADS)]}" if isinstance(value, str) else value
     elif kind == "negate":
         parent[key] = -value
     elif kind == "scale":
@@ -287,6 +296,11 @@ def _negatives(doc: Any, path: str = "") -> Iterator[str]:
         last = path.rsplit(".", 1)[-1]
         if not any(s in path for s in SIGNED[:3]) and not last.endswith(SIGNED[3:]):
             yield f"{path} = {doc}"
+
+
+def _check_text(command: str, text: str) -> None:
+    unsafe = UNSAFE.findall(text)
+    assert not unsafe, f"{command}: raw control, bidi or zero-width characters reach the terminal: {unsafe[:5]}"
 
 
 def _check_output(command: str, doc: dict[str, Any]) -> None:
@@ -323,5 +337,11 @@ def test_fuzz_every_input_analyses_with_its_invariants_or_fails_in_one_line(
             OUTCOMES["refused (exit 2, one line)"] += 1
             continue
         assert result.exit_code == 0, (command, result.output)
-        _check_output(command[0], json.loads(result.stdout))
+        _check_text(command[0], result.stderr)
+        if "json" not in command:
+            _check_text(command[0], result.stdout)
+            OUTCOMES["analysed, terminal text inert"] += 1
+            continue
+        _check_output(command[0], json.loads(
+            result.stdout, parse_constant=lambda c, name=command[0]: pytest.fail(f"{name} wrote {c}: not JSON")))
         OUTCOMES["analysed, invariants hold" + (" (with warnings)" if result.stderr else "")] += 1

@@ -37,6 +37,7 @@ from ..errors import BadInputError, UsageError
 from ..model import ACTION_CODE, BLOCK_COLUMNS, SEGMENT_COLUMNS, DeviceTrace, Format, Snapshot, TraceDetails
 from ..stacks import StackInterner
 from .jsonfile import expect, read_json
+from .parquet_bounds import check_decoded, check_table
 from .safe_pickle import regular_file
 
 if TYPE_CHECKING:                 # reading what `peaks` needs makes no DataFrame: pandas loads on first use
@@ -173,7 +174,9 @@ def _read_arrow(directory: Path, name: str, columns: list[str] | None = None) ->
             _check_schema(path, schema, {**TABLE_COLUMNS[name], **present})
             if columns is not None:
                 columns = [c for c in columns if c not in optional or c in present]
+            check_decoded(reader, path, columns)
             table = reader.read(columns=columns)
+            check_table(table, path)
         spec = {**TABLE_COLUMNS[name], **present}
         wanted = spec if columns is None else {c: spec[c] for c in columns}
     except BadInputError:

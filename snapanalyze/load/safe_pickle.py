@@ -72,6 +72,11 @@ class Limits:
         """Bytes a compressed payload may expand to."""
         return self._capped(max(64 * file_bytes, 64 * MiB))
 
+    def decoded_cap(self, file_bytes: int) -> int:
+        """Bytes a columnar file's (Parquet's) columns may decode to: real tables decode to under 30× their
+        file (measured on converted real snapshots), a crafted one to terabytes."""
+        return self._capped(max(256 * file_bytes, 256 * MiB))
+
     def growth_cap(self, stream_bytes: int, whole_stream: int | None = None) -> int:
         """Bytes the process may grow by once `stream_bytes` of a pickle of `whole_stream` bytes (None: not known
         before it is read) have been read."""

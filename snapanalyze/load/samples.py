@@ -43,6 +43,7 @@ from ..model import RunSamples, world_size
 from ..schema import MARKERS_SCHEMA, NVML_SCHEMA
 from . import runs
 from .jsonfile import expect, read_json
+from .parquet_bounds import check_decoded, check_table
 from .runs import RunEntry
 from .safe_pickle import regular_file
 
@@ -66,7 +67,12 @@ def empty_markers() -> pd.DataFrame:
 def _read_parquet(path: Path, schema: pa.Schema, what: str) -> pa.Table:
     regular_file(path)
     try:
-        table = pq.read_table(path)
+        with pq.ParquetFile(path) as reader:
+            check_decoded(reader, path)
+            table = reader.read()
+        check_table(table, path)
+    except BadInputError:
+        raise
     except (OSError, pa.ArrowException, ValueError, MemoryError) as exc:
         raise BadInputError(path, f"not a readable Parquet file ({str(exc)[:200]})") from None
     missing = [n for n in schema.names if n not in table.column_names]
