@@ -380,13 +380,17 @@ def _sweep_inputs(inputs: Sequence[str], shape_from: str, rank: int | None, tag:
                                  "chunk=2048, images=8); use --shape-from manifest.csv or markers")
             found.append(SweepInput(p, Path(p).name, shape, rank, tag))
         return found
+    if shape_from == "none":             # each input as it is: its peak, no shape (a budget check of one file)
+        if not inputs:
+            raise UsageError("give the snapshot files or runs to measure")
+        return [SweepInput(p, Path(p).name, {}, rank, tag) for p in inputs]
     if shape_from == "markers":
         if not inputs:
             raise UsageError("capacity: give the runs (or snapshot files) whose phases make the sweep")
         return [SweepInput(p, Path(p).name, None, rank, tag) for p in inputs]
     if shape_from.lower().endswith(".csv"):
         return _manifest_inputs(inputs, shape_from, rank, tag)
-    raise UsageError(f"--shape-from {shape_from}: expected filename, markers or a manifest .csv")
+    raise UsageError(f"--shape-from {shape_from}: expected filename, markers, none or a manifest .csv")
 
 
 def input_points(item: SweepInput) -> list[SweepPoint]:

@@ -12,7 +12,7 @@ from ..analyze.capacity import DEFAULT_CONCURRENCY, DRIVER_ORDER, capacity_contr
 from ..analyze.check import parse_limits
 from ..errors import UsageError
 from ..report.compare_documents import capacity_document
-from ..report.compare_terminal import render_capacity, render_check, render_diff
+from ..report.compare_terminal import render_capacity, render_check, render_diff, render_engine_check
 from ..session import measure_sweep_inputs
 from . import main
 from .common import (
@@ -164,25 +164,39 @@ def _sized(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -
 @click.option("--phase", default=None, help="Measure --max-transient over this phase (a name `phases` lists).")
 @click.option("--metric", type=click.Choice(["active", "reserved"]), default="active", show_default=True,
               help="What --budget limits: peak active (requested) bytes or the highest reserved bytes.")
+@click.option("--engine-log", "engine_log", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="A serving engine's start-up log (vLLM, SGLang): fail when the measured peak exceeds the "
+                   "engine's own budget or the device (see `budget`).")
+@click.option("--total", type=SIZE, default=None, help="The device's memory, for --engine-log when the log does "
+              "not state it (vLLM V1).")
 @device_option()
 @rules_option()
 @format_option()
 @source_option
 @parallel_options
 def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxima: tuple[str, ...],
-          max_transient: int | None, phase: str | None, metric: str, device: int | None, rules_file: str | None,
-          source: tuple[str, ...], fmt: str) -> None:
-    """Exit 1 when the snapshot exceeds a budget, a category maximum or a transient maximum (for CI).
+          max_transient: int | None, phase: str | None, metric: str, engine_log: str | None, total: int | None,
+          device: int | None, rules_file: str | None, source: tuple[str, ...], fmt: str) -> None:
+    """Exit 1 when the snapshot exceeds a budget, a category maximum, a transient maximum or the serving
+    engine's memory budget (for CI).
 
     Each limit's result is one line on stdout (FAIL … > limit, or ok); a run directory is checked rank by rank
     and fails when any rank exceeds a limit, naming the rank."""
     limits = parse_limits(maxima)
-    if budget is None and not limits and max_transient is None:
-        raise UsageError("check: give at least one limit (--budget, --max category=size, --max-transient)")
+    if budget is None and not limits and max_transient is None and engine_log is None:
+        raise UsageError("check: give at least one limit (--budget, --max category=size, --max-transient, "
+                         "--engine-log)")
     if phase is not None and max_transient is None:
         raise UsageError("check: --phase says what --max-transient is measured over; give --max-transient too")
+    if total is not None and engine_log is None:
+        raise UsageError("check: --total completes an --engine-log; give --engine-log too")
     rules_for(rules_file)                              # a bad --rules or --source fails before any load
     index = source_for(source)
+    if engine_log is not None:
+        _check_engine(file, engine_log, total, rank, tag, rules_file, device, index, fmt,
+                      others=budget is not None or bool(limits) or max_transient is not None)
+        if budget is None and not limits and max_transient is None:
+            return
     p = plan(file, rank, tag)
     work = functools.partial(_check, budget=budget, limits=limits, max_transient=max_transient, metric=metric,
                              device=device, rules_file=rules_file, source=index, phase=phase)
@@ -201,8 +215,28 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
         width = terminal_width()
         echo_text(render_check(doc), width)
     p.finish()
-    if not doc["passed"]:
+    if not doc["passed"] or click.get_current_context().meta.get("snapanalyze.engine_failed"):
         click.get_current_context().exit(1)
+
+
+def _check_engine(file: str, engine_log: str, total: int | None, rank: int | None, tag: str | None,
+                  rules_file: str | None, device: int | None, source: Any, fmt: str, others: bool) -> None:
+    """The `budget` check of FILE as a gate: its lines first; exit 1 when a shape exceeds (after the other
+    limits, when there are)."""
+    from ..report.budget_documents import budget_document
+    from .budget import engine_config, measure_budget
+
+    config = engine_config(engine_log, None, {"total": total})
+    assert config is not None
+    doc = budget_document(measure_budget(config, [file], "none", rank, tag, rules_file, device, None, source))
+    if fmt == "json" and not others:
+        emit_json({"source": file, "engine_log": engine_log, "passed": doc["fits"], "budget": doc})
+    elif fmt != "json":
+        echo_text(render_engine_check(doc), terminal_width())
+    if not doc["fits"] and not others:
+        click.get_current_context().exit(1)
+    if not doc["fits"]:
+        click.get_current_context().meta["snapanalyze.engine_failed"] = True
 
 
 def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max_transient: int | None,

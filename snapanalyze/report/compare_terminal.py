@@ -227,6 +227,25 @@ def render_check(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def render_engine_check(doc: dict[str, Any]) -> str:
+    """One line per measured input against the engine's budget (`budget_document`), FAIL or ok first."""
+    out = []
+    for s in doc["shapes"]:
+        if s["verdict"] == "exceeds_device":
+            cap = units.fmt_bytes(doc["budget"]["capacity"]["bytes"])
+            out.append(f"FAIL  {s['label']}: peak reserved {units.fmt_bytes(s['reserved_bytes'])} > the {cap} the "
+                       f"allocator may hold on the device, by {units.fmt_bytes(s['over_device_bytes'])} (an OOM)")
+        elif s["verdict"] == "exceeds_budget":
+            out.append(f"FAIL  {s['label']}: forward pass {units.fmt_bytes(s['activation_bytes'])} exceeds the "
+                       f"engine's budget by {units.fmt_bytes(s['over_budget_bytes'])}")
+        elif s["verdict"] == "unknown":
+            out.append(f"FAIL  {s['label']}: not checked: the budget lacks {', '.join(doc['budget']['missing'])}")
+        else:
+            out.append(f"ok    {s['label']}: forward pass {units.fmt_bytes(s['activation_bytes'])} and peak reserved "
+                       f"{units.fmt_bytes(s['reserved_bytes'])} fit the {doc['engine']} budget")
+    return "\n".join(out)
+
+
 _LIMIT_NAMES = {"budget": "budget", "transient": "max transient", "category": "max"}
 
 

@@ -1,0 +1,127 @@
+"""The budget check in a terminal: the engine's budget, each measured shape's verdict, the settings that fit.
+
+Contract: `render_budget(doc, explain, width)` renders `budget_document`'s document; `explain` adds where
+each figure came from (the log line, the option, the formula) and the arithmetic behind each setting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..units import fmt_bytes
+from . import text
+
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+RATIO_NAMES = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static"}
+PART_NAMES = {"total": "device total", "utilization": "gpu_memory_utilization", "weights": "weights",
+              "activation": "forward pass (profiled activation peak)", "non_torch": "outside PyTorch (non-torch)",
+              "cuda_graph_estimate": "CUDA graphs (estimate)", "cuda_graph": "CUDA graphs", "kv_cache": "KV cache pool",
+              "mem_fraction_static": "mem_fraction_static", "free_at_start": "free when serving starts"}
+SOURCES = {"log": "as logged", "option": "option", "default": "default", "derived": "derived", "missing": "not known"}
+VERDICTS = {"fits": "fits", "exceeds_budget": "exceeds the engine's budget", "exceeds_device": "exceeds the device",
+            "unknown": "not known"}
+NOTES = {
+    "non_torch_in_activation": "the log states no non-torch figure: the derived forward-pass budget includes "
+                               "memory outside PyTorch (start vLLM with VLLM_LOGGING_LEVEL=DEBUG to see each part)",
+    "graph_actual_unknown": "the CUDA graphs' actual size is not in the log",
+    "non_torch_unknown": "the log states no memory outside PyTorch (CUDA context, NCCL): the device check takes "
+                         "the whole total for the allocator, so it can prove an OOM but not a fit",
+    "fragmentation_not_budgeted": "vLLM budgets allocated bytes; the reserved-but-unallocated bytes at each peak "
+                                  "(fragmentation) come out of the memory left outside gpu_memory_utilization",
+}
+
+
+def _value(p: dict[str, Any], ratio: float | None = None) -> str:
+    if p["name"] in ("utilization", "mem_fraction_static"):
+        return "–" if ratio is None else f"{ratio:.3f}"
+    if p["bytes"] is None:
+        return "–"
+    shown = fmt_bytes(p["bytes"])
+    return shown + (f" ±{fmt_bytes(p['precision_bytes'])}" if p["precision_bytes"] else "")
+
+
+def _where(p: dict[str, Any], explain: bool) -> str:
+    source = SOURCES.get(p["source"], p["source"])
+    if not explain or not p["detail"]:
+        return source if p["source"] != "derived" or not p["detail"] else f"derived: {p['detail']}"
+    return f"{source}: {p['detail']}"
+
+
+def _over(n: int | None) -> str:
+    return "–" if n is None else ("+" if n > 0 else "−") + fmt_bytes(abs(n))
+
+
+def render_budget(doc: dict[str, Any], explain: bool = False, width: int | None = None) -> str:
+    b = doc["budget"]
+    name = ENGINE_NAMES.get(doc["engine"], doc["engine"])
+    version = " ".join(x for x in (doc["version"], f"({doc['generation']})" if doc["generation"] else None) if x)
+    out = [f"{name} {version}".rstrip() + f" memory budget, from {doc['source']}"]
+    rows = [[PART_NAMES.get(p["name"], p["name"]), _value(p, b["ratio"]), _where(p, explain)] for p in b["parts"]]
+    out.append(text.table(["part", "value", "from"], rows, right=[False, True, False], width=width))
+    cap = b["capacity"]
+    if doc["engine"] == "vllm":
+        out.append(f"\nfor one forward pass vLLM budgets {_value(b['activation'])} (allocated bytes, "
+                   f"{_where(b['activation'], False)})")
+    else:
+        out.append(f"\nfor one forward pass SGLang leaves {_value(b['activation'])} free (reserved bytes: "
+                   "fragmentation counts)")
+    out.append(f"the allocator may reserve {_value(cap)} on the device ({_where(cap, True)})"
+               + ("" if b["capacity_exact"] or cap["bytes"] is None else ": at most, so a fit is not proven"))
+    if b["missing"]:
+        out.append("not known, so not checked: " + ", ".join(b["missing"]) + " (give them as options: --total, …)")
+    keys = [k for k in ("tokens", "batch", "chunk", "images") if any(k in s["shape"] for s in doc["shapes"])]
+    rows = []
+    for s in doc["shapes"]:
+        verdict = VERDICTS[s["verdict"]]
+        if s["verdict"] == "exceeds_device":
+            verdict += f" by {fmt_bytes(s['over_device_bytes'])} (OOM)"
+        elif s["verdict"] == "exceeds_budget":
+            verdict += f" by {fmt_bytes(s['over_budget_bytes'])}"
+        elif s["verdict"] == "fits" and not s["device_known"]:
+            verdict = "fits the budget; the device: not proven"
+        if s["uncertain"]:
+            verdict += " (within the log's precision)"
+        rows.append([s["label"], *[str(s["shape"].get(k, "–")) for k in keys], fmt_bytes(s["steady_bytes"]),
+                     fmt_bytes(s["activation_bytes"]), _over(s["over_budget_bytes"]), fmt_bytes(s["reserved_bytes"]),
+                     _over(s["over_device_bytes"]), verdict])
+    out.append("\nmeasured at each shape (exact): steady = live before the forward pass and kept (weights, KV pool, "
+               "buffers); forward pass = the peak above it; reserved = the allocator's bytes at the peak")
+    out.append(text.table(["shape", *keys, "steady", "forward pass", "vs budget", "reserved", "vs device", "verdict"],
+                          rows, right=[False] + [True] * (len(keys) + 5) + [False], width=width))
+    for s in doc["shapes"]:
+        if s["verdict"] in ("exceeds_device", "exceeds_budget") and s["categories"]:
+            made = ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in s["categories"][:4])
+            out.append(f"  {s['label']}: the forward pass is {made}"
+                       + (f"; fragmentation {fmt_bytes(s['fragmentation_bytes'])}" if s["fragmentation_bytes"] else ""))
+    limit = doc["limit"]
+    if limit is not None and doc["driver"]:
+        if limit["max_x"] is not None:
+            out.append(f"\nthe forward pass fits up to {doc['driver']} = {limit['max_x']:,} (capacity fit"
+                       + (", extrapolated" if limit["extrapolated"] else "") + (", bounded at 2× the measured shapes"
+                                                                               if limit["bounded"] else "") + ")")
+        elif limit["insufficient"]:
+            out.append(f"\nno shape limit: the last regime of {doc['driver']} has fewer than 3 shapes to fit")
+    if doc["settings"]:
+        worst = doc["settings"][0]
+        against = "the device" if worst["basis"] == "device" else "the engine's own budget"
+        out.append(f"\nsettings that would fit every measured shape ({against} is exceeded by "
+                   f"{fmt_bytes(worst['need_bytes'])} at most):")
+        for s in doc["settings"]:
+            if s["name"] == "kv_cache_memory":
+                change = f"--kv-cache-memory {int(s['value'])} ({fmt_bytes(int(s['value']))})"
+            elif s["name"] in RATIO_NAMES.values():
+                change = f"{s['name']} {s['current']:.3f} → {s['value']:.3f}"
+            else:
+                now = "" if s["current"] is None else f"{int(s['current']):,} → "
+                change = f"{s['name']} {now}{int(s['value']):,}"
+            kv = "" if s["kv_tokens_after"] is None else f"; KV pool {s['kv_tokens_after']:,} tokens"
+            if s["kv_bytes_after"] is not None and s["name"] != "kv_cache_memory":
+                kv += f" ({fmt_bytes(s['kv_bytes_after'])})" if kv else f"; KV pool {fmt_bytes(s['kv_bytes_after'])}"
+            out.append(f"  {change}{kv}")
+            if explain and s["arithmetic"]:
+                out.append(f"      {s['arithmetic']}")
+    elif doc["shapes"] and doc["fits"]:
+        out.append("\nevery measured shape fits")
+    for n in doc["notes"] + [n for n in b["notes"] if n not in doc["notes"]]:
+        out.append(f"note: {NOTES.get(n, n)}")
+    return "\n".join(out)
