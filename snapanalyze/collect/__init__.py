@@ -15,7 +15,10 @@ writes ``runs/prefill-32k/rank=N/`` with ``snapshot-<tag>.pickle`` (``after-pref
 never imports torch or pynvml: `record()` imports them and raises `CollectorError` with what to do when
 they, CUDA or a GPU are missing. `phase`/`request` are no-ops outside a recording.
 
-Modules: `recorder` (record/dump/Recording), `markers` (phase/request), `modules` (module-span hooks:
+`sweep(run, shapes, step)` runs a workload at each batch shape inside one recording, one shaped phase each:
+the run directory ``snapanalyze capacity`` and ``snapanalyze budget`` read with ``--shape-from markers``.
+
+Modules: `recorder` (record/dump/Recording), `markers` (phase/request), `sweep`, `modules` (module-span hooks:
 ``record(..., modules=model)`` or ``with collect.modules(model): …``), `nvml` (NvmlBackend, NvmlSampler),
 `cuda` (the torch side), `rank`, `meta`, `schemas` (Arrow schemas), `layout` (paths, SCHEMA_VERSION),
 `atomic` (atomic writes) and `testing` (fakes for tests, imported on demand).
@@ -30,9 +33,10 @@ from .markers import phase, request
 from .modules import ModuleHooks, modules
 from .nvml import NvmlBackend, NvmlSampler, open_nvml
 from .recorder import Recording, RecordOptions, active, dump, record
+from .sweep import sweep
 
 __all__ = [
-    "record", "dump", "phase", "request", "modules", "active", "ModuleHooks",
+    "record", "dump", "phase", "request", "modules", "active", "sweep", "ModuleHooks",
     "Recording", "RecordOptions", "NvmlBackend", "NvmlSampler", "open_nvml",
     "rank_dir", "SCHEMA_VERSION", "CollectorError", "CollectorWarning",
 ]
