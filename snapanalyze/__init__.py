@@ -4,7 +4,8 @@ Public API: `load` a snapshot (or a run directory) into a columnar Snapshot, `re
 of exact curves, `find_peaks` on it, `attribute` the live bytes at an instant to categories, `top_sites`
 to drill down, `load_rules` to extend the rules, `summarize` to see what a file holds; for runs
 `open_run`, `read_run`, `compare_ranks`, `phase_table`, `attribute_phase`, `outside_at_peaks`, `explain_oom`,
-`explain_path`; to compare `diff`, `capacity`, `check`. Functions that take paths live in `session`; the
+`explain_path`; to compare `diff`, `capacity`, `check`; a serving engine's budget against measured shapes
+`budget` (`read_engine_log`, `engine_budget`, `check_budget`). Functions that take paths live in `session`; the
 analyses take loaded data. Collecting lives in `snapanalyze.collect`. Importing this package
 never imports torch.
 """
@@ -37,7 +38,9 @@ _EXPORTS = {
     ".analyze.rules": ("RuleSet", "load_rules"),
     ".analyze.summary": ("summarize",),
     ".load.samples": ("RunSamples", "read_run"),
-    ".session": ("Run", "open_run", "compare_ranks", "explain_path", "sweep_points", "capacity"),
+    ".session": ("Run", "open_run", "compare_ranks", "explain_path", "sweep_points", "capacity", "budget"),
+    ".analyze.budget": ("BudgetCheck", "check_budget", "engine_budget"),
+    ".load.engine_log": ("read_engine_log",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 display.provide("snapanalyze.report.notebook")      # Snapshot, Timeline, Attribution render there in Jupyter
@@ -58,6 +61,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors
     from .analyze.attribute import Attribution, attribute, label_lifetimes, top_sites
+    from .analyze.budget import BudgetCheck, check_budget, engine_budget
     from .analyze.capacity import Capacity, capacity_contract, fit_capacity
     from .analyze.check import BudgetExceeded, CheckResult, check
     from .analyze.diff import Diff, diff
@@ -69,14 +73,16 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors
     from .analyze.rules import RuleSet, load_rules
     from .analyze.summary import summarize
     from .analyze.sweep import Sweep, measure_sweep
+    from .load.engine_log import read_engine_log
     from .load.samples import RunSamples, read_run
-    from .session import Run, capacity, compare_ranks, explain_path, open_run, sweep_points
+    from .session import Run, budget, capacity, compare_ranks, explain_path, open_run, sweep_points
 
 __all__ = [
     "load", "replay", "find_peaks", "attribute", "label_lifetimes", "top_sites", "load_rules", "summarize",
     "read_run", "compare_ranks", "phase_table", "attribute_phase", "outside_at_peaks", "join_samples",
     "explain_oom", "explain_path", "diff", "capacity", "sweep_points", "measure_sweep", "fit_capacity",
-    "capacity_contract", "check", "parse_bytes", "Limits",
+    "capacity_contract", "check", "parse_bytes", "Limits", "budget", "check_budget", "engine_budget",
+    "read_engine_log", "BudgetCheck",
     "Snapshot", "Timeline", "Attribution", "RuleSet", "RunSamples", "RankComparison", "OomExplanation",
     "Diff", "Capacity", "CheckResult", "Sweep", "Run", "open_run",
     "SnapanalyzeError", "BadInputError", "UnsafePickleError", "UsageError", "RulesError", "BudgetExceeded",

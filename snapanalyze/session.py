@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -32,6 +32,7 @@ import pandas as pd
 
 from . import layout
 from .analyze import ranks as rank_analysis
+from .analyze.budget import BudgetCheck, check_budget, engine_budget
 from .analyze.capacity import Capacity, fit_capacity
 from .analyze.oom import SnapshotOoms, explain_oom
 from .analyze.rules import RuleSet, load_rules
@@ -46,6 +47,7 @@ from .analyze.sweep import (
     points_from_phases,
 )
 from .batch_shape import SHAPE_KEYS, shape_from_filename
+from .engine_config import EngineConfig
 from .errors import BadInputError, UsageError
 from .load import SourceIndex, SourceRoots, load
 from .load.runs import NO_SNAPSHOTS, RunEntry
@@ -383,7 +385,14 @@ def _sweep_inputs(inputs: Sequence[str], shape_from: str, rank: int | None, tag:
     if shape_from == "none":             # each input as it is: its peak, no shape (a budget check of one file)
         if not inputs:
             raise UsageError("give the snapshot files or runs to measure")
-        return [SweepInput(p, Path(p).name, {}, rank, tag) for p in inputs]
+        found = []
+        for p in inputs:                 # a run of several ranks: each rank's snapshot, as its own input
+            ranks = layout.rank_dirs(p) if rank is None else {}
+            if len(ranks) > 1:
+                found += [SweepInput(p, f"{Path(p).name} rank {r}", {}, r, tag) for r in ranks]
+            else:
+                found.append(SweepInput(p, Path(p).name, {}, rank, tag))
+        return found
     if shape_from == "markers":
         if not inputs:
             raise UsageError("capacity: give the runs (or snapshot files) whose phases make the sweep")
@@ -483,3 +492,37 @@ def capacity(inputs: Iterable[str], shape_from: str = "filename", rules: RuleSet
         return fit_capacity(measure_sweep_inputs(list(inputs), shape_from, rank, tag, rules, device, executor), driver)
     points = sweep_points(list(inputs), shape_from, rank, tag)
     return fit_capacity(measure_sweep(points, rules, device), driver)
+
+
+def budget(inputs: Sequence[str], engine_log: str | Path | None = None, *, engine: str | None = None,
+           figures: Mapping[str, float] | None = None, shape_from: str = "filename", rank: int | None = None,
+           tag: str | None = None, rules: RuleSet | None = None, device: int | None = None,
+           driver: str | None = None, executor: Executor | None = None,
+           progress: Callable[[str], None] | None = None, source: SourceRoots = None) -> BudgetCheck:
+    """A serving engine's budget (its start-up log at `engine_log`, and/or `engine` with `figures`: names of
+    `engine_config.FIGURES`, bytes for *_bytes, each replacing the log's) against the shapes measured in
+    `inputs` (`shape_from` as for a sweep; "none": each input's peak, no shape limit); the capacity fit
+    gives the shape limit when at least two inputs have a shape."""
+    from .load.engine_log import figure_options, read_engine_log
+
+    if engine_log is None and engine is None:
+        raise UsageError("budget: give the engine's start-up log or the engine and its figures")
+    config = read_engine_log(engine_log) if engine_log is not None else figure_options(str(engine), {})
+    if engine is not None and engine != config.engine:
+        raise UsageError(f"engine {engine}, but {engine_log} is a {config.engine} log")
+    if figures:
+        given = figure_options(config.engine, dict(figures))
+        config = EngineConfig(config.engine, config.version, config.generation, {**config.figures, **given.figures},
+                              config.source if engine_log is not None else "options")
+    return budget_of(config, inputs, shape_from, rank, tag, rules, device, driver, executor, progress, source)
+
+
+def budget_of(config: EngineConfig, inputs: Sequence[str], shape_from: str = "filename", rank: int | None = None,
+              tag: str | None = None, rules: RuleSet | None = None, device: int | None = None,
+              driver: str | None = None, executor: Executor | None = None,
+              progress: Callable[[str], None] | None = None, source: SourceRoots = None) -> BudgetCheck:
+    """`budget` with the engine's figures already read (`config`)."""
+    sweep = measure_sweep_inputs(inputs, shape_from, rank, tag, rules, device, executor, progress, source)
+    shaped = sweep.shapes[[k for k in SHAPE_KEYS if k in sweep.shapes]].notna().any(axis=1)
+    cap = fit_capacity(sweep, driver) if int(shaped.sum()) >= 2 else None
+    return check_budget(engine_budget(config), sweep, cap)

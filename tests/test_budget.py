@@ -222,3 +222,33 @@ def test_check_engine_log_is_a_ci_gate() -> None:
     doc = json.loads(run("check", str(VLLM / "run-04.pickle"), "--engine-log", log, "--total", "80GiB",
                          "--format", "json").stdout)
     assert doc["passed"] is False and doc["budget"]["shapes"][0]["verdict"] == "exceeds_device"
+
+
+def test_the_report_shows_the_budget_beside_the_measurement(tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    result = run("report", str(VLLM / "run-04.pickle"), "--engine-log", str(VLLM / "vllm.log"), "--capacity",
+                 "80GiB", "-o", str(out), "--samples", "2")
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    section = page[page.index('id="budget"'):page.index('id="rules"')]
+    assert "Serving engine budget" in section and "exceeds the device" in section
+    assert "gpu_memory_utilization 0.950 → " in section and "logits 7.34 GiB" in section
+    assert "1 of 1 measured inputs exceed vLLM&#39;s memory budget; run-04.pickle exceeds the device by 3.37 GiB." \
+        in page
+    assert "is more than the 80.00 GiB device holds, by 2.96 GiB" in page
+    plain = tmp_path / "plain.html"
+    assert run("report", str(VLLM / "run-04.pickle"), "-o", str(plain), "--samples", "2").exit_code == 0
+    assert 'id="budget"' not in plain.read_text()
+
+
+def test_the_python_api_and_the_notebook_give_the_same_check() -> None:
+    import snapanalyze
+
+    check = snapanalyze.budget([str(VLLM / "run-04.pickle")], VLLM / "vllm.log", shape_from="none",
+                               figures={"total_bytes": 80 * GiB})
+    assert [s.verdict for s in check.shapes] == ["exceeds_device"]
+    html = check._repr_html_()
+    assert html is not None and "exceeds the device" in html and "gpu_memory_utilization 0.950 → " in html
+    doc = _budget(str(VLLM / "run-04.pickle"), "--shape-from", "none", "--engine-log", str(VLLM / "vllm.log"),
+                  "--total", "80GiB")
+    assert doc["shapes"][0]["over_device_bytes"] == check.shapes[0].over_device_bytes

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..display import HtmlDisplay
 from ..engine_config import EngineConfig, Figure
 from .capacity import Capacity, DriverLimit, max_driver_value
 from .sweep import Sweep
@@ -124,7 +125,9 @@ class Setting:
 
 
 @dataclass(frozen=True)
-class BudgetCheck:
+class BudgetCheck(HtmlDisplay):
+    """The budget against each measured shape (module docstring); in Jupyter it shows as the report does."""
+
     budget: Budget
     shapes: tuple[ShapeCheck, ...]
     settings: tuple[Setting, ...]

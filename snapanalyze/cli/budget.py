@@ -6,14 +6,13 @@ from typing import Any
 
 import click
 
-from ..analyze.budget import BudgetCheck, check_budget, engine_budget
-from ..analyze.capacity import DRIVER_ORDER, fit_capacity
-from ..batch_shape import SHAPE_KEYS
+from ..analyze.budget import BudgetCheck
+from ..analyze.capacity import DRIVER_ORDER
 from ..engine_config import ENGINES, EngineConfig
 from ..errors import UsageError
 from ..report.budget_documents import budget_document
 from ..report.budget_terminal import render_budget
-from ..session import measure_sweep_inputs
+from ..session import budget_of
 from . import main
 from .common import (
     SIZE,
@@ -82,12 +81,10 @@ def engine_config(engine_log: str | None, engine: str | None, figures: dict[str,
 
 def measure_budget(config: EngineConfig, inputs: list[str], shape_from: str, rank: int | None, tag: str | None,
                    rules_file: str | None, device: int | None, driver: str | None, source: Any) -> BudgetCheck:
+    """`session.budget_of` with progress shown and inputs measured in parallel."""
     with Progress() as progress:
-        sweep = measure_sweep_inputs(inputs, shape_from, rank, tag, rules_for(rules_file), device, executor(),
-                                     progress.step, source=source)
-        shaped = sweep.shapes[[k for k in SHAPE_KEYS if k in sweep.shapes]].notna().any(axis=1)
-        cap = fit_capacity(sweep, driver) if int(shaped.sum()) >= 2 else None
-    return check_budget(engine_budget(config), sweep, cap)
+        return budget_of(config, inputs, shape_from, rank, tag, rules_for(rules_file), device, driver, executor(),
+                         progress.step, source)
 
 
 @main.command()

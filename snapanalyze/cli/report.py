@@ -54,12 +54,15 @@ from .progress import Progress
                    "as `snapanalyze diff BASELINE FILE`), rank by rank for two runs.")
 @click.option("--capacity", type=SIZE, default=None,
               help="Device memory (e.g. 80GiB) for OOM verdicts and headroom, when the input has no NVML/meta.json.")
+@click.option("--engine-log", "engine_log", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="A serving engine's start-up log (vLLM, SGLang): add its budget beside what each snapshot "
+                   "measured (as `snapanalyze budget`; --capacity gives the device total the log may not).")
 @source_option
 @parallel_options
 def report(file: str, rank: int | None, tag: str | None, output: Path, force: bool, redact_paths: bool,
            at: tuple[str, ...], top: int, samples: int, device: int | None, rules_file: str | None,
            source: tuple[str, ...],
-           baseline: str | None, capacity: int | None) -> None:
+           baseline: str | None, capacity: int | None, engine_log: str | None) -> None:
     """Write one HTML postmortem that opens offline in any browser.
 
     FILE is a snapshot, or a run directory: then every rank is reported (--rank N: only that one) with its
@@ -69,6 +72,14 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
     if not output.parent.is_dir():
         raise UsageError(f"{output}: the directory {output.parent} does not exist")
     rules, index = rules_for(rules_file), source_for(source)
+    budget = None
+    if engine_log is not None:
+        from ..report.budget_documents import budget_document
+        from .budget import engine_config, measure_budget
+
+        config = engine_config(engine_log, None, {"total": capacity})
+        assert config is not None
+        budget = budget_document(measure_budget(config, [file], "none", rank, tag, rules_file, device, None, index))
     if rank is None:
         start_early(len(layout.rank_dirs(file)))      # a run: its workers start while plotly and jinja2 import
     progress = Progress()
@@ -77,7 +88,7 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
 
         page = build_path_report(file, rank=rank, tag=tag, compare=baseline, rules=rules, top=top, at=at,
                                  samples=samples, device=device, redact_paths=redact_paths, progress=progress.step,
-                                 capacity=capacity, executor=executor(), source=index)
+                                 capacity=capacity, executor=executor(), source=index, budget=budget)
         progress.step("writing")
         write_atomic(output, lambda f: f.write(page.encode("utf-8")))
     finally:

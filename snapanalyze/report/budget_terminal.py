@@ -51,6 +51,21 @@ def _over(n: int | None) -> str:
     return "–" if n is None else ("+" if n > 0 else "−") + fmt_bytes(abs(n))
 
 
+def setting_change(s: dict[str, Any]) -> tuple[str, str]:
+    """A setting as the change to make (``gpu_memory_utilization 0.950 → 0.907``) and the KV pool it leaves."""
+    if s["name"] == "kv_cache_memory":
+        change = f"--kv-cache-memory {int(s['value'])} ({fmt_bytes(int(s['value']))})"
+    elif s["name"] in RATIO_NAMES.values():
+        change = f"{s['name']} {s['current']:.3f} → {s['value']:.3f}"
+    else:
+        now = "" if s["current"] is None else f"{int(s['current']):,} → "
+        change = f"{s['name']} {now}{int(s['value']):,}"
+    kv = "" if s["kv_tokens_after"] is None else f"KV pool {s['kv_tokens_after']:,} tokens"
+    if s["kv_bytes_after"] is not None and s["name"] != "kv_cache_memory":
+        kv += f" ({fmt_bytes(s['kv_bytes_after'])})" if kv else f"KV pool {fmt_bytes(s['kv_bytes_after'])}"
+    return change, kv
+
+
 def render_budget(doc: dict[str, Any], explain: bool = False, width: int | None = None) -> str:
     b = doc["budget"]
     name = ENGINE_NAMES.get(doc["engine"], doc["engine"])
@@ -107,17 +122,8 @@ def render_budget(doc: dict[str, Any], explain: bool = False, width: int | None 
         out.append(f"\nsettings that would fit every measured shape ({against} is exceeded by "
                    f"{fmt_bytes(worst['need_bytes'])} at most):")
         for s in doc["settings"]:
-            if s["name"] == "kv_cache_memory":
-                change = f"--kv-cache-memory {int(s['value'])} ({fmt_bytes(int(s['value']))})"
-            elif s["name"] in RATIO_NAMES.values():
-                change = f"{s['name']} {s['current']:.3f} → {s['value']:.3f}"
-            else:
-                now = "" if s["current"] is None else f"{int(s['current']):,} → "
-                change = f"{s['name']} {now}{int(s['value']):,}"
-            kv = "" if s["kv_tokens_after"] is None else f"; KV pool {s['kv_tokens_after']:,} tokens"
-            if s["kv_bytes_after"] is not None and s["name"] != "kv_cache_memory":
-                kv += f" ({fmt_bytes(s['kv_bytes_after'])})" if kv else f"; KV pool {fmt_bytes(s['kv_bytes_after'])}"
-            out.append(f"  {change}{kv}")
+            change, kv = setting_change(s)
+            out.append(f"  {change}" + (f"; {kv}" if kv else ""))
             if explain and s["arithmetic"]:
                 out.append(f"      {s['arithmetic']}")
     elif doc["shapes"] and doc["fits"]:

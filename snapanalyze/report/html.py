@@ -19,6 +19,7 @@ blocks, for golden-file comparison. Nothing here writes files or prints.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -131,15 +132,19 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
                       at: Sequence[str] = (), samples: int = 32, device: int | None = None,
                       redact_paths: bool = False, sections: Sequence[SectionFunction] = DEFAULT_SECTIONS,
                       progress: Progress | None = None, capacity: int | None = None,
-                      source: SourceRoots = None, executor: Executor | None = None) -> str:
+                      source: SourceRoots = None, executor: Executor | None = None,
+                      budget: Mapping[str, Any] | None = None) -> str:
     """The HTML report of a snapshot file or a run directory (every rank, or `rank`), optionally with the
     diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`; `executor`
     measures a large run's ranks for the comparison (`context.build_run_context`); `source`: the program's
-    checkout, each snapshot's frames resolved with it as it loads (`load`)."""
+    checkout, each snapshot's frames resolved with it as it loads (`load`); `budget`: the `budget` command's
+    document for this input (`report --engine-log`), shown in its own section."""
     rules = rules or load_rules()
     report = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
                                  top=top, at=at, samples=samples, device=device, redact_paths=redact_paths,
                                  capacity=capacity, executor=executor, source=source)
+    if budget is not None:
+        report = dataclasses.replace(report, inputs={**report.inputs, "budget": budget})
     return render_report(report, sections, progress)
 
 

@@ -74,6 +74,15 @@ def attribution_html(attribution: Any, top: int = 1) -> str:
                       notes=list(attribution.notes)))
 
 
+def budget_html(check: Any) -> str:
+    """A `BudgetCheck` as the report's budget section shows it."""
+    from .budget_documents import budget_document
+    from .sections.budget import budget_body
+
+    return str(budget_body(budget_document(check), check.budget.source))
+
+
 register("Snapshot", snapshot_html)
+register("BudgetCheck", budget_html)
 register("Timeline", timeline_html)
 register("Attribution", attribution_html)

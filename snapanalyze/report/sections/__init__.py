@@ -28,6 +28,7 @@ downwards (section modules → phrases → view → section), never between sect
 
 from __future__ import annotations
 
+from .budget import budget_section
 from .categories import categories_section
 from .diff import MAX_DIFF_STACKS, diff_section
 from .facts import facts_section
@@ -47,10 +48,10 @@ __all__ = [
     "VERDICT_NAMES", "WHAT_OUTSIDE", "FigureSpec", "Section", "SectionFunction", "categories_section",
     "category_rows", "diff_section", "engine_of", "facts_section", "instants_section", "oom_section",
     "outside_section", "peak_sentences", "phase_at", "ranks_section", "rules_section", "segment_rows",
-    "timelines_section", "verdict_section", "when_in_window",
+    "timelines_section", "verdict_section", "when_in_window", "budget_section",
 ]
 
 DEFAULT_SECTIONS: tuple[SectionFunction, ...] = (
-    verdict_section, timelines_section, categories_section, instants_section, oom_section, ranks_section,
-    outside_section, diff_section, rules_section, facts_section,
+    verdict_section, timelines_section, categories_section, instants_section, oom_section, budget_section,
+    ranks_section, outside_section, diff_section, rules_section, facts_section,
 )

@@ -12,7 +12,7 @@ from markupsafe import Markup
 
 from ..context import Report
 
-ORDER = {"verdict": 0, "timelines": 20, "categories": 30, "instants": 40, "oom": 50, "ranks": 60,
+ORDER = {"verdict": 0, "timelines": 20, "categories": 30, "instants": 40, "oom": 50, "budget": 55, "ranks": 60,
          "outside": 70, "diff": 80, "rules": 90, "facts": 100}
 VERDICT_FIRST = ("oom",)      # sections whose verdict sentences open the folded details (then ORDER's order)
 

@@ -186,10 +186,13 @@ def _headroom(pairs: list[tuple[RankView, int]]) -> str:
     if not found:
         return ""
     left, highest, capacity, source, view, device = min(found, key=lambda f: f[0])
-    said = f"{fmt_bytes(left)} of headroom" if left >= 0 else f"{fmt_bytes(-left)} over it"
     where = f" (the least, on {view.where(device)})" if len(found) > 1 else ""
-    return (f"Headroom{where}: the highest reserved, {fmt_bytes(highest)}, left {said} on the "
-            f"{fmt_bytes(capacity)} device, not counting memory outside the allocator (capacity: {source}).")
+    if left < 0:      # measured on a larger device, or the capacity given is not this device's
+        return (f"Headroom{where}: the highest reserved, {fmt_bytes(highest)}, is more than the "
+                f"{fmt_bytes(capacity)} device holds, by {fmt_bytes(-left)}: on it this run would fail "
+                f"(capacity: {source}).")
+    return (f"Headroom{where}: the highest reserved, {fmt_bytes(highest)}, left {fmt_bytes(left)} of headroom on "
+            f"the {fmt_bytes(capacity)} device, not counting memory outside the allocator (capacity: {source}).")
 
 
 def _engine_line(engine: Engine) -> str:
