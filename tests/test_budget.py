@@ -252,3 +252,23 @@ def test_the_python_api_and_the_notebook_give_the_same_check() -> None:
     doc = _budget(str(VLLM / "run-04.pickle"), "--shape-from", "none", "--engine-log", str(VLLM / "vllm.log"),
                   "--total", "80GiB")
     assert doc["shapes"][0]["over_device_bytes"] == check.shapes[0].over_device_bytes
+
+
+def test_a_vision_shape_recorded_from_engine_start_counts_weights_and_kv_as_steady() -> None:
+    """tp2_vision_encoder records from start-up (window baseline 0): the steady state is the weights and the
+    KV pool live at the peak, and rank 1's forward pass is its vision encoder's images."""
+    run_dir = ROOT / "fixtures" / "runs" / "tp2_vision_encoder"
+    exp = json.loads((ROOT / "fixtures" / "runs" / "tp2_vision_encoder.expected.json").read_text())
+    doc = _budget(str(run_dir), "--shape-from", "none", "--engine", "vllm", "--total", "80GiB",
+                  "--gpu-memory-utilization", "0.9", "--weights", "8.28GiB", "--activation-peak", "1GiB",
+                  "--non-torch", "1.5GiB", "--kv-cache", "47GiB")
+    shapes = {s["label"]: s for s in doc["shapes"]}
+    for rank, e in exp["ranks"].items():
+        s = shapes[f"tp2_vision_encoder rank {rank}"]
+        cats = e["categories"]
+        assert s["steady_bytes"] == cats["weights"] + cats["kv_cache"]
+        assert s["activation_bytes"] == e["peak"]["active_bytes"] - cats["weights"] - cats["kv_cache"]
+    one = shapes["tp2_vision_encoder rank 1"]
+    assert one["categories"][0] == {"category": "vision_encoder", "bytes": exp["ranks"]["1"]["categories"][
+        "vision_encoder"]}
+    assert one["verdict"] == "exceeds_budget" and shapes["tp2_vision_encoder rank 0"]["verdict"] == "fits"
