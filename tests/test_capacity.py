@@ -101,7 +101,7 @@ def test_bad_manifests_say_what_is_wrong(tmp_path: Path, text: str, problem: str
 def test_sweep_points_refuse_what_they_cannot_place(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no shape in the file name"):
         sweep_points([str(ROOT / "fixtures" / "scenarios" / "moe_long_prefill.pickle")])
-    with pytest.raises(UsageError, match="expected filename, markers or a manifest"):
+    with pytest.raises(UsageError, match="expected filename, markers, none or a manifest"):
         sweep_points([str(REAL[0])], shape_from="names")
     with pytest.raises(UsageError, match="not listed in"):
         sweep_points([str(REAL[0])], shape_from=str(SWEEPS / "chunked_prefill" / "manifest.csv"))

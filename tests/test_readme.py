@@ -51,8 +51,8 @@ def _fill(tokens: list[str], tmp: Path) -> list[str]:
     subject = {"FILE": str(marked), "RUN": str(FIXTURES / "runs" / "tp2_vision_encoder"), "BASELINE": str(marked),
                "DIR": str(FIXTURES / "real" / "source" / STEM), "mine.toml": str(tmp / "mine.toml"),
                "report.html": str(tmp / "report.html"), "D": "0", "K": "2", "N": "1", "SPEC": "peak",
-               "NAME": "score", "manifest.csv": "filename",
-               "LOG": str(FIXTURES / "sweeps" / "vllm_budget" / "vllm.log")}                     # NAME: diff's, of A and B
+               "NAME": "score", "manifest.csv": "filename",                      # NAME: diff's, of A and B
+               "LOG": str(FIXTURES / "sweeps" / "vllm_budget" / "vllm.log")}
     out: list[str] = []
     for token in tokens:
         if token.startswith("FILES"):
