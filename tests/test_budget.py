@@ -219,6 +219,12 @@ def test_check_engine_log_is_a_ci_gate() -> None:
     assert good.exit_code == 0 and good.output.startswith("ok    run-02.pickle")
     both = run("check", str(VLLM / "run-04.pickle"), "--engine-log", log, "--total", "80GiB", "--budget", "200GiB")
     assert both.exit_code == 1 and "FAIL  run-04.pickle" in both.output and "ok" in both.output
+    assert both.output.rstrip().endswith("FAILED: the serving engine's budget (above); 1 other limit held")
+    both = run("check", str(VLLM / "run-04.pickle"), "--engine-log", log, "--total", "80GiB", "--budget", "200GiB",
+               "--format", "json")
+    assert both.exit_code == 1
+    merged = json.loads(both.stdout)
+    assert merged["passed"] is False and merged["engine_budget"]["fits"] is False
     doc = json.loads(run("check", str(VLLM / "run-04.pickle"), "--engine-log", log, "--total", "80GiB",
                          "--format", "json").stdout)
     assert doc["passed"] is False and doc["budget"]["shapes"][0]["verdict"] == "exceeds_device"

@@ -209,13 +209,16 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
                "ranks": run["ranks"],
                "failures": [f"rank {j.rank}: {f}" for j, r in zip(p.jobs, results) for f in r["failures"]],
                "problems": run["problems"]}
+    engine = click.get_current_context().meta.get("snapanalyze.engine_doc")
+    if engine is not None:
+        doc = {**doc, "passed": doc["passed"] and engine["fits"], "engine_budget": engine}
     if fmt == "json":
         emit_json(doc)
     else:
         width = terminal_width()
         echo_text(render_check(doc), width)
     p.finish()
-    if not doc["passed"] or click.get_current_context().meta.get("snapanalyze.engine_failed"):
+    if not doc["passed"]:
         click.get_current_context().exit(1)
 
 
@@ -235,8 +238,7 @@ def _check_engine(file: str, engine_log: str, total: int | None, rank: int | Non
         echo_text(render_engine_check(doc), terminal_width())
     if not doc["fits"] and not others:
         click.get_current_context().exit(1)
-    if not doc["fits"]:
-        click.get_current_context().meta["snapanalyze.engine_failed"] = True
+    click.get_current_context().meta["snapanalyze.engine_doc"] = doc
 
 
 def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max_transient: int | None,

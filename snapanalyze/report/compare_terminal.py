@@ -221,8 +221,11 @@ def render_check(doc: dict[str, Any]) -> str:
         ranks = sorted({part["rank"] for part in parts if "rank" in part and any(not r["ok"] for r in part["checks"])})
         where = f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})" if ranks else ""
         out.append(f"FAILED: {len(failed)} of {total} limit{'s' if total > 1 else ''} exceeded{where}")
-    else:
+    elif doc.get("engine_budget", {}).get("fits", True):
         out.append(f"passed: {'all ' if total > 1 else ''}{total} limit{'s' if total > 1 else ''} held")
+    else:
+        out.append(f"FAILED: the serving engine's budget (above); {'all ' if total > 1 else ''}{total} "
+                   f"other limit{'s' if total > 1 else ''} held")
     out.extend(f"warning: {p}" for p in doc.get("problems", []))
     return "\n".join(out)
 
