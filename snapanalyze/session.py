@@ -503,17 +503,9 @@ def budget(inputs: Sequence[str], engine_log: str | Path | None = None, *, engin
     `engine_config.FIGURES`, bytes for *_bytes, each replacing the log's) against the shapes measured in
     `inputs` (`shape_from` as for a sweep; "none": each input's peak, no shape limit); the capacity fit
     gives the shape limit when at least two inputs have a shape."""
-    from .load.engine_log import figure_options, read_engine_log
+    from .load.engine_log import engine_config
 
-    if engine_log is None and engine is None:
-        raise UsageError("budget: give the engine's start-up log or the engine and its figures")
-    config = read_engine_log(engine_log) if engine_log is not None else figure_options(str(engine), {})
-    if engine is not None and engine != config.engine:
-        raise UsageError(f"engine {engine}, but {engine_log} is a {config.engine} log")
-    if figures:
-        given = figure_options(config.engine, dict(figures))
-        config = EngineConfig(config.engine, config.version, config.generation, {**config.figures, **given.figures},
-                              config.source if engine_log is not None else "options")
+    config = engine_config(engine_log, engine, figures)
     return budget_of(config, inputs, shape_from, rank, tag, rules, device, driver, executor, progress, source)
 
 

@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from ..batch_shape import SHAPE_KEYS
 from ..display import HtmlDisplay
 from ..engine_config import EngineConfig, Figure
 from .capacity import Capacity, DriverLimit, max_driver_value
@@ -278,13 +281,8 @@ def engine_budget(config: EngineConfig) -> Budget:
 # The check
 # ---------------------------------------------------------------------------------------------------------
 
-def _shape(row: dict[str, object]) -> dict[str, int]:
-    return {k: int(v) for k, v in row.items()                    # type: ignore[call-overload]
-            if k in ("tokens", "batch", "chunk", "images") and v is not None and not _isnan(v)}
-
-
-def _isnan(v: object) -> bool:
-    return isinstance(v, float) and math.isnan(v)
+def _shape(row: dict[str, Any]) -> dict[str, int]:
+    return {k: int(row[k]) for k in SHAPE_KEYS if k in row and pd.notna(row[k])}
 
 
 def _shape_checks(budget: Budget, sweep: Sweep) -> list[ShapeCheck]:

@@ -60,23 +60,13 @@ def engine_options(func: Any) -> Any:
                         help="The engine's start-up log (vLLM V0/V1, SGLang): its budget lines are read.")(func)
 
 
-def engine_config(engine_log: str | None, engine: str | None, figures: dict[str, Any]) -> EngineConfig | None:
-    """The engine's budget figures: the log's, with any option given replacing the log's figure."""
-    from ..load.engine_log import figure_options, read_engine_log
+def engine_config_of(engine_log: str | None, engine: str | None, options: dict[str, Any]) -> EngineConfig:
+    """The engine's figures from --engine-log and the figure options (`FIGURE_OPTIONS`), each option named."""
+    from ..load.engine_log import engine_config
 
-    given = {FIGURE_OPTIONS[k][0]: v for k, v in figures.items() if k in FIGURE_OPTIONS and v is not None}
-    if engine_log is None and engine is None:
-        if given:
-            raise UsageError("budget figures given without an engine: add --engine vllm|sglang or --engine-log LOG")
-        return None
-    config = read_engine_log(engine_log) if engine_log else figure_options(str(engine), {})
-    if engine is not None and engine != config.engine:
-        raise UsageError(f"--engine {engine}, but {engine_log} is a {config.engine} log")
-    if given:
-        config = EngineConfig(config.engine, config.version, config.generation,
-                              {**config.figures, **figure_options(config.engine, given).figures},
-                              config.source if engine_log else "options")
-    return config
+    figures = {FIGURE_OPTIONS[k][0]: v for k, v in options.items() if k in FIGURE_OPTIONS}
+    given_as = {FIGURE_OPTIONS[k][0]: f"--{k.replace('_', '-')}" for k in FIGURE_OPTIONS}
+    return engine_config(engine_log, engine, figures, given_as)
 
 
 def measure_budget(config: EngineConfig, inputs: list[str], shape_from: str, rank: int | None, tag: str | None,
@@ -85,6 +75,13 @@ def measure_budget(config: EngineConfig, inputs: list[str], shape_from: str, ran
     with Progress() as progress:
         return budget_of(config, inputs, shape_from, rank, tag, rules_for(rules_file), device, driver, executor(),
                          progress.step, source)
+
+
+def budget_of_input(path: str, engine_log: str, total: int | None, rank: int | None, tag: str | None,
+                    rules_file: str | None, device: int | None, source: Any) -> dict[str, Any]:
+    """The budget document of one snapshot or run, shape aside (`check --engine-log`, `report --engine-log`)."""
+    config = engine_config_of(engine_log, None, {"total": total})
+    return budget_document(measure_budget(config, [path], "none", rank, tag, rules_file, device, None, source))
 
 
 @main.command()
@@ -109,9 +106,7 @@ def budget(inputs: tuple[str, ...], engine_log: str | None, engine: str | None, 
     """Does the engine's memory budget cover the shapes you serve? Its budget (from --engine-log or options)
     beside the peaks measured in INPUTS (snapshots or runs at real batch shapes): per shape fits / exceeds by
     how much and with what, and the settings that would fit, with the KV tokens each leaves."""
-    config = engine_config(engine_log, engine, figures)
-    if config is None:
-        raise UsageError("budget: give the engine's start-up log (--engine-log LOG) or --engine and its figures")
+    config = engine_config_of(engine_log, engine, figures)
     if not inputs and not shape_from.endswith(".csv"):
         raise UsageError("budget: give the snapshots or runs measured at real shapes")
     rules_for(rules_file)

@@ -192,10 +192,18 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
         raise UsageError("check: --total completes an --engine-log; give --engine-log too")
     rules_for(rules_file)                              # a bad --rules or --source fails before any load
     index = source_for(source)
+    engine = None
     if engine_log is not None:
-        _check_engine(file, engine_log, total, rank, tag, rules_file, device, index, fmt,
-                      others=budget is not None or bool(limits) or max_transient is not None)
-        if budget is None and not limits and max_transient is None:
+        from .budget import budget_of_input
+
+        engine = budget_of_input(file, engine_log, total, rank, tag, rules_file, device, index)
+        if fmt != "json":
+            echo_text(render_engine_check(engine), terminal_width())
+        if budget is None and not limits and max_transient is None:    # the engine's budget is the only limit
+            if fmt == "json":
+                emit_json({"source": file, "engine_log": engine_log, "passed": engine["fits"], "budget": engine})
+            if not engine["fits"]:
+                click.get_current_context().exit(1)
             return
     p = plan(file, rank, tag)
     work = functools.partial(_check, budget=budget, limits=limits, max_transient=max_transient, metric=metric,
@@ -209,7 +217,6 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
                "ranks": run["ranks"],
                "failures": [f"rank {j.rank}: {f}" for j, r in zip(p.jobs, results) for f in r["failures"]],
                "problems": run["problems"]}
-    engine = click.get_current_context().meta.get("snapanalyze.engine_doc")
     if engine is not None:
         doc = {**doc, "passed": doc["passed"] and engine["fits"], "engine_budget": engine}
     if fmt == "json":
@@ -220,25 +227,6 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
     p.finish()
     if not doc["passed"]:
         click.get_current_context().exit(1)
-
-
-def _check_engine(file: str, engine_log: str, total: int | None, rank: int | None, tag: str | None,
-                  rules_file: str | None, device: int | None, source: Any, fmt: str, others: bool) -> None:
-    """The `budget` check of FILE as a gate: its lines first; exit 1 when a shape exceeds (after the other
-    limits, when there are)."""
-    from ..report.budget_documents import budget_document
-    from .budget import engine_config, measure_budget
-
-    config = engine_config(engine_log, None, {"total": total})
-    assert config is not None
-    doc = budget_document(measure_budget(config, [file], "none", rank, tag, rules_file, device, None, source))
-    if fmt == "json" and not others:
-        emit_json({"source": file, "engine_log": engine_log, "passed": doc["fits"], "budget": doc})
-    elif fmt != "json":
-        echo_text(render_engine_check(doc), terminal_width())
-    if not doc["fits"] and not others:
-        click.get_current_context().exit(1)
-    click.get_current_context().meta["snapanalyze.engine_doc"] = doc
 
 
 def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max_transient: int | None,

@@ -74,12 +74,9 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
     rules, index = rules_for(rules_file), source_for(source)
     budget = None
     if engine_log is not None:
-        from ..report.budget_documents import budget_document
-        from .budget import engine_config, measure_budget
+        from .budget import budget_of_input
 
-        config = engine_config(engine_log, None, {"total": capacity})
-        assert config is not None
-        budget = budget_document(measure_budget(config, [file], "none", rank, tag, rules_file, device, None, index))
+        budget = budget_of_input(file, engine_log, capacity, rank, tag, rules_file, device, index)
     if rank is None:
         start_early(len(layout.rank_dirs(file)))      # a run: its workers start while plotly and jinja2 import
     progress = Progress()

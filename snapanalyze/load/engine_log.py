@@ -8,13 +8,17 @@ and each line is cut at MAX_LINE_CHARS, so a serving log of gigabytes costs what
 patterns are checked by a literal first. Of lines tagged with a worker's rank (``TP1``, ``rank=1``,
 ``Worker_TP1``) only the lowest rank's are read: tensor-parallel workers repeat its figures for their shard.
 `check_patterns()` validates the shipped table (the tests call it). A figure appears only where a line
-states it: nothing is guessed here (`analyze.budget` derives what it can and says so).
+states it: nothing is guessed here (`analyze.budget` derives what it can and says so). `engine_config(log,
+engine, figures, given_as)` is the one way to the figures of a check: the log's, each figure given replacing
+the log's (sourced as the option `given_as` names), or the figures alone for `engine`; UsageError when
+neither a log nor an engine is given, or when the engine named is not the log's.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +26,7 @@ from typing import Any
 
 from .. import tomldata
 from ..engine_config import ENGINES, FIGURES, EngineConfig, Figure
-from ..errors import BadInputError, RulesError
+from ..errors import BadInputError, RulesError, UsageError
 from .safe_pickle import regular_file
 
 MAX_LOG_BYTES = 64 << 20
@@ -102,7 +106,7 @@ def _lines(path: Path) -> list[str]:
 def parse_engine_log(lines: list[str], source: str) -> EngineConfig:
     """The figures `lines` state (module docstring); BadInputError naming `source` when none."""
     patterns = check_patterns()
-    found: dict[str, tuple[Figure, str]] = {}                 # figure -> (figure, how it combines)
+    found: dict[str, Figure] = {}
     engines: dict[str, int] = {}
     version = generation = None
     candidates = []
@@ -131,18 +135,17 @@ def parse_engine_log(lines: list[str], source: str) -> EngineConfig:
                     version = version or text
                     continue
                 value, half = _number(text, unit)
-                old = values.get(name, (0.0, 0.0))
-                values[name] = (old[0] + value, old[1] + half)
+                before = values.get(name, (0.0, 0.0))
+                values[name] = (before[0] + value, before[1] + half)
             values.update({name: (value, 0.0) for name, value in p.sets.items()})
             for name, (value, half) in values.items():
                 how = p.combine.get(name, "first")
-                figure = Figure(value, "log", f"line {number}: {shown}", half)
+                detail = f"line {number}: {shown}"
                 if name not in found or how == "last":
-                    found[name] = (figure, how)
+                    found[name] = Figure(value, "log", detail, half)
                 elif how == "sum":
-                    old_figure = found[name][0]
-                    found[name] = (Figure(old_figure.value + value, "log", f"{old_figure.detail}; + {figure.detail}",
-                                          old_figure.precision + half), how)
+                    old = found[name]
+                    found[name] = Figure(old.value + value, "log", f"{old.detail}; + {detail}", old.precision + half)
     if not engines:
         raise BadInputError(source, "no start-up line of vLLM or SGLang stating their memory budget (looked for: "
                             "vLLM's 'Model loading took', 'Available KV cache memory', 'GPU KV cache size', "
@@ -153,7 +156,7 @@ def parse_engine_log(lines: list[str], source: str) -> EngineConfig:
         seen = ", ".join(f"{e} from line {n}" for e, n in sorted(engines.items(), key=lambda kv: kv[1]))
         raise BadInputError(source, f"lines of both vLLM and SGLang ({seen}): give one engine's log")
     engine = next(iter(engines))
-    return EngineConfig(engine, version, generation, {k: v for k, (v, _) in sorted(found.items())}, source)
+    return EngineConfig(engine, version, generation, dict(sorted(found.items())), source)
 
 
 def read_engine_log(path: str | Path) -> EngineConfig:
@@ -162,8 +165,20 @@ def read_engine_log(path: str | Path) -> EngineConfig:
     return parse_engine_log(_lines(path), str(path))
 
 
-def figure_options(engine: str, values: dict[str, Any]) -> EngineConfig:
-    """An EngineConfig from command-line figures (name → value; None: not given), each sourced as an option."""
-    figures = {name: Figure(float(value), "option", f"--{name.replace('_', '-')}")
-               for name, value in values.items() if value is not None}
-    return EngineConfig(engine, None, None, figures, "options")
+def engine_config(log: str | Path | None, engine: str | None, figures: Mapping[str, Any] | None = None,
+                  given_as: Mapping[str, str] | None = None) -> EngineConfig:
+    """The figures of a budget check (module docstring): `figures` maps `FIGURES` names to values (None: not
+    given); `given_as` names how each was given (an option such as ``--total``; default the figure's name)."""
+    given = {name: Figure(float(value), "option", (given_as or {}).get(name, name))
+             for name, value in (figures or {}).items() if value is not None}
+    if log is None and engine is None:
+        raise UsageError("budget figures given without an engine: give --engine vllm|sglang or --engine-log LOG"
+                         if given else "give the engine's start-up log (--engine-log LOG) or the engine and its "
+                         "figures (--engine vllm|sglang …)")
+    if log is None:
+        return EngineConfig(str(engine), None, None, given, "options")
+    config = read_engine_log(log)
+    if engine is not None and engine != config.engine:
+        raise UsageError(f"--engine {engine}, but {log} is a {config.engine} log")
+    return EngineConfig(config.engine, config.version, config.generation, {**config.figures, **given},
+                        config.source)

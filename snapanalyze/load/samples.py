@@ -71,8 +71,6 @@ def _read_parquet(path: Path, schema: pa.Schema, what: str) -> pa.Table:
             check_decoded(reader, path)
             table = reader.read()
         check_table(table, path)
-    except BadInputError:
-        raise
     except (OSError, pa.ArrowException, ValueError, MemoryError) as exc:
         raise BadInputError(path, f"not a readable Parquet file ({str(exc)[:200]})") from None
     missing = [n for n in schema.names if n not in table.column_names]

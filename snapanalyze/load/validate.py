@@ -199,13 +199,19 @@ def _segment_rows(segs: Mapping[str, np.ndarray], blocks: Mapping[str, np.ndarra
 
 
 def _finite(value: Any, where: str, withheld: list[str]) -> Any:
-    """`value` without its non-finite floats (NaN, ±inf: no JSON, no arithmetic), each path put in `withheld`."""
+    """`value` without its non-finite floats (NaN, ±inf: no JSON, no arithmetic), each path put in `withheld`:
+    a dict drops the key, a list keeps the place as None."""
     if isinstance(value, float) and not math.isfinite(value):
         withheld.append(where)
         return None
     if isinstance(value, dict):
-        kept = {k: _finite(v, f"{where}.{k}", withheld) for k, v in value.items()}
-        return {k: v for k, v in kept.items() if not (v is None and isinstance(value[k], float))}
+        kept = {}
+        for k, v in value.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                withheld.append(f"{where}.{k}")
+            else:
+                kept[k] = _finite(v, f"{where}.{k}", withheld)
+        return kept
     if isinstance(value, list):
         return [_finite(v, f"{where}[{i}]", withheld) for i, v in enumerate(value)]
     return value

@@ -31,13 +31,14 @@ NOTES = {
 }
 
 
-def _value(p: dict[str, Any], ratio: float | None = None) -> str:
+def part_value(p: dict[str, Any], ratio: float | None = None, precision: bool = True) -> str:
+    """A budget part as shown: a ratio to three places, bytes (with ± the log's precision), or – if unknown."""
     if p["name"] in ("utilization", "mem_fraction_static"):
         return "–" if ratio is None else f"{ratio:.3f}"
     if p["bytes"] is None:
         return "–"
     shown = fmt_bytes(p["bytes"])
-    return shown + (f" ±{fmt_bytes(p['precision_bytes'])}" if p["precision_bytes"] else "")
+    return shown + (f" ±{fmt_bytes(p['precision_bytes'])}" if precision and p["precision_bytes"] else "")
 
 
 def _where(p: dict[str, Any], explain: bool) -> str:
@@ -47,7 +48,8 @@ def _where(p: dict[str, Any], explain: bool) -> str:
     return f"{source}: {p['detail']}"
 
 
-def _over(n: int | None) -> str:
+def signed(n: int | None) -> str:
+    """An excess (+) or a margin (−) in bytes; – when not known."""
     return "–" if n is None else ("+" if n > 0 else "−") + fmt_bytes(abs(n))
 
 
@@ -71,16 +73,16 @@ def render_budget(doc: dict[str, Any], explain: bool = False, width: int | None 
     name = ENGINE_NAMES.get(doc["engine"], doc["engine"])
     version = " ".join(x for x in (doc["version"], f"({doc['generation']})" if doc["generation"] else None) if x)
     out = [f"{name} {version}".rstrip() + f" memory budget, from {doc['source']}"]
-    rows = [[PART_NAMES.get(p["name"], p["name"]), _value(p, b["ratio"]), _where(p, explain)] for p in b["parts"]]
+    rows = [[PART_NAMES.get(p["name"], p["name"]), part_value(p, b["ratio"]), _where(p, explain)] for p in b["parts"]]
     out.append(text.table(["part", "value", "from"], rows, right=[False, True, False], width=width))
     cap = b["capacity"]
     if doc["engine"] == "vllm":
-        out.append(f"\nfor one forward pass vLLM budgets {_value(b['activation'])} (allocated bytes, "
+        out.append(f"\nfor one forward pass vLLM budgets {part_value(b['activation'])} (allocated bytes, "
                    f"{_where(b['activation'], False)})")
     else:
-        out.append(f"\nfor one forward pass SGLang leaves {_value(b['activation'])} free (reserved bytes: "
+        out.append(f"\nfor one forward pass SGLang leaves {part_value(b['activation'])} free (reserved bytes: "
                    "fragmentation counts)")
-    out.append(f"the allocator may reserve {_value(cap)} on the device ({_where(cap, True)})"
+    out.append(f"the allocator may reserve {part_value(cap)} on the device ({_where(cap, True)})"
                + ("" if b["capacity_exact"] or cap["bytes"] is None else ": at most, so a fit is not proven"))
     if b["missing"]:
         out.append("not known, so not checked: " + ", ".join(b["missing"]) + " (give them as options: --total, …)")
@@ -97,8 +99,8 @@ def render_budget(doc: dict[str, Any], explain: bool = False, width: int | None 
         if s["uncertain"]:
             verdict += " (within the log's precision)"
         rows.append([s["label"], *[str(s["shape"].get(k, "–")) for k in keys], fmt_bytes(s["steady_bytes"]),
-                     fmt_bytes(s["activation_bytes"]), _over(s["over_budget_bytes"]), fmt_bytes(s["reserved_bytes"]),
-                     _over(s["over_device_bytes"]), verdict])
+                     fmt_bytes(s["activation_bytes"]), signed(s["over_budget_bytes"]), fmt_bytes(s["reserved_bytes"]),
+                     signed(s["over_device_bytes"]), verdict])
     out.append("\nmeasured at each shape (exact): steady = live before the forward pass and kept (weights, KV pool, "
                "buffers); forward pass = the peak above it; reserved = the allocator's bytes at the peak")
     out.append(text.table(["shape", *keys, "steady", "forward pass", "vs budget", "reserved", "vs device", "verdict"],

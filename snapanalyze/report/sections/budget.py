@@ -8,38 +8,38 @@ from typing import Any
 from markupsafe import Markup
 
 from ...units import fmt_bytes
-from ..budget_terminal import ENGINE_NAMES, NOTES, PART_NAMES, SOURCES, VERDICTS, setting_change
+from ..budget_terminal import (
+    ENGINE_NAMES,
+    NOTES,
+    PART_NAMES,
+    SOURCES,
+    VERDICTS,
+    part_value,
+    setting_change,
+    signed,
+)
 from ..context import Report
 from ..templating import render
 from .section import ORDER, Section
 
 
-def _signed(n: int | None) -> str:
-    return "–" if n is None else ("+" if n > 0 else "−") + fmt_bytes(abs(n))
-
-
-def _value(p: dict[str, Any], ratio: float | None) -> str:
-    if p["name"] in ("utilization", "mem_fraction_static"):
-        return "–" if ratio is None else f"{ratio:.3f}"
-    return "–" if p["bytes"] is None else fmt_bytes(p["bytes"])
-
-
 def budget_body(doc: dict[str, Any], source: str) -> Markup:
     """The budget document as HTML: the engine's parts, each measured input, the settings that fit."""
     b = doc["budget"]
-    parts = [{"name": PART_NAMES.get(p["name"], p["name"]), "value": _value(p, b["ratio"]),
+    parts = [{"name": PART_NAMES.get(p["name"], p["name"]), "value": part_value(p, b["ratio"], precision=False),
               "source": SOURCES.get(p["source"], p["source"]) + (f": {p['detail']}" if p["source"] == "derived"
                                                                  else "")} for p in b["parts"]]
-    shapes = [{"label": s["label"], "forward": fmt_bytes(s["activation_bytes"]), "over_budget": _signed(
-        s["over_budget_bytes"]), "reserved": fmt_bytes(s["reserved_bytes"]), "over_device": _signed(
+    shapes = [{"label": s["label"], "forward": fmt_bytes(s["activation_bytes"]), "over_budget": signed(
+        s["over_budget_bytes"]), "reserved": fmt_bytes(s["reserved_bytes"]), "over_device": signed(
         s["over_device_bytes"]), "verdict": VERDICTS[s["verdict"]], "made": ", ".join(
         f"{c['category']} {fmt_bytes(c['bytes'])}" for c in s["categories"][:4])} for s in doc["shapes"]]
     settings = [{**dict(zip(("change", "kv"), setting_change(s))), "arithmetic": s["arithmetic"]}
                 for s in doc["settings"]]
     notes = [NOTES.get(n, n) for n in dict.fromkeys(doc["notes"] + b["notes"])]
     return render("sections/budget.html.j2", engine=ENGINE_NAMES.get(doc["engine"], doc["engine"]), source=source,
-                  activation=_value(b["activation"], None), capacity=_value(b["capacity"], None),
-                  capacity_exact=b["capacity_exact"], parts=parts, shapes=shapes, settings=settings, notes=notes)
+                  activation=part_value(b["activation"], precision=False),
+                  capacity=part_value(b["capacity"], precision=False), capacity_exact=b["capacity_exact"],
+                  parts=parts, shapes=shapes, settings=settings, notes=notes)
 
 
 def budget_section(report: Report) -> Section | None:
