@@ -33,8 +33,10 @@ fixtures: ## Regenerate the scenario, run and sweep fixtures and their expected 
 	$(PYTHON) fixtures/generate.py --out fixtures/scenarios
 	$(PYTHON) fixtures/runs.py
 	$(PYTHON) fixtures/sweeps.py
+	$(PYTHON) fixtures/whatif.py
 
 check-fixtures: ## Fail if the checked-in fixtures differ from what the generators make
 	$(PYTHON) fixtures/generate.py --check
 	$(PYTHON) fixtures/runs.py --check
 	$(PYTHON) fixtures/sweeps.py --check
+	$(PYTHON) fixtures/whatif.py --check

@@ -973,7 +973,9 @@ class Allocator:
     def release_cached(self) -> int:
         """``release_cached_blocks``: cudaFree every segment that is one free block. Returns how many."""
         released = 0
-        for addr in sorted(self.segments):
+        # torch's release_blocks walks each pool's free set in (stream, size, address) order, the large pool first
+        order = sorted(self.segments, key=lambda a: (self.segments[a][1], self.segments[a][0], a))
+        for addr in order:
             total, small = self.segments[addr]
             if addr in self.used or self.size[addr] != total:
                 continue

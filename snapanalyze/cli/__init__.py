@@ -26,7 +26,8 @@ from .common import SIZE, WARNINGS_KEY
 # command → the module of this package that defines it
 COMMANDS = {"summary": "analyze", "peaks": "analyze", "attribute": "analyze", "convert": "convert",
             "ranks": "run", "phases": "run", "explain-oom": "run", "diff": "compare", "capacity": "compare",
-            "check": "compare", "report": "report", "mcp": "mcp", "budget": "budget"}
+            "check": "compare", "report": "report", "mcp": "mcp", "budget": "budget",
+            "whatif": "whatif"}
 
 
 class _Group(click.Group):

@@ -1,0 +1,471 @@
+"""Drive the allocator simulator over one device's trace: check it against what the trace recorded (replay),
+or predict what other settings would have done with the same requests (what-if).
+
+Contract: `replay_device(snapshot, timeline, device, settings=None)` → DeviceReplay: how far a simulation
+under the recorded settings reproduces the trace — every segment event (`segment_alloc/free/map/unmap`) in
+order and every block's address, the reserved curve equal after every event — and the first divergence,
+where it stops. `whatif_device(snapshot, timeline, device, settings, capacity)` → DeviceWhatIf: the same
+requests under `settings` (and under the recorded ones, with the same capacity, as its baseline): the reserved
+peak, the reserved-but-unallocated bytes and largest free block at it, each recorded OOM served or not, valid
+up to the first instant where the program would have behaved differently (`valid_until`).
+
+The simulation starts from the state at the window's start (`segment_map` at −1: the segments of that moment
+and the blocks live then, at their addresses; a large-pool gap of at most 1 MiB after a live block is that
+block's unsplit remainder, since a free large-pool block is never that small). Replay takes what only the
+device knew from the trace: the address of each new segment (the recorded `segment_alloc`/`segment_map`),
+and when cudaMalloc failed (segments given back right before an allocation: the driver refuses until the
+simulation has given back as many as the trace shows). Segments given back before anything but an allocation
+are `empty_cache()`. A what-if takes the device's capacity instead: given, else what the first OOM proves
+(reserved then + the bytes the driver reported free), else unbounded.
+The result carries codes, never sentences: `Divergence.kind` is one of DIVERGENCES.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...model import (
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    Snapshot,
+)
+from ...replay import Timeline
+from ..segment_map import segment_map
+from .settings import SMALL_BUFFER, SMALL_SIZE, AllocatorSettings, of_snapshot
+from .state import DEFAULT_POOL, Allocator, Driver, SegmentEvent
+
+GROW = (SEGMENT_ALLOC, SEGMENT_MAP)
+SHRINK = (SEGMENT_FREE, SEGMENT_UNMAP)
+SEGMENT_ACTIONS = {SEGMENT_ALLOC: "segment_alloc", SEGMENT_FREE: "segment_free", SEGMENT_MAP: "segment_map",
+                   SEGMENT_UNMAP: "segment_unmap"}
+
+# Divergence.kind: what differed at the first event the simulation did not reproduce
+DIVERGENCES = (
+    "trace_reserved",        # the trace reserved a segment where the simulation reused a cached block
+    "simulation_reserved",   # the simulation reserved a segment where the trace reused a cached block
+    "segment_differs",       # both reserved or gave back, not the same segments (size, address, order)
+    "expandable_switched",   # segment_map/unmap where the settings have no expandable segments, or the reverse
+    "address",               # the block went to another address than the simulation chose
+    "unknown_free",          # the trace frees an address the simulation holds no block at
+    "oom_served",            # the trace ran out of memory where the simulation served the request
+    "oom_unserved",          # the simulation could not serve a request the trace served (what-if: capacity)
+)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first trace event the simulation did not reproduce."""
+
+    index: int                                   # the trace event (of this device)
+    kind: str                                    # one of DIVERGENCES
+    recorded: tuple[SegmentEvent, ...] = ()      # the trace's segment events at it
+    simulated: tuple[SegmentEvent, ...] = ()     # the simulation's
+    recorded_addr: int | None = None             # `address`: where the trace put the block
+    simulated_addr: int | None = None            # and where the simulation did
+    size: int = 0                                # the request's bytes (alloc, oom) or the freed address' block
+
+
+@dataclass(frozen=True)
+class DeviceReplay:
+    """How far a simulation under the recorded settings reproduces one device's trace."""
+
+    device: int
+    settings: str                    # PYTORCH_ALLOC_CONF form of the settings simulated ("" = defaults)
+    events: int                      # trace events
+    simulated: int                   # events simulated (all of them, or up to the first divergence)
+    segment_events: int              # segment events the trace recorded
+    matched: int                     # of them, reproduced in order before the first divergence
+    allocations: int                 # allocations the trace recorded
+    addresses_matched: int           # of them, at the address the simulation chose, before the first divergence
+    reserved_equal: bool             # the reserved curve equal after every simulated event
+    start_exact: bool                # the starting state came from the end state (no block changed after)
+    first_divergence: Divergence | None
+
+    @property
+    def agrees(self) -> bool:
+        return self.first_divergence is None
+
+
+@dataclass(frozen=True)
+class OomOutcome:
+    """A request the trace could not serve, under the simulated settings."""
+
+    index: int
+    request: int                     # bytes (the allocator's rounded request)
+    capacity: int | None             # the bytes PyTorch could reserve then (reserved + the driver's free)
+    served: bool
+    reserved: int                    # simulated reserved bytes after it (served or not)
+    largest_free: int                # the largest free cached block then
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the simulation predicts for one device under one set of settings, up to `simulated` events."""
+
+    settings: str
+    simulated: int                   # events whose outcome it covers (the stopping event's included)
+    reserved_peak: int
+    peak_index: int                  # the event after which reserved was highest (−1: at the start)
+    unallocated_at_peak: int         # reserved − allocated (block bytes) at that peak
+    largest_free_at_peak: int
+    ooms: tuple[OomOutcome, ...]
+    stop: Divergence | None          # where the program would have behaved differently (None: the whole trace)
+
+
+@dataclass(frozen=True)
+class DeviceWhatIf:
+    device: int
+    capacity: int | None
+    capacity_source: str             # "given", "oom" (reserved + free at the first OOM) or "none"
+    trace_reserved_peak: int
+    baseline: Prediction             # the recorded settings, with the same capacity
+    changed: Prediction
+
+
+class _TraceDriver(Driver):
+    """Replay: the device refuses until the simulation has given back as many segments as the trace shows
+    before this event, and hands out the addresses the trace recorded."""
+
+    def __init__(self, total: int | None) -> None:
+        self.total = total
+        self.grow: list[SegmentEvent] = []
+        self.refuse = False
+        self.frees = self.freed = 0
+        self.synthetic = 1 << 62
+
+    def step(self, recorded: Sequence[SegmentEvent], refuse: bool, freed: int = 0) -> None:
+        self.refuse, self.freed = refuse, freed
+        self.grow = [e for e in recorded if e.action in ("segment_alloc", "segment_map")]
+        self.frees = sum(e.action in ("segment_free", "segment_unmap") for e in recorded)
+
+    def _refused(self) -> bool:
+        return self.refuse or self.freed < self.frees
+
+    def reserve(self, n: int, reserved: int) -> int | None:
+        if self._refused():
+            return None
+        for k, e in enumerate(self.grow):
+            if e.action == "segment_alloc" and e.size == n:
+                del self.grow[k]
+                return e.addr
+        return self._synthetic(n)
+
+    def map(self, n: int, reserved: int) -> bool:
+        return not self._refused()
+
+    def address_range(self, n: int) -> int:
+        for e in self.grow:                              # a new range's first pages are mapped at its start
+            if e.action == "segment_map":
+                return e.addr
+        return self._synthetic(n)
+
+    def released(self, n: int) -> None:
+        self.freed += 1
+
+    def _synthetic(self, n: int) -> int:
+        addr = self.synthetic
+        self.synthetic += -(-n // SMALL_BUFFER) * SMALL_BUFFER + (1 << 30)
+        return addr
+
+
+class _CapacityDriver(Driver):
+    """What-if: the device serves while reserved + n fits `capacity` (None: always), at fresh addresses."""
+
+    def __init__(self, capacity: int | None, total: int | None) -> None:
+        self.capacity = capacity
+        self.total = total
+        self.next = 1 << 62
+
+    def _fits(self, n: int, reserved: int) -> bool:
+        return self.capacity is None or reserved + n <= self.capacity
+
+    def reserve(self, n: int, reserved: int) -> int | None:
+        return self.address_range(n) if self._fits(n, reserved) else None
+
+    def map(self, n: int, reserved: int) -> bool:
+        return self._fits(n, reserved)
+
+    def address_range(self, n: int) -> int:
+        addr = self.next
+        self.next += -(-n // SMALL_BUFFER) * SMALL_BUFFER + SMALL_BUFFER
+        return addr
+
+
+def _start(snapshot: Snapshot, timeline: Timeline, device: int, settings: AllocatorSettings,
+           driver: Driver) -> tuple[Allocator, bool]:
+    """An allocator holding the device's state at the window's start, and whether that state is exact."""
+    alloc = Allocator(settings, driver)
+    m = segment_map(snapshot, timeline, device, -1)
+    cols = snapshot.segment_columns
+    on = cols["device"] == device
+    expandable = set(cols["address"][on & cols["is_expandable"].astype(bool)].astype(np.uint64).tolist())
+    segs = m.segments
+    small = {}
+    for addr, size, stream, pool, kind in zip(*(_column(segs, c) for c in
+                                                ("address", "size", "stream", "pool", "segment_type"))):
+        small[addr] = kind == "small"
+        alloc.place_segment(addr, size, stream, pool, kind == "small", addr in expandable)
+    rows = list(zip(*(_column(m.pieces, c) for c in ("segment_address", "offset", "size", "state", "requested"))))
+    for k, (seg, offset, size, state, requested) in enumerate(rows):
+        if state == "inactive":
+            continue
+        # a large-pool block's unsplit remainder: the free gap of ≤ 1 MiB right after it
+        after = rows[k + 1] if k + 1 < len(rows) else None
+        if after is not None and after[0] == seg and after[3] == "inactive" and not small[seg] \
+                and seg not in expandable and after[2] <= SMALL_SIZE:
+            size += after[2]
+        alloc.place_block(seg + offset, size, requested)
+    return alloc, m.exact
+
+
+def _column(frame: object, name: str) -> list[object]:
+    """A DataFrame column as Python values (ints for numbers, str for the rest)."""
+    col = frame[name]  # type: ignore[index]
+    if col.dtype.kind in "iu":
+        return [int(v) for v in col.to_numpy().tolist()]
+    return col.astype(str).tolist()
+
+
+def _recorded(t: object, indices: Sequence[int]) -> list[SegmentEvent]:
+    return [SegmentEvent(SEGMENT_ACTIONS[int(t.action[i])], int(t.addr[i]), int(t.size[i]))  # type: ignore[attr-defined]
+            for i in indices]
+
+
+def _pools(snapshot: Snapshot, device: int) -> tuple[np.ndarray | None, list[int], list[tuple[int, str]]]:
+    """The pool each event names (torch ≥ 2.12), else the private pools' segments by address (end state)."""
+    t = snapshot.trace(device)
+    named = t.pools_of(np.arange(len(t))) if len(t) else None
+    segs = snapshot.segment_columns
+    on = (segs["device"] == device) & (segs["pool_id"].astype(str) != DEFAULT_POOL)
+    spans = sorted(zip(segs["address"][on].astype(np.uint64).tolist(),
+                       (segs["address"][on].astype(np.uint64) + segs["total_size"][on].astype(np.uint64)).tolist(),
+                       segs["pool_id"][on].astype(str).tolist()))
+    return named, [s for s, _, _ in spans], [(e, pool) for _, e, pool in spans]
+
+
+def _pool_at(addr: int, starts: list[int], ends: list[tuple[int, str]]) -> str:
+    i = bisect.bisect_right(starts, addr) - 1
+    if i >= 0 and addr < ends[i][0]:
+        return ends[i][1]
+    return DEFAULT_POOL
+
+
+def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
+                  settings: AllocatorSettings | None = None) -> DeviceReplay:
+    """Replay mode (see the module docstring)."""
+    s = settings if settings is not None else of_snapshot(snapshot.allocator_settings)
+    t = snapshot.trace(device)
+    dt = timeline[device]
+    driver = _TraceDriver(None)
+    alloc, exact = _start(snapshot, timeline, device, s, driver)
+    action, addrs, sizes, streams = t.action, t.addr, t.size, t.stream
+    free_action = FREE_COMPLETED if bool((action == FREE_COMPLETED).any()) else FREE_REQUESTED
+    named, starts, ends = _pools(snapshot, device)
+    is_segment = np.isin(action, (*GROW, *SHRINK))
+    n = len(t)
+    segment_events = int(is_segment.sum())
+    allocations = int((action == ALLOC).sum())
+    matched = addresses = 0
+    reserved_equal = alloc.reserved == dt.reserved_at(-1)
+    burst: list[int] = []
+    divergence: Divergence | None = None
+    i = 0
+    for i in range(n):
+        a = int(action[i])
+        if is_segment[i]:
+            burst.append(i)
+            continue
+        if a not in (ALLOC, OOM, free_action) and not burst:
+            continue
+        recorded = _recorded(t, burst)
+        burst = []
+        before = len(alloc.events)
+        addr, size, stream = int(addrs[i]), int(sizes[i]), int(streams[i])
+        pool = (named[i] if named is not None and named[i] else None) or _pool_at(addr, starts, ends)
+        kind = None
+        placed = None
+        gives_back = any(e.action in ("segment_free", "segment_unmap") for e in recorded)
+        driver.step(recorded, refuse=a == OOM)
+        freeable = _freeable(alloc, recorded)
+        if a == ALLOC:
+            if gives_back and alloc.fits_cached(size, stream, pool):
+                alloc.release_cached(freeable)                   # empty_cache() before this allocation
+            block = alloc.malloc(size, stream, pool)
+            if block is None:
+                kind = "oom_unserved"
+            elif block.addr != addr:
+                kind, placed = "address", block.addr
+        elif a == OOM:
+            if alloc.malloc(size, stream, pool) is not None:
+                kind = "oom_served"
+        elif a == free_action:
+            if gives_back:
+                alloc.release_cached(freeable)
+            if alloc.free(addr) is None:
+                kind = "unknown_free"
+        else:
+            alloc.release_cached(freeable)
+        simulated = tuple(alloc.events[before:])
+        same = _common_prefix(recorded, simulated)
+        matched += same
+        if kind is None and same < max(len(recorded), len(simulated)):
+            kind = _segment_kind(recorded, simulated)
+        if kind is None and a == ALLOC:
+            addresses += 1
+        if kind is None and alloc.reserved != dt.reserved_at(i):
+            reserved_equal = False
+        if kind is not None:
+            divergence = Divergence(index=i, kind=kind, recorded=tuple(recorded), simulated=simulated,
+                                    recorded_addr=addr if kind == "address" else None, simulated_addr=placed,
+                                    size=size)
+            break
+    else:
+        if burst:                                        # segments given back after the last event: empty_cache()
+            recorded = _recorded(t, burst)
+            before = len(alloc.events)
+            driver.step(recorded, refuse=False)
+            alloc.release_cached(_freeable(alloc, recorded))
+            simulated = tuple(alloc.events[before:])
+            same = _common_prefix(recorded, simulated)
+            matched += same
+            if same < max(len(recorded), len(simulated)):
+                divergence = Divergence(index=n - 1, kind=_segment_kind(recorded, simulated),
+                                        recorded=tuple(recorded), simulated=simulated)
+    return DeviceReplay(device=device, settings=s.conf(), events=n,
+                        simulated=(divergence.index if divergence is not None else n),
+                        segment_events=segment_events, matched=matched, allocations=allocations,
+                        addresses_matched=addresses, reserved_equal=reserved_equal and divergence is None,
+                        start_exact=exact, first_divergence=divergence)
+
+
+def _freeable(alloc: Allocator, recorded: Sequence[SegmentEvent]) -> list[str]:
+    """The private pools whose segments the trace gives back here: their graphs were released (in the order
+    the trace names them; torch walks them in a hash map's order)."""
+    pools: list[str] = []
+    for e in recorded:
+        pool = alloc.pool_at(e.addr) if e.action == "segment_free" else None
+        if pool is not None and pool != DEFAULT_POOL and pool not in pools:
+            pools.append(pool)
+    return pools
+
+
+def _common_prefix(a: Sequence[SegmentEvent], b: Sequence[SegmentEvent]) -> int:
+    k = 0
+    while k < len(a) and k < len(b) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+def _segment_kind(recorded: Sequence[SegmentEvent], simulated: Sequence[SegmentEvent]) -> str:
+    mapped = {"segment_map", "segment_unmap"}
+    if any(e.action in mapped for e in recorded) != any(e.action in mapped for e in simulated) \
+            and recorded and simulated:
+        return "expandable_switched"
+    grew_r = any(e.action in ("segment_alloc", "segment_map") for e in recorded)
+    grew_s = any(e.action in ("segment_alloc", "segment_map") for e in simulated)
+    if grew_r and not grew_s:
+        return "trace_reserved"
+    if grew_s and not grew_r:
+        return "simulation_reserved"
+    if any(e.action in mapped for e in recorded) and not simulated:
+        return "expandable_switched"
+    return "segment_differs"
+
+
+def oom_capacity(snapshot: Snapshot, timeline: Timeline, device: int) -> int | None:
+    """What the first OOM entry proves PyTorch could hold then: reserved at it + the bytes the driver reported
+    free (None: no OOM entry with a free figure)."""
+    t = snapshot.trace(device)
+    free = t.device_free
+    for i in np.flatnonzero(t.action == OOM).tolist():
+        if i in free:
+            return timeline[device].reserved_at(i) + int(free[i])
+    return None
+
+
+def predict_device(snapshot: Snapshot, timeline: Timeline, device: int, settings: AllocatorSettings,
+                   capacity: int | None, total: int | None = None) -> Prediction:
+    """The trace's requests under `settings` on a device where PyTorch may reserve `capacity` bytes (None:
+    unbounded), up to the first request the program would have met differently (see the module docstring)."""
+    t = snapshot.trace(device)
+    driver = _CapacityDriver(capacity, total if total is not None else capacity)
+    alloc, _ = _start(snapshot, timeline, device, settings, driver)
+    action, addrs, sizes, streams = t.action, t.addr, t.size, t.stream
+    free_action = FREE_COMPLETED if bool((action == FREE_COMPLETED).any()) else FREE_REQUESTED
+    named, starts, ends = _pools(snapshot, device)
+    is_segment = np.isin(action, (*GROW, *SHRINK))
+    gives_back = np.isin(action, SHRINK)
+    peak, peak_index = alloc.reserved, -1
+    unallocated, largest = alloc.reserved - alloc.allocated_bytes, _largest_free(alloc)
+    ooms: list[OomOutcome] = []
+    stop: Divergence | None = None
+    burst: list[int] = []
+    moved: dict[int, int] = {}                           # blocks live before the window keep their addresses
+    n = len(t)
+    for i in range(n):
+        a = int(action[i])
+        if is_segment[i]:
+            if gives_back[i]:
+                burst.append(i)
+            continue
+        if a not in (ALLOC, OOM, free_action):
+            if burst:                                   # empty_cache(): the program asked for it
+                alloc.release_cached(_freeable(alloc, _recorded(t, burst)))
+                burst = []
+            continue
+        addr, size, stream = int(addrs[i]), int(sizes[i]), int(streams[i])
+        if burst and a == free_action:
+            alloc.release_cached(_freeable(alloc, _recorded(t, burst)))
+        burst = []
+        pool = (named[i] if named is not None and named[i] else None) or _pool_at(addr, starts, ends)
+        if a == ALLOC:
+            block = alloc.malloc(size, stream, pool)
+            if block is None:
+                stop = Divergence(index=i, kind="oom_unserved", size=size)
+            else:
+                moved[addr] = block.addr             # the trace's address → where this simulation put it
+        elif a == OOM:
+            served = alloc.malloc(size, stream, pool) is not None
+            ooms.append(OomOutcome(index=i, request=settings.round_size(size), capacity=capacity, served=served,
+                                   reserved=alloc.reserved, largest_free=_largest_free(alloc)))
+            if served:
+                stop = Divergence(index=i, kind="oom_served", size=size)
+        elif alloc.free(moved.pop(addr, addr)) is None:
+            stop = Divergence(index=i, kind="unknown_free", size=size)
+        if alloc.reserved > peak:
+            peak, peak_index = alloc.reserved, i
+            unallocated, largest = alloc.reserved - alloc.allocated_bytes, _largest_free(alloc)
+        if stop is not None:
+            break
+    return Prediction(settings=settings.conf(), simulated=stop.index + 1 if stop is not None else n, reserved_peak=peak,
+                      peak_index=peak_index, unallocated_at_peak=unallocated, largest_free_at_peak=largest,
+                      ooms=tuple(ooms), stop=stop)
+
+
+def _largest_free(alloc: Allocator) -> int:
+    return max((p.largest() for p in alloc.pools.values()), default=0)
+
+
+def whatif_device(snapshot: Snapshot, timeline: Timeline, device: int, settings: AllocatorSettings,
+                  capacity: int | None = None, total: int | None = None) -> DeviceWhatIf:
+    """What-if mode (see the module docstring): `settings` against the recorded ones, the same capacity."""
+    source = "given"
+    if capacity is None:
+        capacity = oom_capacity(snapshot, timeline, device)
+        source = "oom" if capacity is not None else "none"
+    recorded = of_snapshot(snapshot.allocator_settings)
+    dt = timeline[device]
+    return DeviceWhatIf(device=device, capacity=capacity, capacity_source=source,
+                        trace_reserved_peak=int(max(dt.baseline_reserved, int(dt.reserved.max()) if len(dt) else 0)),
+                        baseline=predict_device(snapshot, timeline, device, recorded, capacity, total),
+                        changed=predict_device(snapshot, timeline, device, settings, capacity, total))
