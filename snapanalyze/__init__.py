@@ -5,7 +5,8 @@ of exact curves, `find_peaks` on it, `attribute` the live bytes at an instant to
 to drill down, `load_rules` to extend the rules, `summarize` to see what a file holds; for runs
 `open_run`, `read_run`, `compare_ranks`, `phase_table`, `attribute_phase`, `outside_at_peaks`, `explain_oom`,
 `explain_path`; to compare `diff`, `capacity`, `check`; a serving engine's budget against measured shapes
-`budget` (`read_engine_log`, `engine_budget`, `check_budget`). Functions that take paths live in `session`; the
+`budget` (`read_engine_log`, `engine_budget`, `check_budget`); other allocator settings `whatif`. Functions
+that take paths live in `session`; the
 analyses take loaded data. Collecting lives in `snapanalyze.collect`. Importing this package
 never imports torch.
 """
@@ -40,6 +41,7 @@ _EXPORTS = {
     ".load.samples": ("RunSamples", "read_run"),
     ".session": ("Run", "open_run", "compare_ranks", "explain_path", "sweep_points", "capacity", "budget"),
     ".analyze.budget": ("BudgetCheck", "check_budget", "engine_budget"),
+    ".analyze.whatif": ("WhatIf", "whatif"),
     ".load.engine_log": ("read_engine_log",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -412,3 +412,27 @@ def test_whatif_command_refuses_a_bad_setting_in_one_line() -> None:
     assert r.returncode == 2
     assert r.stderr.strip().startswith("snapanalyze: error:") and "max_split_size_mb" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_sorted_keys_agree_with_a_sorted_list_under_random_inserts_and_removals() -> None:
+    import random
+
+    from snapanalyze.analyze.allocator.state import SortedKeys
+
+    rng = random.Random(7)
+    keys, ref = SortedKeys(), []
+    for step in range(20_000):
+        if ref and rng.random() < 0.45:
+            k = ref.pop(rng.randrange(len(ref)))
+            keys.discard(k)
+        else:
+            k = (rng.randrange(3), rng.randrange(5000), step)
+            ref.append(k)
+            keys.add(k)
+        if step % 997 == 0:
+            ref.sort()
+            assert list(keys) == ref and len(keys) == len(ref)
+            probe = (1, rng.randrange(5000), -1)
+            pos = keys.ceiling(probe)
+            first = next((r for r in ref if r >= probe), None)
+            assert (keys.at(pos) if pos is not None else None) == first

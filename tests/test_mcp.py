@@ -20,7 +20,7 @@ pytest.importorskip("mcp", reason="mcp is a dev dependency: pip install -e '.[de
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 SCENARIO = FIXTURES / "scenarios" / "oom_fragmentation.pickle"
 RUN = FIXTURES / "runs" / "tp2_vision_encoder"
-TOOLS = {"summary", "peaks", "attribute", "explain_oom", "phases", "ranks", "diff", "check"}
+TOOLS = {"summary", "peaks", "attribute", "explain_oom", "phases", "ranks", "diff", "check", "whatif"}
 
 
 def _session(calls: list[tuple[str, dict[str, Any]]], *options: str) -> tuple[set[str], list[Any]]:
@@ -51,12 +51,13 @@ def _cli_json(*args: str) -> dict[str, Any]:
 def test_every_tool_answers_with_its_commands_document(tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere.pickle"
     outside.write_bytes(SCENARIO.read_bytes())
-    tools, (summary, attribute, oom, ranks, check, escaped, missing, damaged) = _session([
+    tools, (summary, attribute, oom, ranks, check, whatif, escaped, missing, damaged) = _session([
         ("summary", {"path": str(SCENARIO)}),
         ("attribute", {"path": str(SCENARIO), "top": 2}),
         ("explain_oom", {"path": str(SCENARIO)}),
         ("ranks", {"run": str(RUN)}),
         ("check", {"path": str(SCENARIO), "budget": "10GiB"}),
+        ("whatif", {"path": str(SCENARIO), "settings": ["expandable_segments:True"]}),
         ("summary", {"path": str(outside)}),
         ("summary", {"path": str(FIXTURES / "no-such.pickle")}),
         ("summary", {"path": str(FIXTURES / "README.md")}),
@@ -64,7 +65,8 @@ def test_every_tool_answers_with_its_commands_document(tmp_path: Path) -> None:
     assert tools == TOOLS
     for result, args in ((summary, ["summary", str(SCENARIO)]), (attribute, ["attribute", str(SCENARIO), "--top", "2"]),
                          (oom, ["explain-oom", str(SCENARIO)]), (ranks, ["ranks", str(RUN)]),
-                         (check, ["check", str(SCENARIO), "--budget", "10GiB"])):
+                         (check, ["check", str(SCENARIO), "--budget", "10GiB"]),
+                         (whatif, ["whatif", str(SCENARIO), "--set", "expandable_segments:True"])):
         assert not result.is_error, _text(result)
         assert json.loads(_text(result)) == _cli_json(*args), args
     assert json.loads(_text(check))["passed"] is False                          # a limit exceeded is an answer

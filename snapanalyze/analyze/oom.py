@@ -504,6 +504,7 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
         rows.append(dataclasses.replace(
             _one_oom(snapshot, timeline, row, c, nvml, total, source),
             failed=failed_allocation(snapshot, int(row.device), int(row.index), rules, markers)))
+    rows = _simulated(snapshot, timeline, rows)
     table = pd.DataFrame([v.record() for v in rows], columns=OOM_COLUMNS)
     for c in ("time_us", "device_free_bytes", "capacity_bytes", "outside_bytes", "own_outside_bytes",
               "other_processes_bytes", "outside_growth_bytes"):
@@ -529,6 +530,57 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     return OomExplanation(snapshot=snapshot, timeline=timeline, ooms=table, categories=categories,
                           verdicts=tuple(rows), no_oom=no_oom, notes=tuple(notes), engine=engine,
                           state_only=state_only)
+
+
+ALLOCATOR_ADVICE = {"expandable_segments": lambda x: "expandable_segments:True",
+                    "max_split": lambda x: f"max_split_size_mb:{x['split_mb']}"}
+
+
+def _simulated(snapshot: Snapshot, timeline: Timeline, verdicts: list[OomVerdict]) -> list[OomVerdict]:
+    """Each allocator setting advised for an OOM, tried: the trace's requests replayed through the allocator
+    simulator under that setting on the device PyTorch had at that OOM (reserved + the driver's free bytes).
+    Its Advice gains `simulated`: whether the failed request is served, reserved after it under the recorded
+    settings and under the advised one, and whether a replay under the recorded settings reproduced the trace
+    up to that OOM (when it does not, the prediction is less sure, and says so)."""
+    from .allocator.settings import of_snapshot, with_changes
+    from .allocator.trace_replay import predict_device, replay_device, start_state
+
+    out = []
+    starts: dict[int, Any] = {}
+    for v in verdicts:
+        kinds = [a for a in v.advice if a.kind in ALLOCATOR_ADVICE]
+        if not kinds or v.device_free_bytes is None:
+            out.append(v)
+            continue
+        device = v.device
+        if device not in starts:
+            start = start_state(snapshot, timeline, device)
+            r = replay_device(snapshot, timeline, device, start=start)
+            starts[device] = (start, r)
+        start, r = starts[device]
+        agrees = r.first_divergence is None or r.first_divergence.index >= v.index
+        capacity = timeline[device].reserved_at(v.index) + v.device_free_bytes
+        recorded = of_snapshot(snapshot.allocator_settings)
+        base = predict_device(snapshot, timeline, device, recorded, capacity, start=start)
+        before = next((o for o in base.ooms if o.index == v.index), None)
+        advice = []
+        for a in v.advice:
+            if a.kind in ALLOCATOR_ADVICE:
+                setting = ALLOCATOR_ADVICE[a.kind](a.values)
+                p = predict_device(snapshot, timeline, device, with_changes(recorded, [setting]), capacity,
+                                   start=start)
+                at = next((o for o in p.ooms if o.index == v.index), None)
+                simulated = {"setting": setting, "reached": at is not None,
+                             "served": bool(at is not None and at.served),
+                             "reserved_recorded": before.reserved if before is not None else None,
+                             "reserved": at.reserved if at is not None else None,
+                             "largest_free": at.largest_free if at is not None else None,
+                             "stopped_at": p.stop.index if p.stop is not None and at is None else None,
+                             "replay_agrees": agrees}
+                a = Advice(a.kind, {**a.values, "simulated": simulated})
+            advice.append(a)
+        out.append(dataclasses.replace(v, advice=tuple(advice)))
+    return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,7 +23,15 @@ from ..model import Snapshot
 from ..replay import Timeline, replay
 from .allocator.settings import AllocatorSettings, of_snapshot, with_changes
 from .allocator.state import SegmentEvent
-from .allocator.trace_replay import DeviceReplay, DeviceWhatIf, Divergence, Prediction, replay_device, whatif_device
+from .allocator.trace_replay import (
+    DeviceReplay,
+    DeviceWhatIf,
+    Divergence,
+    Prediction,
+    replay_device,
+    start_state,
+    whatif_device,
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +66,10 @@ def whatif(snapshot: Snapshot, timeline: Timeline | None = None, changes: Sequen
     devices = [d for d in sorted(timeline.devices) if len(snapshot.trace(d)) and (device is None or d == device)]
     results = []
     for d in devices:
-        r = replay_device(snapshot, timeline, d, recorded)
-        w = whatif_device(snapshot, timeline, d, changed, capacity, total) if changed is not None else None
+        start = start_state(snapshot, timeline, d)
+        r = replay_device(snapshot, timeline, d, recorded, start)
+        same = r.observed if r.agrees and capacity is None else None      # what the allocator did, reproduced
+        w = None if changed is None else whatif_device(snapshot, timeline, d, changed, capacity, total, start, same)
         results.append(DeviceResult(device=d, replay=r, whatif=w))
     return WhatIf(source=str(snapshot.source), recorded=recorded, changed=changed,
                   traced=any(len(snapshot.trace(d)) for d in snapshot.devices), devices=tuple(results))

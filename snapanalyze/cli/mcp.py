@@ -1,7 +1,7 @@
 """`snapanalyze mcp`: the analyses as tools for agents, over the Model Context Protocol (stdio).
 
 Contract: `snapanalyze mcp --root DIR [--root DIR …]` serves, with the official Python SDK (the `mcp` extra,
-imported only here), the tools summary, peaks, attribute, explain_oom, phases, ranks, diff and check. Each
+imported only here), the tools summary, peaks, attribute, explain_oom, phases, ranks, diff, check and whatif. Each
 answers with the JSON document its command prints with `--format json` — the same numbers, owners and
 warnings — because each call runs that command in a child process: a hostile or huge input costs that
 process, bounded by `--timeout` and the loader's memory limits, never the server. Every path an agent names
@@ -139,6 +139,17 @@ def build_server(roots: tuple[str, ...], max_chars: int = 60_000, timeout: float
         return box.run("check", box.path(path), *_option("--budget", budget),
                        *_option("--max-transient", max_transient), *_option("--phase", phase), *limits,
                        passing=(0, 1))
+
+    @server.tool()
+    def whatif(path: str, settings: list[str] | None = None, capacity: str | None = None,
+               device: int | None = None, rank: int | None = None, tag: str | None = None) -> dict[str, Any]:
+        """Replay the trace through a simulator of PyTorch's caching allocator: how far it reproduces the
+        recorded segment events and block addresses (first_divergence null: all), and, with settings
+        (["expandable_segments:True", "max_split_size_mb:512"], as PYTORCH_ALLOC_CONF writes them), the
+        reserved peak and whether each OOM's request would have been served (capacity with units: 80GiB)."""
+        changes = [x for s in settings or [] for x in ("--set", s)]
+        return box.run("whatif", box.path(path), *changes, *_option("--capacity", capacity),
+                       *_option("--device", device), *_option("--rank", rank), *_option("--tag", tag))
 
     return server
 

@@ -14,7 +14,7 @@ a vLLM knob is only ever named for a vLLM program. Bytes are in binary units; an
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import tomldata
@@ -118,17 +118,17 @@ def peak_advice(category: str | None, engine: str = "pytorch", live: Sequence[st
     return [f"for {name}, {category_advice(name, engine)}" for name in names]
 
 
-def _one(a: Advice, engine: str) -> str:
+def _one(a: Advice, engine: str, request: int = 0) -> str:
     x = a.values
     if a.kind == "expandable_segments":
         return (f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — {fmt_bytes(x['reserved_free_bytes'])} is "
                 f"reserved but free in holes of at most {fmt_bytes(x['largest_free_bytes'])}; expandable segments "
-                "grow one mapping instead of leaving holes between live blocks")
+                "grow one mapping instead of leaving holes between live blocks" + _simulated(x, request))
     if a.kind == "max_split":
         return (f"max_split_size_mb:{x['split_mb']} — {fmt_count(x['segments'], 'large cached segment')} "
                 f"{'was' if x['segments'] == 1 else 'were'} split, leaving "
                 f"{fmt_bytes(x['free_bytes'])} free beside live blocks; blocks of at least that size are then never "
-                "split, so they can be released whole")
+                "split, so they can be released whole" + _simulated(x, request))
     if a.kind == "isolate":
         return str(_entry(engine, "isolate"))
     if a.kind == "category":
@@ -144,9 +144,26 @@ def _one(a: Advice, engine: str) -> str:
     raise ValueError(f"unknown advice kind {a.kind!r}")
 
 
+def _simulated(x: Mapping[str, Any], request: int) -> str:
+    """What the allocator simulator found for an advised setting (`analyze.oom._simulated`), "" if not tried."""
+    sim = x.get("simulated")
+    if not sim:
+        return ""
+    unsure = "" if sim["replay_agrees"] else " (the replay under the recorded settings diverged before this OOM: " \
+                                               "less sure)"
+    if not sim["reached"]:
+        return (f". Simulated with {sim['setting']}: the program would have failed earlier, at event "
+                f"{sim['stopped_at']:,}{unsure}")
+    if sim["served"]:
+        return (f". Simulated with {sim['setting']}: this {fmt_bytes(request)} request fits — reserved "
+                f"{fmt_bytes(sim['reserved_recorded'])} → {fmt_bytes(sim['reserved'])}{unsure}")
+    return (f". Simulated with {sim['setting']}: this {fmt_bytes(request)} request still fails — largest free "
+            f"block {fmt_bytes(sim['largest_free'])}, reserved {fmt_bytes(sim['reserved'])}{unsure}")
+
+
 def advice(v: OomVerdict, engine: str = "pytorch") -> list[str]:
     """What would have helped, in the verdict's order, in the words of `engine`."""
-    return [_one(a, engine) for a in v.advice]
+    return [_one(a, engine, v.request_bytes) for a in v.advice]
 
 
 def no_oom_message(n: NoOom) -> str:

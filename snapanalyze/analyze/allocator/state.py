@@ -28,7 +28,7 @@ free-memory callbacks.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from .settings import LARGE_BUFFER, MIN_BLOCK, SIZE_MAX, SMALL_BUFFER, SMALL_SIZE, AllocatorSettings
@@ -73,6 +73,85 @@ class Block:
         return self.prev is None and self.next is None
 
 
+class SortedKeys:
+    """Sorted tuples in sublists of at most LOAD: insert, remove and lower_bound in O(log n + LOAD), so a pool
+    of a million free blocks costs what one of a thousand does (a plain sorted list moves every key after
+    the insertion point)."""
+
+    LOAD = 512
+    __slots__ = ("lists", "maxes", "size")
+
+    def __init__(self) -> None:
+        self.lists: list[list[tuple[int, ...]]] = []
+        self.maxes: list[tuple[int, ...]] = []
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    @classmethod
+    def of(cls, keys: list[tuple[int, ...]]) -> SortedKeys:
+        out = cls()
+        keys.sort()
+        out.lists = [keys[i:i + cls.LOAD] for i in range(0, len(keys), cls.LOAD)]
+        out.maxes = [sub[-1] for sub in out.lists]
+        out.size = len(keys)
+        return out
+
+    def add(self, key: tuple[int, ...]) -> None:
+        self.size += 1
+        if not self.lists:
+            self.lists.append([key])
+            self.maxes.append(key)
+            return
+        i = min(bisect.bisect_left(self.maxes, key), len(self.lists) - 1)
+        sub = self.lists[i]
+        bisect.insort(sub, key)
+        self.maxes[i] = sub[-1]
+        if len(sub) > 2 * self.LOAD:
+            self.lists[i:i + 1] = [sub[:self.LOAD], sub[self.LOAD:]]
+            self.maxes[i:i + 1] = [sub[self.LOAD - 1], sub[-1]]
+
+    def discard(self, key: tuple[int, ...]) -> None:
+        i = bisect.bisect_left(self.maxes, key)
+        sub = self.lists[i]
+        del sub[bisect.bisect_left(sub, key)]
+        self.size -= 1
+        if sub:
+            self.maxes[i] = sub[-1]
+        else:
+            del self.lists[i], self.maxes[i]
+
+    def ceiling(self, key: tuple[int, ...]) -> tuple[int, int] | None:
+        """The position (sublist, index) of the first key ≥ `key` (None: there is none)."""
+        i = bisect.bisect_left(self.maxes, key)
+        if i == len(self.maxes):
+            return None
+        return i, bisect.bisect_left(self.lists[i], key)
+
+    def following(self, pos: tuple[int, int]) -> tuple[int, int] | None:
+        i, j = pos
+        if j + 1 < len(self.lists[i]):
+            return i, j + 1
+        return (i + 1, 0) if i + 1 < len(self.lists) else None
+
+    def preceding(self, pos: tuple[int, int]) -> tuple[int, int] | None:
+        i, j = pos
+        if j > 0:
+            return i, j - 1
+        return (i - 1, len(self.lists[i - 1]) - 1) if i > 0 else None
+
+    def at(self, pos: tuple[int, int]) -> tuple[int, ...]:
+        return self.lists[pos[0]][pos[1]]
+
+    def last(self) -> tuple[int, int] | None:
+        return (len(self.lists) - 1, len(self.lists[-1]) - 1) if self.lists else None
+
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        for sub in self.lists:
+            yield from sub
+
+
 class Pool:
     """One pool: its free mapped blocks ordered by (stream, size, address) and, for expandable segments, its
     unmapped ranges ordered by (stream, address) (`BlockPool.blocks`, `BlockPool.unmapped`)."""
@@ -81,7 +160,7 @@ class Pool:
 
     def __init__(self, name: str, small: bool) -> None:
         self.name, self.small = name, small
-        self.keys: list[tuple[int, int, int]] = []
+        self.keys = SortedKeys()
         self.blocks: dict[int, Block] = {}
         self.unmapped: list[tuple[int, int]] = []
         self.holes: dict[int, Block] = {}
@@ -90,23 +169,31 @@ class Pool:
     def insert(self, b: Block) -> None:
         """`insert_into_blocks` (a mapped block) or into `unmapped`."""
         if b.mapped:
-            bisect.insort(self.keys, (b.segment.stream, b.size, b.addr))
+            self.keys.add((b.segment.stream, b.size, b.addr))
             self.blocks[b.addr] = b
             b.gc_base = self.calls
         else:
             bisect.insort(self.unmapped, (b.segment.stream, b.addr))
             self.holes[b.addr] = b
 
+    def add_unsorted(self, b: Block) -> None:
+        """`insert` without keeping the order: call `sort` once after adding many (a starting state)."""
+        self.blocks[b.addr] = b
+        b.gc_base = self.calls
+
+    def sort(self) -> None:
+        self.keys = SortedKeys.of([(b.segment.stream, b.size, b.addr) for b in self.blocks.values()])
+
     def remove(self, b: Block) -> None:
         if b.mapped:
-            del self.keys[bisect.bisect_left(self.keys, (b.segment.stream, b.size, b.addr))]
+            self.keys.discard((b.segment.stream, b.size, b.addr))
             del self.blocks[b.addr]
         else:
             del self.unmapped[bisect.bisect_left(self.unmapped, (b.segment.stream, b.addr))]
             del self.holes[b.addr]
 
-    def at(self, i: int) -> Block:
-        return self.blocks[self.keys[i][2]]
+    def at(self, pos: tuple[int, int]) -> Block:
+        return self.blocks[self.keys.at(pos)[2]]
 
     def largest(self) -> int:
         return max((k[1] for k in self.keys), default=0)
@@ -158,32 +245,41 @@ class Allocator:
     def _pool_of(self, b: Block) -> Pool:
         return self.pool(b.segment.pool, b.segment.small)
 
-    def place_segment(self, addr: int, size: int, stream: int, pool: str, small: bool,
-                      expandable: bool = False) -> Segment:
-        """A segment that exists at the start: one free block (cut it with `place_block`). An expandable one is
-        taken as mapped from `addr` to `addr + size`, with no range beyond."""
+    def place_segment(self, addr: int, size: int, stream: int, pool: str, small: bool, expandable: bool = False,
+                      blocks: Sequence[tuple[int, int, int]] = ()) -> Segment:
+        """A segment that exists at the start, cut into `blocks` (offset, size, requested bytes; 0 requested:
+        free), which must tile it in offset order (none: one free block). An expandable one is taken as
+        mapped from `addr` to `addr + size`, with no range beyond."""
+        seg = self._place(addr, size, stream, pool, small, expandable, blocks)
+        self.pool(pool, small).sort()
+        return seg
+
+    def place_segments(self, segments: Sequence[tuple[int, int, int, str, bool, bool, Sequence[tuple[int, int, int]]]]
+                       ) -> None:
+        """`place_segment` for many (addr, size, stream, pool, small, expandable, blocks), each pool sorted once."""
+        for seg in segments:
+            self._place(*seg)
+        for p in self.pools.values():
+            p.sort()
+
+    def _place(self, addr: int, size: int, stream: int, pool: str, small: bool, expandable: bool,
+               blocks: Sequence[tuple[int, int, int]]) -> Segment:
         seg = Segment(addr, size, stream, pool, small, expandable)
         self.segments[addr] = seg
         self.reserved += size
-        self.pool(pool, small).insert(Block(seg, addr, size))
+        p = self.pool(pool, small)
+        prev: Block | None = None
+        for offset, length, requested in blocks or ((0, size, 0),):
+            b = Block(seg, addr + offset, length)
+            b.prev = prev
+            if prev is not None:
+                prev.next = b
+            prev = b
+            if requested:
+                self._hand_out(b, requested)
+            else:
+                p.add_unsorted(b)
         return seg
-
-    def place_block(self, addr: int, size: int, requested: int) -> bool:
-        """Mark [addr, addr+size) of a placed segment's free space as a live block; False if no free block holds it."""
-        for p in self.pools.values():
-            for b in p.blocks.values():
-                if b.addr <= addr and addr + size <= b.addr + b.size:
-                    p.remove(b)
-                    if addr > b.addr:
-                        rest = self._split(b, addr - b.addr, p)
-                        p.remove(rest)
-                        p.insert(b)
-                        b = rest
-                    if b.size > size:
-                        self._split(b, size, p)
-                    self._hand_out(b, requested)
-                    return True
-        return False
 
     # -- malloc ----------------------------------------------------------------------------------------------
 
@@ -216,23 +312,23 @@ class Allocator:
     def _candidate(self, p: Pool, stream: int, size: int) -> Block | None:
         """`get_free_block`'s choice (see the module docstring), without taking it."""
         keys = p.keys
-        i = bisect.bisect_left(keys, (stream, size, -1))
-        if i == len(keys) or keys[i][0] != stream:
+        pos = keys.ceiling((stream, size, -1))
+        if pos is None or keys.at(pos)[0] != stream:
             return None
-        b = p.at(i)
+        b = p.at(pos)
         if b.segment.expandable:
             if self.settings.expandable_segments:       # prefer a block whose unmapped tail is not wasted
-                j = i + 1
-                while b.segment.expandable and j < len(keys) and keys[j][0] == stream \
-                        and _expandable_size(p.at(j)) < _expandable_size(b):
-                    b = p.at(j)
-                    j += 1
+                nxt = keys.following(pos)
+                while b.segment.expandable and nxt is not None and keys.at(nxt)[0] == stream \
+                        and _expandable_size(p.at(nxt)) < _expandable_size(b):
+                    b = p.at(nxt)
+                    nxt = keys.following(nxt)
             else:                                       # expandable segments turned off: skip their blocks
                 while b.segment.expandable:
-                    i += 1
-                    if i == len(keys) or keys[i][0] != stream:
+                    nxt = keys.following(pos)
+                    if nxt is None or keys.at(nxt)[0] != stream:
                         return None
-                    b = p.at(i)
+                    pos, b = nxt, p.at(nxt)
         split = self.settings.max_split_size
         if size < split <= b.size:
             return None                                 # an oversize block is kept for oversize requests
@@ -382,18 +478,21 @@ class Allocator:
             return False
         key = max(size, split)
         keys = p.keys
-        i = bisect.bisect_left(keys, (stream, key, -1))
-        if i < len(keys) and keys[i][0] == stream and not p.at(i).segment.expandable:
-            self._release(p.at(i), p)
+        pos = keys.ceiling((stream, key, -1))
+        if pos is not None and keys.at(pos)[0] == stream and not p.at(pos).segment.expandable:
+            self._release(p.at(pos), p)
             return True
         released = 0
-        i -= 1
-        while i >= 0 and released < key and keys[i][1] >= split and keys[i][0] == stream:
-            b = p.at(i)
+        here = keys.preceding(pos) if pos is not None else keys.last()
+        while here is not None and released < key:
+            k = keys.at(here)
+            if k[1] < split or k[0] != stream:
+                break
+            b = p.blocks[k[2]]
+            here = keys.preceding(here)
             if b.whole and not b.segment.expandable:
                 released += b.size
-                self._release(b, p)
-            i -= 1
+                self._release(b, p)                     # removing a key before `here` leaves `here` valid
         return released >= key
 
     def _garbage_collect(self) -> None:

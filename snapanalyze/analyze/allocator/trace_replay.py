@@ -25,8 +25,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ...model import (
     ALLOC,
@@ -90,6 +92,7 @@ class DeviceReplay:
     reserved_equal: bool             # the reserved curve equal after every simulated event
     start_exact: bool                # the starting state came from the end state (no block changed after)
     first_divergence: Divergence | None
+    observed: Prediction             # the simulation's figures up to the first divergence (the trace's own, there)
 
     @property
     def agrees(self) -> bool:
@@ -201,39 +204,51 @@ class _CapacityDriver(Driver):
         return addr
 
 
-def _start(snapshot: Snapshot, timeline: Timeline, device: int, settings: AllocatorSettings,
-           driver: Driver) -> tuple[Allocator, bool]:
-    """An allocator holding the device's state at the window's start, and whether that state is exact."""
-    alloc = Allocator(settings, driver)
+@dataclass(frozen=True)
+class StartState:
+    """One device's segments at the window's start, each cut into its blocks (offset, size, requested; 0:
+    free), and whether the snapshot pins that state down exactly (no block changed after it)."""
+
+    segments: tuple[tuple[int, int, int, str, bool, bool, tuple[tuple[int, int, int], ...]], ...]
+    exact: bool
+
+
+def start_state(snapshot: Snapshot, timeline: Timeline, device: int) -> StartState:
+    """The state at the window's start (see the module docstring)."""
     m = segment_map(snapshot, timeline, device, -1)
     cols = snapshot.segment_columns
     on = cols["device"] == device
     expandable = set(cols["address"][on & cols["is_expandable"].astype(bool)].astype(np.uint64).tolist())
-    segs = m.segments
-    small = {}
-    for addr, size, stream, pool, kind in zip(*(_column(segs, c) for c in
-                                                ("address", "size", "stream", "pool", "segment_type"))):
-        small[addr] = kind == "small"
-        alloc.place_segment(addr, size, stream, pool, kind == "small", addr in expandable)
-    rows = list(zip(*(_column(m.pieces, c) for c in ("segment_address", "offset", "size", "state", "requested"))))
-    for k, (seg, offset, size, state, requested) in enumerate(rows):
-        if state == "inactive":
+    segs = list(zip(*(_column(m.segments, c) for c in ("address", "size", "stream", "pool", "segment_type"))))
+    splits_any = {addr for addr, _, _, _, kind in segs if kind == "small" or addr in expandable}
+    layout: dict[int, list[tuple[int, int, int]]] = {}
+    for seg, offset, size, state, requested in zip(*(_column(m.pieces, c) for c in
+                                                    ("segment_address", "offset", "size", "state", "requested"))):
+        pieces = layout.setdefault(seg, [])
+        live = state != "inactive"
+        if not live and pieces and pieces[-1][2] and size <= SMALL_SIZE and seg not in splits_any:
+            # a large-pool block's unsplit remainder: a free gap of ≤ 1 MiB right after a live block (a free
+            # large-pool block is never that small; small pools and expandable segments split any remainder)
+            last = pieces[-1]
+            pieces[-1] = (last[0], last[1] + size, last[2])
             continue
-        # a large-pool block's unsplit remainder: the free gap of ≤ 1 MiB right after it
-        after = rows[k + 1] if k + 1 < len(rows) else None
-        if after is not None and after[0] == seg and after[3] == "inactive" and not small[seg] \
-                and seg not in expandable and after[2] <= SMALL_SIZE:
-            size += after[2]
-        alloc.place_block(seg + offset, size, requested)
-    return alloc, m.exact
+        pieces.append((offset, size, max(requested, 1) if live else 0))
+    return StartState(tuple((addr, size, stream, pool, kind == "small", addr in expandable, tuple(layout.get(addr, ())))
+                            for addr, size, stream, pool, kind in segs), bool(m.exact))
 
 
-def _column(frame: object, name: str) -> list[object]:
+def _start(start: StartState, settings: AllocatorSettings, driver: Driver) -> Allocator:
+    alloc = Allocator(settings, driver)
+    alloc.place_segments(start.segments)
+    return alloc
+
+
+def _column(frame: pd.DataFrame, name: str) -> list[Any]:
     """A DataFrame column as Python values (ints for numbers, str for the rest)."""
-    col = frame[name]  # type: ignore[index]
+    col = frame[name]
     if col.dtype.kind in "iu":
         return [int(v) for v in col.to_numpy().tolist()]
-    return col.astype(str).tolist()
+    return list(col.astype(str).tolist())
 
 
 def _recorded(t: object, indices: Sequence[int]) -> list[SegmentEvent]:
@@ -261,13 +276,14 @@ def _pool_at(addr: int, starts: list[int], ends: list[tuple[int, str]]) -> str:
 
 
 def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
-                  settings: AllocatorSettings | None = None) -> DeviceReplay:
-    """Replay mode (see the module docstring)."""
+                  settings: AllocatorSettings | None = None, start: StartState | None = None) -> DeviceReplay:
+    """Replay mode (see the module docstring); `start`: the device's `start_state`, when already made."""
     s = settings if settings is not None else of_snapshot(snapshot.allocator_settings)
     t = snapshot.trace(device)
     dt = timeline[device]
     driver = _TraceDriver(None)
-    alloc, exact = _start(snapshot, timeline, device, s, driver)
+    start = start if start is not None else start_state(snapshot, timeline, device)
+    alloc, exact = _start(start, s, driver), start.exact
     action, addrs, sizes, streams = t.action, t.addr, t.size, t.stream
     free_action = FREE_COMPLETED if bool((action == FREE_COMPLETED).any()) else FREE_REQUESTED
     named, starts, ends = _pools(snapshot, device)
@@ -277,6 +293,9 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
     allocations = int((action == ALLOC).sum())
     matched = addresses = 0
     reserved_equal = alloc.reserved == dt.reserved_at(-1)
+    peak = _Peak(alloc)
+    ooms: list[OomOutcome] = []
+    device_free = t.device_free
     burst: list[int] = []
     divergence: Divergence | None = None
     i = 0
@@ -308,6 +327,11 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
         elif a == OOM:
             if alloc.malloc(size, stream, pool) is not None:
                 kind = "oom_served"
+            else:
+                free = device_free.get(i)
+                ooms.append(OomOutcome(index=i, request=s.round_size(size), served=False, reserved=alloc.reserved,
+                                       capacity=dt.reserved_at(i) + free if free is not None else None,
+                                       largest_free=_largest_free(alloc)))
         elif a == free_action:
             if gives_back:
                 alloc.release_cached(freeable)
@@ -324,6 +348,8 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
             addresses += 1
         if kind is None and alloc.reserved != dt.reserved_at(i):
             reserved_equal = False
+        if alloc.reserved > peak.reserved:
+            peak.update(alloc, i)
         if kind is not None:
             divergence = Divergence(index=i, kind=kind, recorded=tuple(recorded), simulated=simulated,
                                     recorded_addr=addr if kind == "address" else None, simulated_addr=placed,
@@ -341,11 +367,12 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
             if same < max(len(recorded), len(simulated)):
                 divergence = Divergence(index=n - 1, kind=_segment_kind(recorded, simulated),
                                         recorded=tuple(recorded), simulated=simulated)
-    return DeviceReplay(device=device, settings=s.conf(), events=n,
-                        simulated=(divergence.index if divergence is not None else n),
+    simulated_events = divergence.index if divergence is not None else n
+    return DeviceReplay(device=device, settings=s.conf(), events=n, simulated=simulated_events,
                         segment_events=segment_events, matched=matched, allocations=allocations,
                         addresses_matched=addresses, reserved_equal=reserved_equal and divergence is None,
-                        start_exact=exact, first_divergence=divergence)
+                        start_exact=exact, first_divergence=divergence,
+                        observed=peak.prediction(s, simulated_events, tuple(ooms), divergence))
 
 
 def _freeable(alloc: Allocator, recorded: Sequence[SegmentEvent]) -> list[str]:
@@ -394,19 +421,18 @@ def oom_capacity(snapshot: Snapshot, timeline: Timeline, device: int) -> int | N
 
 
 def predict_device(snapshot: Snapshot, timeline: Timeline, device: int, settings: AllocatorSettings,
-                   capacity: int | None, total: int | None = None) -> Prediction:
+                   capacity: int | None, total: int | None = None, start: StartState | None = None) -> Prediction:
     """The trace's requests under `settings` on a device where PyTorch may reserve `capacity` bytes (None:
     unbounded), up to the first request the program would have met differently (see the module docstring)."""
     t = snapshot.trace(device)
     driver = _CapacityDriver(capacity, total if total is not None else capacity)
-    alloc, _ = _start(snapshot, timeline, device, settings, driver)
+    alloc = _start(start if start is not None else start_state(snapshot, timeline, device), settings, driver)
     action, addrs, sizes, streams = t.action, t.addr, t.size, t.stream
     free_action = FREE_COMPLETED if bool((action == FREE_COMPLETED).any()) else FREE_REQUESTED
     named, starts, ends = _pools(snapshot, device)
     is_segment = np.isin(action, (*GROW, *SHRINK))
     gives_back = np.isin(action, SHRINK)
-    peak, peak_index = alloc.reserved, -1
-    unallocated, largest = alloc.reserved - alloc.allocated_bytes, _largest_free(alloc)
+    peak = _Peak(alloc)
     ooms: list[OomOutcome] = []
     stop: Divergence | None = None
     burst: list[int] = []
@@ -442,14 +468,31 @@ def predict_device(snapshot: Snapshot, timeline: Timeline, device: int, settings
                 stop = Divergence(index=i, kind="oom_served", size=size)
         elif alloc.free(moved.pop(addr, addr)) is None:
             stop = Divergence(index=i, kind="unknown_free", size=size)
-        if alloc.reserved > peak:
-            peak, peak_index = alloc.reserved, i
-            unallocated, largest = alloc.reserved - alloc.allocated_bytes, _largest_free(alloc)
+        if alloc.reserved > peak.reserved:
+            peak.update(alloc, i)
         if stop is not None:
             break
-    return Prediction(settings=settings.conf(), simulated=stop.index + 1 if stop is not None else n, reserved_peak=peak,
-                      peak_index=peak_index, unallocated_at_peak=unallocated, largest_free_at_peak=largest,
-                      ooms=tuple(ooms), stop=stop)
+    return peak.prediction(settings, stop.index + 1 if stop is not None else n, tuple(ooms), stop)
+
+
+class _Peak:
+    """The highest reserved bytes a simulation reached, and its free space then."""
+
+    def __init__(self, alloc: Allocator) -> None:
+        self.index = -1
+        self.reserved = alloc.reserved
+        self.unallocated = alloc.reserved - alloc.allocated_bytes
+        self.largest = _largest_free(alloc)
+
+    def update(self, alloc: Allocator, index: int) -> None:
+        self.index, self.reserved = index, alloc.reserved
+        self.unallocated, self.largest = alloc.reserved - alloc.allocated_bytes, _largest_free(alloc)
+
+    def prediction(self, settings: AllocatorSettings, simulated: int, ooms: tuple[OomOutcome, ...],
+                   stop: Divergence | None) -> Prediction:
+        return Prediction(settings=settings.conf(), simulated=simulated, reserved_peak=self.reserved,
+                          peak_index=self.index, unallocated_at_peak=self.unallocated,
+                          largest_free_at_peak=self.largest, ooms=ooms, stop=stop)
 
 
 def _largest_free(alloc: Allocator) -> int:
@@ -457,8 +500,12 @@ def _largest_free(alloc: Allocator) -> int:
 
 
 def whatif_device(snapshot: Snapshot, timeline: Timeline, device: int, settings: AllocatorSettings,
-                  capacity: int | None = None, total: int | None = None) -> DeviceWhatIf:
-    """What-if mode (see the module docstring): `settings` against the recorded ones, the same capacity."""
+                  capacity: int | None = None, total: int | None = None,
+                  start: StartState | None = None, observed: Prediction | None = None) -> DeviceWhatIf:
+    """What-if mode (see the module docstring): `settings` against the recorded ones, the same capacity.
+    `observed`: a replay's figures that reproduced the whole trace, which stand for the recorded settings
+    (what the allocator did) instead of simulating them again."""
+    start = start if start is not None else start_state(snapshot, timeline, device)
     source = "given"
     if capacity is None:
         capacity = oom_capacity(snapshot, timeline, device)
@@ -467,5 +514,6 @@ def whatif_device(snapshot: Snapshot, timeline: Timeline, device: int, settings:
     dt = timeline[device]
     return DeviceWhatIf(device=device, capacity=capacity, capacity_source=source,
                         trace_reserved_peak=int(max(dt.baseline_reserved, int(dt.reserved.max()) if len(dt) else 0)),
-                        baseline=predict_device(snapshot, timeline, device, recorded, capacity, total),
-                        changed=predict_device(snapshot, timeline, device, settings, capacity, total))
+                        baseline=observed if observed is not None else
+                        predict_device(snapshot, timeline, device, recorded, capacity, total, start),
+                        changed=predict_device(snapshot, timeline, device, settings, capacity, total, start))
