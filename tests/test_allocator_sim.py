@@ -311,9 +311,10 @@ def test_garbage_collection_is_inert_without_a_memory_fraction() -> None:
 def test_replay_reproduces_every_segment_event_and_address(path: Path) -> None:
     snap = load(path, frames=False)
     timeline = replay(snap)
-    for device in snap.devices:
-        if not len(snap.trace(device)):
-            continue
+    traced = [d for d in snap.devices if len(snap.trace(d))]
+    if not traced:
+        pytest.skip("a state-only file: no trace to replay")
+    for device in traced:
         r = replay_device(snap, timeline, device)
         assert r.first_divergence is None, r.first_divergence
         assert r.matched == r.segment_events

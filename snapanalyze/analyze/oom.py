@@ -547,9 +547,9 @@ def _simulated(snapshot: Snapshot, timeline: Timeline, verdicts: list[OomVerdict
 
     out = []
     starts: dict[int, Any] = {}
+    recorded = of_snapshot(snapshot.allocator_settings)
     for v in verdicts:
-        kinds = [a for a in v.advice if a.kind in ALLOCATOR_ADVICE]
-        if not kinds or v.device_free_bytes is None:
+        if not any(a.kind in ALLOCATOR_ADVICE for a in v.advice) or v.device_free_bytes is None:
             out.append(v)
             continue
         device = v.device
@@ -560,8 +560,8 @@ def _simulated(snapshot: Snapshot, timeline: Timeline, verdicts: list[OomVerdict
         start, r = starts[device]
         agrees = r.first_divergence is None or r.first_divergence.index >= v.index
         capacity = timeline[device].reserved_at(v.index) + v.device_free_bytes
-        recorded = of_snapshot(snapshot.allocator_settings)
-        base = predict_device(snapshot, timeline, device, recorded, capacity, start=start)
+        # the recorded settings: the replay's own figures where it reproduced the trace up to this OOM
+        base = r.observed if agrees else predict_device(snapshot, timeline, device, recorded, capacity, start=start)
         before = next((o for o in base.ooms if o.index == v.index), None)
         advice = []
         for a in v.advice:

@@ -15,13 +15,14 @@ max_non_split_rounding_size or more; `should_split` (small pool or expandable se
 else a request below max_split_size and a remainder above 1 MiB) gives the front to the request; `free_block`
 merges with free neighbours in the same mapping state; `malloc`'s order: free block → garbage collection (a
 memory fraction below 1 set) → `alloc_block` (the fraction's admission limit, then cudaMalloc or mapping) →
-`release_available_cached_blocks` (max_split_size set) → `release_cached_blocks` (not while the pool's graph
-is capturing) → out of memory. `release_blocks` gives back whole segments in (stream, size, address) order,
-the large pool before the small one; expandable segments unmap the whole pages of their free blocks.
+`release_available_cached_blocks` (max_split_size set) → `release_cached_blocks` (the global pools only; a
+graph's private pool only once the trace shows its graph released) → out of memory. `release_blocks` gives
+back whole segments in (stream, size, address) order, the large pool before the small one; expandable
+segments unmap the whole pages of their free blocks.
 Expandable segments (`find_expandable_block`, `map_block`, `unmap_block`): one virtual range of 1.125 × the
 device per pool and stream, pages of 2 MiB (small pool) or 20 MiB (large), mapped from the lowest unmapped
 range that, with the free block before it, has room. Not modelled: stream-ordered frees' events (a free takes
-effect at its `free_completed`), graph pools released after their graph, MemPools' `use_on_oom`/`no_split`,
+effect at its `free_completed`), a released graph's pool freed by the OOM path, MemPools' `use_on_oom`/`no_split`,
 free-memory callbacks.
 """
 
@@ -232,7 +233,6 @@ class Allocator:
         self.reserved = 0                 # Σ cudaMalloc'd segments + mapped pages (total_allocated_memory)
         self.allocated_bytes = 0          # Σ block sizes handed out
         self.requested_bytes = 0          # Σ bytes asked for
-        self.in_capture: set[str] = set() # private pools whose cached blocks the OOM path may not release
 
     # -- pools and the starting state ----------------------------------------------------------------------
 
@@ -294,7 +294,7 @@ class Allocator:
                 self._garbage_collect()
             block = (self._new_block(p, stream, size)
                      or (self._release_available(p, stream, size) and self._new_block(p, stream, size))
-                     or (pool not in self.in_capture and self._release_all() and self._new_block(p, stream, size))
+                     or (self._release_all() and self._new_block(p, stream, size))
                      or None)
         if block is None:
             return None
@@ -350,9 +350,10 @@ class Allocator:
             return remaining >= MIN_BLOCK
         return size < self.settings.max_split_size and remaining > SMALL_SIZE
 
-    def _split(self, b: Block, size: int, p: Pool) -> Block:
-        """Cut `b` (not in its pool) at `size`: the tail goes back to the pool; returns the tail."""
-        tail = Block(b.segment, b.addr + size, b.size - size)
+    @staticmethod
+    def _split(b: Block, size: int, p: Pool, mapped: bool = True) -> Block:
+        """Cut `b` (not in its pool) at `size`: the tail (mapped or not) goes back to the pool; returns it."""
+        tail = Block(b.segment, b.addr + size, b.size - size, mapped)
         tail.prev, tail.next = b, b.next
         if b.next is not None:
             b.next.prev = tail
@@ -579,13 +580,7 @@ class Allocator:
             return None
         p.remove(b)
         if mapped < b.size:
-            rest = Block(b.segment, b.addr + mapped, b.size - mapped, mapped=False)
-            rest.prev, rest.next = b, b.next
-            if b.next is not None:
-                b.next.prev = rest
-            b.next = rest
-            b.size = mapped
-            p.insert(rest)
+            self._split(b, mapped, p, mapped=False)
         b.mapped = True
         self.reserved += mapped
         self.events.append(SegmentEvent("segment_map", b.addr, mapped))

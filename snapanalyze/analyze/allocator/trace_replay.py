@@ -315,7 +315,7 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
         placed = None
         gives_back = any(e.action in ("segment_free", "segment_unmap") for e in recorded)
         driver.step(recorded, refuse=a == OOM)
-        freeable = _freeable(alloc, recorded)
+        freeable = _freeable(alloc, recorded) if recorded else []
         if a == ALLOC:
             if gives_back and alloc.fits_cached(size, stream, pool):
                 alloc.release_cached(freeable)                   # empty_cache() before this allocation
