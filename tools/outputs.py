@@ -37,6 +37,9 @@ def cases() -> list[tuple[str, list[str]]]:
                     (f"explain-oom-{fmt}-{name}", ["explain-oom", str(f), "--format", fmt]),
                     (f"phases-{fmt}-{name}", ["phases", str(f), "--format", fmt]),
                     (f"check-{fmt}-{name}", ["check", str(f), "--budget", "1GiB", "--format", fmt])]
+            out.append((f"whatif-{fmt}-{name}", ["whatif", str(f), "--format", fmt]))
+            out.append((f"whatif-set-{fmt}-{name}", ["whatif", str(f), "--format", fmt,
+                                                     "--set", "expandable_segments:True"]))
             if src.is_dir():
                 out.append((f"attribute-source-{fmt}-{name}",
                             ["attribute", str(f), "--format", fmt, "--source", str(src)]))
@@ -53,6 +56,18 @@ def cases() -> list[tuple[str, list[str]]]:
                                            str(sw / "logits_float_fix/after.pickle"), "--format", fmt]))
         points = sorted(map(str, (sw / "attention_threshold").glob("*.pickle")))
         out.append((f"capacity-{fmt}-attention", ["capacity", *points, "--format", fmt]))
+    for f in (fx / "whatif").glob("*.pickle"):
+        for fmt in ("table", "json"):
+            out.append((f"whatif-{fmt}-{f.stem}", ["whatif", str(f), "--format", fmt]))
+            out.append((f"whatif-set-{fmt}-{f.stem}", ["whatif", str(f), "--format", fmt,
+                                                       "--set", "max_split_size_mb:200"]))
+    for engine in ("vllm", "sglang"):
+        d = sw / f"{engine}_budget"
+        logs = sorted(d.glob("*.log"))
+        for fmt in ("table", "json"):
+            out.append((f"budget-{fmt}-{engine}", ["budget", *map(str, sorted(d.glob("*.pickle"))), "--format", fmt,
+                                                   "--shape-from", str(d / "manifest.csv"),
+                                                   *(["--engine-log", str(logs[0])] if logs else [])]))
     out.append(("report-compare-logits", ["report", str(sw / "logits_float_fix/after.pickle"), "--compare",
                                           str(sw / "logits_float_fix/before.pickle"), "-o", "{tmp}/r.html"]))
     return out
