@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     dask = f"dask {a.workers}"
     with LocalCluster(n_workers=a.workers, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
         with Client(cluster) as client:          # a cluster already there has imported snapanalyze
-            client.run(importlib.import_module, "snapanalyze.session")
+            client.run(importlib.import_module, "snapanalyze.session.runs")
             modes[dask] = ["--scheduler", cluster.scheduler_address]
             for _ in range(a.repeat):
                 for name, extra in modes.items():

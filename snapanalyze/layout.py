@@ -258,6 +258,12 @@ def snapshot_name(tag: str, counter: int = 0) -> str:
     return f"{SNAPSHOT_PREFIX}{tag}{suffix}{SNAPSHOT_SUFFIX}"
 
 
+def rank_dir_of(path: StrPath) -> Path | None:
+    """The ``rank=N`` directory that is `path` or holds it, or None outside a run."""
+    p = Path(path)
+    return next((c for c in (p, *p.parents) if parse_rank_dir(c) is not None), None)
+
+
 def snapshot_files(rank_path: StrPath) -> list[Path]:
     """The snapshot pickles in one rank directory, sorted by name."""
     return sorted(Path(rank_path).glob(f"{SNAPSHOT_PREFIX}*{SNAPSHOT_SUFFIX}"))

@@ -159,7 +159,7 @@ def open_executor(jobs: int | None = None, scheduler: str | None = None) -> Iter
         yield None
         return
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["snapanalyze.session"])     # workers fork from a server that imported it
+    context.set_forkserver_preload(["snapanalyze.session.runs"])     # workers fork from a server that imported it
     forkserver.ensure_running()      # now: the server imports while the caller goes on, not at the first task
     pool = ProcessPoolExecutor(max_workers=n, mp_context=context)
     try:

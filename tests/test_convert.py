@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from snapanalyze import UsageError
 from snapanalyze.cli import main
-from snapanalyze.load.convert import convert_plan
+from snapanalyze.session.convert import convert_plan
 
 REAL = Path(__file__).parent.parent / "fixtures" / "real"
 FILE = REAL / "cs336-step-user-metadata-t2.11.pickle"

@@ -22,7 +22,7 @@ from conftest import SnapshotBuilder, write_pickle
 from markupsafe import Markup
 
 from snapanalyze import UsageError, load
-from snapanalyze.report.context import Report, build_context, detail_ranks
+from snapanalyze.report.context import Report, ReportOptions, build_context, detail_ranks
 from snapanalyze.report.html import (
     PLOTLY_MARKER,
     build_path_report,
@@ -233,7 +233,7 @@ def _ranks_section(context: Report) -> Section | None:
 
 
 def test_a_new_section_plugs_in_with_its_figure_and_verdict() -> None:
-    context = build_context(load(SCENARIOS / "oom_fragmentation.pickle"), samples=4)
+    context = build_context(load(SCENARIOS / "oom_fragmentation.pickle"), options=ReportOptions(samples=4))
     page = body(render_report(context, (*DEFAULT_SECTIONS, _ranks_section, lambda _: None)))
     order = [m.group(1) for m in re.finditer(r'<section id="([a-z]+)"', page)]
     assert order == ["verdict", "timelines", "categories", "instants", "oom", "ranks", "rules", "facts"]
@@ -244,7 +244,7 @@ def test_a_new_section_plugs_in_with_its_figure_and_verdict() -> None:
 
 
 def test_sections_with_clashing_or_unplaced_figures_are_refused() -> None:
-    context = build_context(load(SCENARIOS / "oom_fragmentation.pickle"), samples=2)
+    context = build_context(load(SCENARIOS / "oom_fragmentation.pickle"), options=ReportOptions(samples=2))
     with pytest.raises(ValueError, match="duplicate"):
         render_report(context, (*DEFAULT_SECTIONS, _ranks_section, _ranks_section))
     unplaced = Section(id="x", title="X", figures=(FigureSpec("fig-x", go.Figure()),))
@@ -477,7 +477,7 @@ def test_a_run_report_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> N
     """Comparing the ranks and reporting each of them share one load and replay per rank, and the run's
     NVML, markers and meta files are read once (every read of a run goes through `session`)."""
     import snapanalyze.report.context as context
-    import snapanalyze.session as session
+    import snapanalyze.session.runs as session
 
     read: list[str] = []
     runs_read: list[str] = []
@@ -490,7 +490,7 @@ def test_a_run_report_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(session, "load", counting)
     monkeypatch.setattr(session, "read_run", lambda path: runs_read.append(str(path)) or real_read_run(path))
     run = Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
-    ctx = context.build_path_context(run, samples=4)
+    ctx = context.build_path_context(run, options=context.ReportOptions(samples=4))
     assert len(ctx.views) == 2 and ctx.run is not None and ctx.run.comparison is not None
     assert sorted(Path(p).parent.name for p in read) == ["rank=0", "rank=1"] and runs_read == [str(run)]
 

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     assert timeline.check_invariants() == []
     peaks = find_peaks(timeline)
     facts = summarize(snap)
-    assert len(peaks) >= 1 and facts["devices"][0]["events"] > 0
+    assert len(peaks) >= 1 and facts.devices[0].events > 0
     snap.events  # interns every stack
 
     from snapanalyze.cli import main

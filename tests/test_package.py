@@ -82,5 +82,15 @@ def test_analyses_read_data_and_import_no_loader() -> None:
     (`load(..., source=)`) and the analyses read the map the snapshot carries; run samples and shapes are
     neutral values (`model.RunSamples`, `batch_shape`). No analysis module imports `load` or opens a file."""
     root = Path(snapanalyze.__file__).parent
-    assert _reads_files(root / "session.py", root) and _reads_files(root / "report" / "context.py", root)  # control
+    assert _reads_files(root / "session" / "inputs.py", root)  # control: the check sees a loader import
     assert [str(p.relative_to(root)) for p in sorted((root / "analyze").rglob("*.py")) if _reads_files(p, root)] == []
+
+
+def test_commands_and_reports_take_paths_only_through_the_session() -> None:
+    """The commands and the report builders name paths; only `session` turns them into data (one place that
+    chooses a run's snapshot and reads its markers, the program's source and an engine's log), so no module
+    of `cli/` or `report/` imports the loader or opens a file itself."""
+    root = Path(snapanalyze.__file__).parent
+    modules = sorted([*(root / "cli").rglob("*.py"), *(root / "report").rglob("*.py")])
+    assert len(modules) > 20
+    assert [str(p.relative_to(root)) for p in modules if _reads_files(p, root)] == []

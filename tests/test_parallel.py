@@ -97,13 +97,13 @@ def test_report_and_convert_with_jobs_2_write_what_jobs_1_writes(fleet: Path, tm
 def test_the_report_of_many_ranks_compares_them_on_the_workers(fleet: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the detailed ranks, the comparison reads every rank on the executor: the same report."""
     import snapanalyze.report.context as context
-    from snapanalyze.report.context import build_path_context
+    from snapanalyze.report.context import ReportOptions, build_path_context
 
     monkeypatch.setattr(context, "MAX_DETAILED_RANKS", 2)
     monkeypatch.setattr(context.detail_ranks, "__defaults__", (2,))
-    here = build_path_context(fleet, samples=4)
+    here = build_path_context(fleet, options=ReportOptions(samples=4))
     with open_executor(2) as pool:
-        there = build_path_context(fleet, samples=4, executor=pool)
+        there = build_path_context(fleet, options=ReportOptions(samples=4), executor=pool)
     assert here.run is not None and there.run is not None
     pd.testing.assert_frame_equal(here.run.comparison.table, there.run.comparison.table)
     assert [v.rank.rank for v in here.views] == [v.rank.rank for v in there.views] and len(here.views) == 2

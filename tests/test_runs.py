@@ -41,6 +41,36 @@ def test_entries_and_resolution(run):
         resolve(run, rank=7)
 
 
+def test_one_file_and_every_rank_choose_a_snapshot_by_one_policy(run: Path) -> None:
+    """`load(run, rank, tag)` (one snapshot) and the per-rank commands (`choose_snapshots`) pick the same
+    snapshot of each rank for every tag asked, and a rank whose choice is open is never settled by another
+    rank's tags: with ranks 1 and 2 only, rank 2 holding `a` and `b` but no `final`, the run is ambiguous (it
+    used to resolve to rank 1's `final`, as if rank 2 were not there)."""
+    from snapanalyze.load.samples import choose_snapshots, rank_directories
+
+    shutil.copytree(run / "rank=1", run / "rank=2")
+    for name, new in (("snapshot-final.pickle", "snapshot-a.pickle"), ("snapshot-oom-1.pickle", "snapshot-b.pickle")):
+        (run / "rank=2" / name).rename(run / "rank=2" / new)
+    found, dirs = entries(run), rank_directories(run)
+    for tag in (None, "final", "oom-1", "a"):
+        chosen, _ = choose_snapshots(found, dirs, run, tag)
+        for rank in (0, 1, 2):
+            mine = [e.path for e in chosen if e.rank == rank]
+            if mine:
+                assert [resolve(run, rank, tag)] == mine
+            else:
+                with pytest.raises(UsageError):
+                    resolve(run, rank, tag)
+    assert resolve(run, tag="a") == run / "rank=2" / "snapshot-a.pickle"   # the one rank holding it
+    with pytest.raises(UsageError, match="holds several snapshots"):
+        resolve(run / "rank=2")
+    assert choose_snapshots(found, dirs, run, None, rank=2)[1] == [
+        "rank 2: several snapshots (a, b) and none tagged 'final'; choose one with --tag"]
+    shutil.rmtree(run / "rank=0")
+    with pytest.raises(UsageError, match="holds several snapshots"):
+        resolve(run)
+
+
 def test_load_from_run_equals_load_from_pickle(run):
     a, b = load(run, rank=1), load(REAL / "cs336-forward-bf16-t2.6.pickle")
     assert a.segments.equals(b.segments)

@@ -1,15 +1,19 @@
 """What a snapshot file holds: format, inferred torch version range, devices, actions, optional parts.
 
-Contract: `summarize(snapshot)` returns a plain dict (JSON-ready) of facts read off the file; nothing is
-replayed. The device type (cuda, xpu) is inferred from the allocator settings' key; pinned host memory (torch ≥
-2.14) is described under `host`, apart from the devices. The torch version range is inferred from which keys are
-present or absent (a fingerprint built from the "since" column of the format notes) and is always labelled as
-inferred, with its evidence.
+Contract: `summarize(snapshot)` returns a frozen, picklable `Summary` of facts read off the file; its
+`to_json()` is the document `summary --format json` prints, and the terminal and the report render the object
+itself. Nothing is replayed. The device type (cuda, xpu) is inferred from the allocator settings' key; pinned
+host memory (torch ≥ 2.14) is described under `host`, apart from the devices. The torch version range is
+inferred from which keys are present or absent (a fingerprint built from the "since" column of the format
+notes) and is always labelled as inferred, with its evidence.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +23,85 @@ from ..stacks import is_python_frame
 
 _ROUND_MAX_ENTRIES = {10**k for k in range(3, 9)} | {2**k for k in range(10, 28)} | {
     m * 10**k for m in (2, 5) for k in range(3, 8)}
+
+
+@dataclass(frozen=True)
+class VersionRange:
+    """The torch versions that could have written the file, always inferred, with the keys that say so."""
+
+    range: str
+    inferred: bool
+    evidence: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeviceType:
+    """The accelerator the file came from (inferred: no field names it)."""
+
+    value: str
+    inferred: bool
+    evidence: str
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """One device's trace and end state (`device` is "host" for pinned host memory)."""
+
+    device: int | str
+    events: int
+    actions: Mapping[str, int]
+    first_time_us: int | None
+    last_time_us: int | None
+    duration_us: int | None
+    events_with_frames: int
+    segments: int
+    reserved_bytes: int
+    active_blocks: int
+    ring_buffer: str
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Which optional parts the file holds."""
+
+    trace: bool
+    frames: bool
+    cpp_frames: bool
+    annotations: int
+    user_metadata_entries: int
+    compile_context: bool
+    private_pools: tuple[str, ...]
+    expandable_segments: bool
+    legacy_block_history: bool
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a snapshot file holds (see the module docstring)."""
+
+    source: str
+    container: str
+    layout: str
+    torch_version: VersionRange
+    device_type: DeviceType
+    devices: tuple[DeviceFacts, ...]
+    has: Parts
+    allocator_settings: Mapping[str, Any] | None
+    host: tuple[DeviceFacts, ...] | None        # pinned host memory, apart from the devices (torch >= 2.14)
+    ooms: tuple[Mapping[str, Any], ...]
+    unknown_actions: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document: every field by name, in order; sequences as lists."""
+        return _lists(asdict(self))
+
+
+def _lists(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(v) for v in value]
+    return value
 
 
 def _version_range(s: Snapshot) -> tuple[str, list[str]]:
@@ -81,16 +164,16 @@ def _version_range(s: Snapshot) -> tuple[str, list[str]]:
     return (low if low == high else f"{low}–{high}"), evidence
 
 
-def _device_type(s: Snapshot) -> dict[str, Any]:
+def _device_type(s: Snapshot) -> DeviceType:
     """The accelerator a snapshot came from: no field names it, so it is inferred from the allocator
     settings' key (CUDA writes PYTORCH_CUDA_ALLOC_CONF, XPU and the generic accelerator PYTORCH_ALLOC_CONF)."""
     settings = s.allocator_settings or {}
     if "PYTORCH_CUDA_ALLOC_CONF" in settings:
-        return {"value": "cuda", "inferred": True, "evidence": "allocator_settings has PYTORCH_CUDA_ALLOC_CONF"}
+        return DeviceType("cuda", True, "allocator_settings has PYTORCH_CUDA_ALLOC_CONF")
     if "PYTORCH_ALLOC_CONF" in settings:
-        return {"value": "xpu", "inferred": True,
-                "evidence": "allocator_settings has PYTORCH_ALLOC_CONF, not PYTORCH_CUDA_ALLOC_CONF (torch.xpu)"}
-    return {"value": "unknown", "inferred": True, "evidence": "no allocator settings name their accelerator"}
+        return DeviceType("xpu", True,
+                          "allocator_settings has PYTORCH_ALLOC_CONF, not PYTORCH_CUDA_ALLOC_CONF (torch.xpu)")
+    return DeviceType("unknown", True, "no allocator settings name their accelerator")
 
 
 def _has_cpp_frames(s: Snapshot, sample: int = 200) -> bool:
@@ -103,7 +186,7 @@ def _has_cpp_frames(s: Snapshot, sample: int = 200) -> bool:
                for f in s.interner.stacks[sid])
 
 
-def summarize(s: Snapshot) -> dict[str, Any]:
+def summarize(s: Snapshot) -> Summary:
     """Facts about the file (see the module docstring)."""
     version, evidence = _version_range(s)
     devices = []
@@ -119,20 +202,20 @@ def summarize(s: Snapshot) -> dict[str, Any]:
         last = int(times[-1]) if times is not None and n else None
         segs = s.segments[s.segments["device"] == d]
         blocks = s.blocks[s.blocks["device"] == d]
-        devices.append({
-            "device": d,
-            "events": n,
-            "actions": dict(sorted(counts.items())),
-            "first_time_us": first,
-            "last_time_us": last,
-            "duration_us": (last - first) if first is not None and last is not None else None,
-            "events_with_frames": with_frames,
-            "segments": len(segs),
-            "reserved_bytes": int(segs["total_size"].sum()),
-            "active_blocks": int(blocks["state"].isin(["active_allocated", "active_pending_free",
-                                                      "active_awaiting_free"]).sum()),
-            "ring_buffer": _ring_buffer_note(n, counts),
-        })
+        devices.append(DeviceFacts(
+            device=d,
+            events=n,
+            actions=dict(sorted(counts.items())),
+            first_time_us=first,
+            last_time_us=last,
+            duration_us=(last - first) if first is not None and last is not None else None,
+            events_with_frames=with_frames,
+            segments=len(segs),
+            reserved_bytes=int(segs["total_size"].sum()),
+            active_blocks=int(blocks["state"].isin(["active_allocated", "active_pending_free",
+                                                    "active_awaiting_free"]).sum()),
+            ring_buffer=_ring_buffer_note(n, counts),
+        ))
     pools = sorted(p for p in s.segments["pool_id"].astype(str).unique() if p != "0,0") \
         if len(s.segments) else []
     expandable = bool(s.segments["is_expandable"].any()) if len(s.segments) else False
@@ -144,31 +227,31 @@ def summarize(s: Snapshot) -> dict[str, Any]:
             nonempty = [i for i, name in enumerate(t.user_metadata_names) if name]
             user_md += int(np.isin(t.user_metadata, nonempty).sum())
     ooms = s.ooms
-    return {
-        "source": s.source,
-        "container": s.format.container,
-        "layout": s.format.layout,
-        "torch_version": {"range": version, "inferred": True, "evidence": evidence},
-        "device_type": _device_type(s),
-        "devices": devices,
-        "has": {
-            "trace": any(len(t) for t in s.traces.values()),
-            "frames": any(d["events_with_frames"] for d in devices) or
+    return Summary(
+        source=s.source,
+        container=s.format.container,
+        layout=s.format.layout,
+        torch_version=VersionRange(version, True, tuple(evidence)),
+        device_type=_device_type(s),
+        devices=tuple(devices),
+        has=Parts(
+            trace=any(len(t) for t in s.traces.values()),
+            frames=any(d.events_with_frames for d in devices) or
             bool((s.block_stack_ids(np.arange(len(s.block_columns["device"]))) >= 0).any()),
-            "cpp_frames": _has_cpp_frames(s),
-            "annotations": len(s.annotations),
-            "user_metadata_entries": user_md,
-            "compile_context": "compile_context" in s.format.entry_keys,
-            "private_pools": pools,
-            "expandable_segments": expandable,
-            "legacy_block_history": s.format.legacy_block_history,
-        },
-        "allocator_settings": s.allocator_settings,
-        "host": ([{**d, "device": "host"} for d in summarize(s.host)["devices"]]    # pinned host memory, apart
-                 if s.host is not None else None),
-        "ooms": ooms.astype(object).where(ooms.notna(), None).to_dict("records"),
-        "unknown_actions": sorted({n for t in s.traces.values() for n in t.action_names[10:]}),
-    }
+            cpp_frames=_has_cpp_frames(s),
+            annotations=len(s.annotations),
+            user_metadata_entries=user_md,
+            compile_context="compile_context" in s.format.entry_keys,
+            private_pools=tuple(pools),
+            expandable_segments=expandable,
+            legacy_block_history=s.format.legacy_block_history,
+        ),
+        allocator_settings=s.allocator_settings,
+        host=(tuple(dataclasses.replace(d, device="host") for d in summarize(s.host).devices)
+              if s.host is not None else None),
+        ooms=tuple(ooms.astype(object).where(ooms.notna(), None).to_dict("records")),
+        unknown_actions=tuple(sorted({n for t in s.traces.values() for n in t.action_names[10:]})),
+    )
 
 
 def _ring_buffer_note(n: int, counts: Counter[str]) -> str:
@@ -181,4 +264,4 @@ def _ring_buffer_note(n: int, counts: Counter[str]) -> str:
     return "not full (event count is not a typical max_entries value; inferred)"
 
 
-__all__ = ["summarize", "OOM"]
+__all__ = ["summarize", "Summary", "DeviceFacts", "Parts", "VersionRange", "DeviceType", "OOM"]

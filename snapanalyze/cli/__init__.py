@@ -85,10 +85,10 @@ def _message(exc: BaseException) -> str:
 @click.pass_context
 def main(ctx: click.Context, debug: bool, max_memory: int | None) -> None:
     """Explain GPU memory peaks from PyTorch allocator snapshots."""
-    from ..load.safe_pickle import Limits, limits_in_effect
+    from ..session.inputs import reading_limits
     ctx.obj = {"debug": debug}
     if max_memory is not None:
-        ctx.with_resource(limits_in_effect(Limits(max_memory_bytes=max_memory)))
+        ctx.with_resource(reading_limits(max_memory))
 
 
 def run() -> None:

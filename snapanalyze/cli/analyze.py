@@ -7,7 +7,7 @@ and a progress callback → a small JSON-ready result, see `per_rank`), merged i
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +26,9 @@ from .parallel import parallel_options
 from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
 
+if TYPE_CHECKING:
+    from ..analyze.summary import Summary
+
 AT_HELP = ("Instant per device: peak, peak:N (Nth peak), event:I, time:T — T as the outputs print it "
            "(2026-04-18 02:34:01.223438 UTC, or ISO 2026-04-18T02:34:01.223438Z), an offset into the trace "
            "window (+2.38ms, +1.5s, +120us) or µs since the epoch.")
@@ -35,13 +38,13 @@ AT_HELP = ("Instant per device: peak, peak:N (Nth peak), event:I, time:T — T a
 
 def _peaks(job: Job, step: Step, top: int, device: int | None) -> dict[str, Any]:
     from ..analyze.peaks import peak_records
-    from ..load import load
     from ..replay import replay
     from ..report.documents import peaks_document
+    from ..session.inputs import open_input
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag, frames=False)       # peaks never reads a stack
+    snapshot = open_input(t.path, t.rank, t.tag, frames=False).snapshot       # peaks never reads a stack
     step("replaying")
     timeline = replay(snapshot)
     if device is not None and device not in timeline.devices:
@@ -72,13 +75,13 @@ def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | 
 
 # -- summary --------------------------------------------------------------------------------------------------
 
-def _summary(job: Job, step: Step) -> dict[str, Any]:
+def _summary(job: Job, step: Step) -> Summary:
     from ..analyze.summary import summarize
-    from ..load import load
+    from ..session.inputs import open_input
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag)
+    snapshot = open_input(t.path, t.rank, t.tag).snapshot
     step("summarising")
     return summarize(snapshot)
 
@@ -101,18 +104,18 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 
 def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | None, rules_file: str | None,
                source: Any, explain: bool, csv: bool, rank_column: bool, top: int = 3) -> dict[str, Any]:
-    from ..load import load
+    from ..session.inputs import open_input
 
     t = job.target
     rules = rules_for(rules_file)
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag, frames="allocations", source=source)   # only the stacks attribution reads
+    given = open_input(t.path, t.rank, t.tag, frames="allocations", source=source)  # only the stacks attribution reads
+    snapshot = given.snapshot
     from ..analyze.attribute import attribute as attribute_blocks  # pandas after the raw objects are freed
     from ..analyze.phases import attribute_phase
-    from ..load.samples import markers_for
     from ..report.documents import attribution_document, blocks_csv
 
-    markers = markers_for(t.path, t.rank, t.tag)
+    markers = given.markers
     step("attributing")
     if phase is not None:
         result = attribute_phase(snapshot, phase, markers=markers, rules=rules, device=device)

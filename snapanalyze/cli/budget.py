@@ -62,7 +62,7 @@ def engine_options(func: Any) -> Any:
 
 def engine_config_of(engine_log: str | None, engine: str | None, options: dict[str, Any]) -> EngineConfig:
     """The engine's figures from --engine-log and the figure options (`FIGURE_OPTIONS`), each option named."""
-    from ..load.engine_log import engine_config
+    from ..session.inputs import engine_config
 
     figures = {FIGURE_OPTIONS[k][0]: v for k, v in options.items() if k in FIGURE_OPTIONS}
     given_as = {FIGURE_OPTIONS[k][0]: f"--{k.replace('_', '-')}" for k in FIGURE_OPTIONS}

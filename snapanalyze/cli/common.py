@@ -106,11 +106,11 @@ def _rules(rules_file: str | None, stamp: int | None) -> Any:
 
 
 def source_for(source: tuple[str, ...]) -> Any:
-    """The `load.source.SourceIndex` of --source DIR … and --env-source (None for neither; a UsageError
+    """The `session.source_index` of --source DIR … and --env-source (None for neither; a UsageError
     names a missing directory), which each load resolves its frames with."""
-    from ..load.source import SourceIndex
+    from ..session.inputs import source_index
     ctx = click.get_current_context(silent=True)
-    return SourceIndex.of(list(source), environment=bool(ctx is not None and ctx.meta.get(ENV_SOURCE_KEY)))
+    return source_index(list(source), environment=bool(ctx is not None and ctx.meta.get(ENV_SOURCE_KEY)))
 
 
 def terminal_width() -> int | None:

@@ -74,20 +74,19 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
 def _diff(job: Job, step: Step, phase: str | None, device: int | None, rules_file: str | None,
           source: Any, everything: bool) -> dict[str, Any]:
     from ..analyze.diff import diff as diff_snapshots
-    from ..load import load
-    from ..load.samples import markers_for
     from ..report.compare_documents import diff_document
+    from ..session.inputs import open_input
 
     a, b = job.inputs
     step("loading A")
-    snap_a = load(a.path, a.rank, a.tag, frames="allocations", source=source)
-    markers_a = markers_for(a.path, a.rank, a.tag)
+    input_a = open_input(a.path, a.rank, a.tag, frames="allocations", source=source)
+    markers_a = input_a.markers
     step("loading B")
-    snap_b = load(b.path, b.rank, b.tag, frames="allocations", source=source)
-    markers_b = markers_for(b.path, b.rank, b.tag)
+    input_b = open_input(b.path, b.rank, b.tag, frames="allocations", source=source)
+    markers_b = input_b.markers
     step("replaying and attributing both")
-    result = diff_snapshots(snap_a, snap_b, phase=phase, device=device, rules=rules_for(rules_file),
-                            markers=(markers_a, markers_b))
+    result = diff_snapshots(input_a.snapshot, input_b.snapshot, phase=phase, device=device,
+                            rules=rules_for(rules_file), markers=(markers_a, markers_b))
     return diff_document(result, everything=everything)
 
 
@@ -233,15 +232,14 @@ def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max
            metric: str, device: int | None, rules_file: str | None, source: Any,
            phase: str | None = None) -> dict[str, Any]:
     from ..analyze.check import check as check_limits
-    from ..load import load
-    from ..load.samples import markers_for
     from ..report.compare_documents import check_document
+    from ..session.inputs import open_input
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag, frames="allocations", source=source)
+    given = open_input(t.path, t.rank, t.tag, frames="allocations", source=source)
     step("replaying and measuring" + (" (attributing every category)" if limits else ""))
-    result = check_limits(snapshot, budget=budget, max_category=limits, max_transient=max_transient,
+    result = check_limits(given.snapshot, budget=budget, max_category=limits, max_transient=max_transient,
                           metric=metric, rules=rules_for(rules_file), device=device, phase=phase,
-                          markers=markers_for(t.path, t.rank, t.tag) if phase is not None else None)
+                          markers=given.markers if phase is not None else None)
     return check_document(result)

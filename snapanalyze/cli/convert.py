@@ -1,5 +1,5 @@
 """`snapanalyze convert`: snapshot pickles (a run directory, an engine's dump directory, or files) → a Parquet run
-directory; which file goes where, and what may be replaced, is `load.convert.convert_plan`'s, and each file's
+directory; which file goes where, and what may be replaced, is `session.convert.convert_plan`'s, and each file's
 work (its tables and the categories at its peaks) `session.convert_file`'s, on --jobs/--scheduler workers when
 there are several; a file that fails is named once the others are converted (exit 2)."""
 
@@ -12,9 +12,9 @@ import click
 
 from .. import layout
 from ..errors import SnapanalyzeError
-from ..load.convert import convert_plan
 from ..parallel import map_ranks
-from ..session import Converted, convert_file
+from ..session.convert import convert_plan
+from ..session.runs import Converted, convert_file
 from . import main
 from .common import rules_for, rules_option
 from .parallel import executor, parallel_options

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from .. import layout
 from ..errors import BadInputError, SnapanalyzeError
 from .common import echo_text, emit_json, terminal_width
 from .parallel import start_early
@@ -72,29 +70,14 @@ class Plan:
 
 
 def _ranks_of(path: str, tag: str | None) -> tuple[dict[int, Target], list[str]] | None:
-    """The snapshot of each rank of a multi-rank run directory (rank → target, in rank order) and the problems
+    """The snapshot of each rank of a multi-rank run directory (`session.run_ranks`) as targets, and the problems
     met; None when `path` is one snapshot."""
-    p = Path(path)
-    try:
-        is_dir = p.is_dir()
-    except OSError:                                     # a name too long, say: the loader names the problem
-        return None
-    if not is_dir or layout.is_tables_dir(p) or layout.parse_rank_dir(p) is not None:
-        return None
-    from ..load.runs import scan
+    from ..session.inputs import run_ranks
 
-    listing = scan(p)                                   # names the damage of a broken layout
-    dirs = layout.rank_dirs(p)
-    ranks = set(dirs) | {e.rank for e in listing.entries}
-    if len(ranks) <= 1:
-        return None                                     # (a run of one rank reads no pandas: fast start)
-    start_early(len(ranks))
-    from ..load.samples import choose_snapshots
-
-    chosen, problems = choose_snapshots(listing.entries, dirs, p, tag)
-    if not chosen:
-        raise BadInputError(p, "no rank has a snapshot to analyse: " + "; ".join(problems))
-    return {e.rank: Target(path, e.rank, e.tag) for e in chosen}, [*listing.problems, *problems]
+    found = run_ranks(path, tag, on_count=start_early)
+    if found is None:
+        return None
+    return {rank: Target(path, rank, t) for rank, t in found.tags.items()}, list(found.problems)
 
 
 def plan(path: str, rank: int | None = None, tag: str | None = None) -> Plan:
@@ -148,9 +131,24 @@ def each(p: Plan, work: Callable[[Job, Step], T], progress: Progress) -> tuple[P
     return replace(p, jobs=tuple(job for job, _ in done), problems=(*p.problems, *named), failed=error), results
 
 
-def run_document(p: Plan, results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+class Result(Protocol):
+    """A typed analysis result: its JSON document is `to_json()`."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound="dict[str, Any] | Result")
+
+
+def document(result: dict[str, Any] | Result) -> dict[str, Any]:
+    """The JSON of one rank's result: a typed result's `to_json()`, else the document itself."""
+    return result if isinstance(result, dict) else result.to_json()
+
+
+def run_document(p: Plan, results: Sequence[dict[str, Any] | Result]) -> dict[str, Any]:
     """The JSON of a multi-rank run: each rank's document under `ranks`, with its rank and tag first."""
-    return {"run": p.path, "ranks": [{"rank": j.rank, "tag": j.tag, **r} for j, r in zip(p.jobs, results)],
+    return {"run": p.path,
+            "ranks": [{"rank": j.rank, "tag": j.tag, **document(r)} for j, r in zip(p.jobs, results)],
             "problems": list(p.problems)}
 
 
@@ -165,11 +163,11 @@ def sections(p: Plan, texts: Sequence[str]) -> str:
     return "\n".join(out)
 
 
-def emit(p: Plan, results: list[dict[str, Any]], fmt: str, render: Callable[[dict[str, Any], int | None], str]) -> None:
+def emit(p: Plan, results: Sequence[R], fmt: str, render: Callable[[R, int | None], str]) -> None:
     """JSON (one document, or the run's `ranks`) or the terminal text, one section per rank, fitted to the
     terminal's width (`render(result, width)` renders one)."""
     if fmt == "json":
-        emit_json(run_document(p, results) if p.multi else results[0])
+        emit_json(run_document(p, results) if p.multi else document(results[0]))
     else:
         width = terminal_width()
         echo_text(sections(p, [render(r, width) for r in results]), width)

@@ -118,15 +118,14 @@ def phases(file: str, rank: int | None, tag: str | None, device: int | None, rul
 def _phases(job: Job, step: Step, device: int | None, rules_file: str | None, source: Any,
             categories: bool, kinds: tuple[str, ...] | None, largest: int | None) -> dict[str, Any]:
     from ..analyze.phases import phase_table
-    from ..load import load
-    from ..load.samples import markers_for
     from ..replay import replay
     from ..report.run_documents import phases_document
+    from ..session.inputs import open_input
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag, frames="allocations", source=source)
-    markers = markers_for(t.path, t.rank, t.tag)
+    given = open_input(t.path, t.rank, t.tag, frames="allocations", source=source)
+    snapshot, markers = given.snapshot, given.markers
     step("replaying")
     timeline = replay(snapshot)
     step("mapping phases" + (" and attributing their peaks" if categories else ""))

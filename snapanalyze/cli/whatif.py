@@ -18,12 +18,12 @@ def _whatif(job: Job, step: Step, changes: tuple[str, ...], capacity: int | None
             device: int | None) -> dict[str, Any]:
     from ..analyze.whatif import whatif
     from ..errors import UsageError
-    from ..load import load
     from ..replay import replay
+    from ..session.inputs import open_input
 
     t = job.target
     step("loading")
-    snapshot = load(t.path, t.rank, t.tag, frames=False)           # the simulator never reads a stack
+    snapshot = open_input(t.path, t.rank, t.tag, frames=False).snapshot   # the simulator never reads a stack
     step("replaying")
     timeline = replay(snapshot)
     if device is not None and device not in timeline.devices:

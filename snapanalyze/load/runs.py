@@ -10,9 +10,12 @@ and ``rank=N/tag=<tag>/`` tables), and the names engines dump under (`layout.ENG
 folders in it or the directory being one), whose rank and tag come from the names. A damaged layout raises
 BadInputError naming it: two ``rank=`` directories for one rank, a rank past `layout.MAX_WORLD_SIZE` (in a
 directory or an engine's file name), two snapshot files claiming one rank and tag. `entries(path)` is
-`scan(path).entries`; `resolve(path, rank, tag)` returns the one snapshot to load — converted Parquet tables
-when present (fast), else the pickle — and raises UsageError listing the choices when the selection is
-ambiguous or empty. `path` may be the run directory, one `rank=N` directory, or one `tag=T` tables directory.
+`scan(path).entries`. One policy chooses a rank's snapshot everywhere (`pick`): the tag asked for; else, with
+`prefer_oom`, its OOM snapshots; else ``final``; else its only one — several others are ambiguous.
+`resolve(path, rank, tag)` applies it to each rank asked for (every rank when `rank` is None) and returns the
+one snapshot to load — converted Parquet tables when present (fast), else the pickle — and raises UsageError
+listing the choices when the selection is ambiguous or empty. `path` may be the run directory, one `rank=N`
+directory, or one `tag=T` tables directory.
 """
 
 from __future__ import annotations
@@ -171,19 +174,28 @@ def resolve(path: str | Path, rank: int | None = None, tag: str | None = None) -
     if layout.is_tables_dir(root):
         return root
     listing = scan(root)
-    found = listing.entries
-    if not found:
+    if not listing.entries:
         skipped = f" ({'; '.join(listing.problems)})" if listing.problems else ""
         raise BadInputError(root, NO_SNAPSHOTS + skipped)
-    if rank is not None:
-        found = [e for e in found if e.rank == rank]
-    if tag is not None:
-        found = [e for e in found if e.tag == tag]
-    elif len({e.tag for e in found}) > 1 and any(e.tag == layout.FINAL_TAG for e in found):
-        found = [e for e in found if e.tag == layout.FINAL_TAG]
+    wanted = sorted({e.rank for e in listing.entries}) if rank is None else [rank]
+    picks = [pick([e for e in listing.entries if e.rank == r], tag) for r in wanted]
+    found = [e for p in picks if p is not None for e in p]
     choices = ", ".join(f"rank {e.rank} tag {e.tag}" for e in listing.entries)
+    if len(found) > 1 or None in picks:
+        raise UsageError(f"{root}: holds several snapshots ({choices}); choose one with --rank and --tag")
     if not found:
         raise UsageError(f"{root}: no snapshot for rank {rank} tag {tag} (has: {choices})")
-    if len(found) > 1:
-        raise UsageError(f"{root}: holds several snapshots ({choices}); choose one with --rank and --tag")
     return found[0].path
+
+
+def pick(mine: list[RunEntry], tag: str | None = None, prefer_oom: bool = False) -> list[RunEntry] | None:
+    """The snapshots of one rank (`mine`) an analysis reads: those tagged `tag` when it is given; else, with
+    `prefer_oom`, every OOM snapshot (`layout.is_oom_tag`) when there is one; else ``final``; else its only
+    snapshot. [] when it has none (or none tagged `tag`); None when several others leave the choice open."""
+    if tag is not None:
+        return [e for e in mine if e.tag == tag]
+    if prefer_oom and any(layout.is_oom_tag(e.tag) for e in mine):
+        return [e for e in mine if layout.is_oom_tag(e.tag)]
+    if any(e.tag == layout.FINAL_TAG for e in mine):
+        return [e for e in mine if e.tag == layout.FINAL_TAG]
+    return mine if len(mine) <= 1 else None

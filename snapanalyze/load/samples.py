@@ -208,7 +208,7 @@ def rank_directories(path: str | Path) -> dict[int, Path]:
 
 def rank_of(path: str | Path) -> int | None:
     """The rank whose directory holds `path` (a rank=N directory or anything below it), or None."""
-    found = rank_path(path)
+    found = layout.rank_dir_of(path)
     return None if found is None else layout.parse_rank_dir(found)
 
 
@@ -278,46 +278,30 @@ def pick_snapshots(path: str | Path, tag: str | None = None, rank: int | None = 
 
 def choose_snapshots(found: list[RunEntry], dirs: dict[int, Path], path: str | Path, tag: str | None = None,
                      rank: int | None = None, prefer_oom: bool = False) -> tuple[list[RunEntry], list[str]]:
-    """The choice itself: `tag` picks that tag; otherwise `prefer_oom` picks every OOM snapshot
-    (`layout.is_oom_tag`) of a rank that has any, then ``final``, then a rank's only snapshot; a rank with
-    several others is reported (choose with --tag)."""
+    """The choice itself, rank by rank (`runs.pick`: `tag`; else with `prefer_oom` every OOM snapshot; else
+    ``final``; else a rank's only one), and a problem naming each rank left without one (choose with --tag)."""
     wanted = sorted(set(dirs) | {e.rank for e in found}) if rank is None else [rank]
     chosen: list[RunEntry] = []
     problems: list[str] = []
     for r in wanted:
         mine = [e for e in found if e.rank == r]
         tags = ", ".join(e.tag for e in mine)
-        if tag is not None:
-            pick = [e for e in mine if e.tag == tag]
-            if not pick:
-                problems.append(f"rank {r}: no snapshot tagged {tag!r}" + (f" (has: {tags})" if mine else ""))
-        elif not mine:
-            problems.append(f"rank {r}: no snapshot in {dirs.get(r, Path(path) / f'rank={r}')}")
-            pick = []
-        elif prefer_oom and any(layout.is_oom_tag(e.tag) for e in mine):
-            pick = [e for e in mine if layout.is_oom_tag(e.tag)]
-        elif any(e.tag == layout.FINAL_TAG for e in mine):
-            pick = [e for e in mine if e.tag == layout.FINAL_TAG]
-        elif len(mine) == 1:
-            pick = mine
-        else:
+        picked = runs.pick(mine, tag, prefer_oom)
+        if picked is None:
             problems.append(f"rank {r}: several snapshots ({tags}) and none tagged 'final'; choose one with --tag")
-            pick = []
-        chosen.extend(pick)
+        elif not picked and tag is not None:
+            problems.append(f"rank {r}: no snapshot tagged {tag!r}" + (f" (has: {tags})" if mine else ""))
+        elif not picked:
+            problems.append(f"rank {r}: no snapshot in {dirs.get(r, Path(path) / f'rank={r}')}")
+        chosen.extend(picked or [])
     return chosen, problems
-
-
-def rank_path(path: str | Path) -> Path | None:
-    """The ``rank=N`` directory that is `path` or holds it, or None outside a run."""
-    p = Path(path)
-    return next((c for c in (p, *p.parents) if layout.parse_rank_dir(c) is not None), None)
 
 
 def markers_for(path: str | Path, rank: int | None = None, tag: str | None = None) -> pd.DataFrame:
     """The markers of the rank whose snapshot `load(path, rank, tag)` reads (empty for a file outside a run)."""
     p = Path(path)
     target = runs.resolve(p, rank, tag) if p.is_dir() else p
-    found = rank_path(target)
+    found = layout.rank_dir_of(target)
     if found is None:
         return empty_markers()
     owner = layout.parse_rank_dir(found)

@@ -31,7 +31,7 @@ short step name before each slow step; nothing here prints.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,12 +52,10 @@ from ..analyze.ranks import RankComparison
 from ..analyze.rules import RuleSet, load_rules
 from ..analyze.segment_map import SegmentMap, segment_map
 from ..errors import BadInputError, UsageError
-from ..load import SourceIndex, SourceRoots, load
-from ..load.runs import RunEntry
-from ..load.samples import RunSamples, rank_path
-from ..model import Snapshot
+from ..model import RunSamples, Snapshot
 from ..replay import Timeline, replay
-from ..session import RankData, Run, compare_ranks, is_run_path, open_run
+from ..session.inputs import SourceRoots, open_input, source_index
+from ..session.runs import RankData, Run, compare_ranks, is_run_path, open_run
 from .redact import Redactor
 
 Progress = Callable[[str], None]
@@ -65,6 +63,24 @@ REPORT_FRAMES = "allocations"   # every stack the report shows is an allocation'
 MAX_DETAILED_RANKS = 8          # ranks of a run with their own timelines, instants and rules in the report
 MAX_PHASE_CATEGORIES = 40       # spans per device whose peak is attributed (the largest transients: every row
                                 # the phases table shows, MAX_PHASE_ROWS)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What a report shows of each snapshot it details (the `report` command's options).
+
+    top: peaks per device to find, mark and (without `at`) attribute in detail. at: instant specs
+    (peak, peak:N, event:I, time:T) to attribute in detail instead. samples: instants per device for the
+    categories-over-time chart (every detail instant and OOM entry is added). device: only this one.
+    redact_paths: file paths shown as hashes. capacity: the device memory in bytes, overriding the run's
+    (and all a lone snapshot can know)."""
+
+    top: int = 3
+    at: tuple[str, ...] = ()
+    samples: int = 32
+    device: int | None = None
+    redact_paths: bool = False
+    capacity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -213,24 +229,19 @@ def _named(label: str, index: int) -> tuple[str, str]:
 
 
 def build_context(snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
-                  inputs: Mapping[str, Any] | None = None, **options: Any) -> Report:
-    """The report of one snapshot: `build_view` of it (options as there)."""
-    view = build_view(snapshot, timeline=timeline, rules=rules, inputs=inputs, **options)
+                  options: ReportOptions = ReportOptions(), inputs: Mapping[str, Any] | None = None,
+                  progress: Progress | None = None) -> Report:
+    """The report of one snapshot: `build_view` of it."""
+    view = build_view(snapshot, timeline=timeline, rules=rules, options=options, inputs=inputs, progress=progress)
     return Report(views=(view,), inputs=dict(inputs or {}))
 
 
 def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: RuleSet | None = None,
-               top: int = 3, at: Sequence[str] = (), samples: int = 32, device: int | None = None,
-               redact_paths: bool = False, inputs: Mapping[str, Any] | None = None,
-               progress: Progress | None = None, rank: RankInfo | None = None,
-               capacity: int | None = None) -> RankView:
-    """Run the analyses a report shows for one snapshot (see the module docstring).
-
-    top: peaks per device to find, mark and (without `at`) attribute in detail. at: instant specs
-    (peak, peak:N, event:I, time:T) to attribute in detail instead. samples: instants per device for the
-    categories-over-time chart (every detail instant and OOM entry is added). device: only this one.
-    rank: the rank of a run the snapshot is (its markers, NVML samples and capacity join the analyses).
-    capacity: the device memory in bytes, overriding the run's (and all a lone snapshot can know)."""
+               options: ReportOptions = ReportOptions(), inputs: Mapping[str, Any] | None = None,
+               progress: Progress | None = None, rank: RankInfo | None = None) -> RankView:
+    """Run the analyses a report shows for one snapshot (see the module docstring), as `options` say.
+    rank: the rank of a run the snapshot is (its markers, NVML samples and capacity join the analyses)."""
+    top, at, samples, device = options.top, options.at, options.samples, options.device
     step = progress or (lambda _: None)
     if timeline is None:
         step("replaying")
@@ -272,7 +283,7 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
     phases = phase_table(snapshot, timeline, markers, rules=rules, device=device,
                          attribute_largest=MAX_PHASE_CATEGORIES)
     step("explaining OOMs")
-    capacities = {d: _capacity(capacity, rank, d) for d in timeline.devices}
+    capacities = {d: _capacity(options.capacity, rank, d) for d in timeline.devices}
     oom = explain_oom(snapshot, timeline, nvml=nvml, capacity=capacities, markers=markers, rules=rules)
     step("laying out segments")
     maps: dict[tuple[int, int], SegmentMap] = {}
@@ -291,8 +302,9 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
         joined = {d: join_samples(timeline[d], nvml) for d in devices}
     return RankView(snapshot=snapshot, timeline=timeline, rules=rules, devices=devices, peaks=peaks,
                          details=details, attributions=cache, series=series,
-                         redactor=Redactor(snapshot, enabled=redact_paths), inputs=dict(inputs or {}),
-                         phases=phases, oom=oom, rank=rank, outside=outside, joined=joined, given_capacity=capacity,
+                         redactor=Redactor(snapshot, enabled=options.redact_paths), inputs=dict(inputs or {}),
+                         phases=phases, oom=oom, rank=rank, outside=outside, joined=joined,
+                         given_capacity=options.capacity,
                          segment_maps=maps)
 
 
@@ -302,14 +314,9 @@ def _capacity(given: int | None, rank: RankInfo | None, device: int) -> tuple[in
     return rank.capacity(device) if rank is not None else (None, "unknown")
 
 
-def _rank_info(samples: RunSamples, entry: RunEntry) -> RankInfo:
-    return RankInfo(rank=entry.rank, tag=entry.tag or None, path=str(entry.path), samples=samples,
-                    nvml=samples.nvml_of(entry.rank), markers=samples.markers_of(entry.rank))
-
-
-def _tag_of(path: Path) -> str:
-    """The tag a collector's file name states (snapshot-<tag>.pickle, tag=<tag>/), else ""."""
-    return layout.parse_snapshot_file(path) or layout.parse_tag_dir(path) or ""
+def _rank_info(samples: RunSamples, data: RankData) -> RankInfo:
+    return RankInfo(rank=data.rank, tag=data.tag or None, path=str(data.path), samples=samples,
+                    nvml=samples.nvml_of(data.rank), markers=samples.markers_of(data.rank))
 
 
 def detail_ranks(comparison: RankComparison, limit: int = MAX_DETAILED_RANKS) -> list[int]:
@@ -340,10 +347,11 @@ def detail_ranks(comparison: RankComparison, limit: int = MAX_DETAILED_RANKS) ->
 
 
 def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
-                      rules: RuleSet | None = None, progress: Progress | None = None,
-                      snapshot_path: str | Path | None = None, executor: Executor | None = None,
-                      **options: Any) -> Report:
-    """A run's report (see the module docstring); `options` go to `build_view` for each rank.
+                      rules: RuleSet | None = None, options: ReportOptions = ReportOptions(),
+                      inputs: Mapping[str, Any] | None = None, progress: Progress | None = None,
+                      snapshot_path: str | Path | None = None, executor: Executor | None = None) -> Report:
+    """A run's report (see the module docstring); `options` go to `build_view` for each rank, `inputs` with
+    each rank's own rank and tag.
     `snapshot_path`: report this snapshot as the rank whose directory holds it (a file inside a run).
     `executor`: where the comparison measures the ranks when there are more than are detailed (each is then
     read in a worker, and only the detailed ones here); with no more, each rank is read once, here."""
@@ -351,8 +359,7 @@ def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
     rules = rules or load_rules()
     samples = run.samples
     if snapshot_path is not None:
-        entry = RunEntry(samples.ranks[0], _tag_of(Path(snapshot_path)), None, Path(snapshot_path))
-        chosen, problems = [RankData(run, entry)], list(samples.problems)
+        chosen, problems = [run.file(snapshot_path)], list(samples.problems)
     else:
         chosen, problems = run.ranks(tag=tag, rank=rank)
     if not chosen:
@@ -366,15 +373,15 @@ def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
                                    executor=None if every else executor, progress=None if every else progress)
         if not every:
             shown = detail_ranks(comparison) or shown[:MAX_DETAILED_RANKS]
-    base = dict(options.pop("inputs", None) or {})
+    base = dict(inputs or {})
     views = []
     for data in chosen:
         if data.rank not in shown:
             continue
         snapshot, timeline = data.snapshot, data.timeline
-        views.append(build_view(snapshot, timeline=timeline, rules=rules, progress=progress,
-                                rank=_rank_info(samples, data.entry),
-                                inputs={**base, "rank": data.rank, "tag": data.tag or None}, **options))
+        views.append(build_view(snapshot, timeline=timeline, rules=rules, options=options, progress=progress,
+                                rank=_rank_info(samples, data),
+                                inputs={**base, "rank": data.rank, "tag": data.tag or None}))
     if not views:
         raise BadInputError(run.given, "no snapshot to report: " + "; ".join(problems))
     info_run = RunInfo(path=run.given, samples=samples, comparison=comparison, ranks=tuple(e.rank for e in chosen),
@@ -384,29 +391,29 @@ def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
 
 def build_path_context(path: str | Path, rank: int | None = None, tag: str | None = None,
                        compare: str | Path | None = None, rules: RuleSet | None = None,
-                       progress: Progress | None = None, executor: Executor | None = None,
-                       source: SourceRoots = None, **options: Any) -> Report:
+                       options: ReportOptions = ReportOptions(), progress: Progress | None = None,
+                       executor: Executor | None = None, source: SourceRoots = None) -> Report:
     """The report of what a user names: a snapshot file, a run directory or a rank=N directory (see the
-    module docstring); `compare` adds the diff against that baseline. `options` go to `build_context`;
+    module docstring); `compare` adds the diff against that baseline. `options` go to each `build_view`;
     `executor` to `build_run_context`; `source` (the program's checkout) to each load."""
-    source = SourceIndex.of(source)
+    source = source_index(source)
     step = progress or (lambda _: None)
     rules = rules or load_rules()
     inputs = {"path": str(path), "rank": rank, "tag": tag, "compare": None if compare is None else str(compare)}
-    inside = rank_path(path)
+    inside = layout.rank_dir_of(path)
     if is_run_path(path):
         step("reading the run")
         opened = open_run(path, progress, frames=REPORT_FRAMES, source=source)
-        context = build_run_context(opened, rank, tag, rules=rules, progress=progress, inputs=inputs,
-                                    executor=executor, **options)
+        context = build_run_context(opened, rank, tag, rules=rules, options=options, progress=progress,
+                                    inputs=inputs, executor=executor)
     elif inside is not None:
         step("reading the run")
         context = build_run_context(open_run(inside, progress, frames=REPORT_FRAMES, source=source), rules=rules,
-                                    progress=progress, inputs=inputs, snapshot_path=path, **options)
+                                    options=options, progress=progress, inputs=inputs, snapshot_path=path)
     else:
         step("loading")
-        context = build_context(load(path, frames=REPORT_FRAMES, source=source), rules=rules, progress=progress,
-                                inputs=inputs, **options)
+        snapshot = open_input(path, frames=REPORT_FRAMES, source=source).snapshot
+        context = build_context(snapshot, rules=rules, options=options, progress=progress, inputs=inputs)
     if compare is not None:
         context = compare_with(context, compare, tag=tag, progress=progress, source=source)
     return context
@@ -427,13 +434,13 @@ def compare_with(context: Report, baseline: str | Path, tag: str | None = None,
         step("diffing against the baseline" + (f" (rank {own})" if own is not None else ""))
         if key not in cache:
             try:
-                cache[key] = load(baseline, key if run_baseline else None, tag if run_baseline else None,
-                                  frames=REPORT_FRAMES, source=source)
+                cache[key] = open_input(baseline, key if run_baseline else None, tag if run_baseline else None,
+                                        frames=REPORT_FRAMES, source=source).snapshot
             except UsageError as exc:
                 if key is None:
                     raise UsageError(f"--compare: {exc}") from None
                 try:                                     # a baseline run of one rank serves every rank
-                    cache[key] = load(baseline, None, tag, frames=REPORT_FRAMES, source=source)
+                    cache[key] = open_input(baseline, None, tag, frames=REPORT_FRAMES, source=source).snapshot
                 except UsageError:
                     problems.append(f"rank {own}: the baseline {baseline} has no snapshot for it")
                     continue

@@ -32,11 +32,11 @@ from markupsafe import Markup
 
 from .. import __version__
 from ..analyze.rules import RuleSet, load_rules
-from ..load import SourceRoots
 from ..model import Snapshot
 from ..replay import Timeline
+from ..session.inputs import SourceRoots
 from ..units import fmt_count
-from .context import Progress, Report, build_context, build_path_context
+from .context import Progress, Report, ReportOptions, build_context, build_path_context
 from .sections import DEFAULT_SECTIONS, VERDICT_FIRST, Section, SectionFunction
 from .templating import render
 
@@ -122,8 +122,9 @@ def build_report(snapshot: Snapshot, timeline: Timeline | None = None, rules: Ru
     """The HTML report of one snapshot: `build_context(...)` then `render_report(...)` (its frames resolved
     with the source it carries: see `attribute`)."""
     rules = rules or load_rules()
-    report = build_context(snapshot, timeline=timeline, rules=rules, top=top, at=at, samples=samples,
-                           device=device, redact_paths=redact_paths, inputs=inputs, progress=progress)
+    options = ReportOptions(top=top, at=tuple(at), samples=samples, device=device, redact_paths=redact_paths)
+    report = build_context(snapshot, timeline=timeline, rules=rules, options=options, inputs=inputs,
+                           progress=progress)
     return render_report(report, sections, progress)
 
 
@@ -140,9 +141,10 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
     checkout, each snapshot's frames resolved with it as it loads (`load`); `budget`: the `budget` command's
     document for this input (`report --engine-log`), shown in its own section."""
     rules = rules or load_rules()
-    report = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, progress=progress,
-                                 top=top, at=at, samples=samples, device=device, redact_paths=redact_paths,
-                                 capacity=capacity, executor=executor, source=source)
+    options = ReportOptions(top=top, at=tuple(at), samples=samples, device=device, redact_paths=redact_paths,
+                            capacity=capacity)
+    report = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, options=options,
+                                progress=progress, executor=executor, source=source)
     if budget is not None:
         report = dataclasses.replace(report, inputs={**report.inputs, "budget": budget})
     return render_report(report, sections, progress)

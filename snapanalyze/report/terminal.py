@@ -1,16 +1,20 @@
 """Terminal rendering of the analysis documents (the dicts of `documents`) as plain text.
 
-Contract: each `render_*` takes a JSON-ready document and returns the text a person reads in a terminal;
+Contract: each `render_*` takes an analysis' result (its typed result, `Summary`; else its JSON-ready
+document) and returns the text a person reads in a terminal;
 `width` (the terminal's columns, None when piped) fits its tables into it (`text.table`). Nothing here
 analyses, prints or reads files.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import units
 from . import text
+
+if TYPE_CHECKING:
+    from ..analyze.summary import Summary
 
 
 def render_peaks(doc: dict[str, Any], problems: list[str], width: int | None = None) -> str:
@@ -45,30 +49,29 @@ def _peaks_of(d: dict[str, Any], label: str, width: int | None) -> list[str]:
     return out
 
 
-def render_summary(f: dict[str, Any]) -> str:
-    v = f["torch_version"]
-    has = f["has"]
-    out = [f"{f['source']}",
-           f"  format: {f['container']}, {f['layout']}",
-           f"  torch: {v['range']} (inferred from: {'; '.join(v['evidence']) or 'nothing'})"]
-    kind = f.get("device_type")
-    if kind and kind["value"] != "cuda":
-        out.append(f"  device type: {kind['value']} (inferred: {kind['evidence']})")
-    for d in [*f["devices"], *(f.get("host") or [])]:
-        actions = ", ".join(f"{k} {n:,}" for k, n in d["actions"].items()) or "none"
-        span = units.fmt_duration_us(d["duration_us"]) if d["duration_us"] is not None else "no timestamps"
-        label = f"device {d['device']}" if d in f["devices"] else "pinned host memory (not device memory)"
-        out += [f"  {label}: {d['events']:,} events ({actions})",
-                f"    window: {span}; ring buffer: {d['ring_buffer']}",
-                f"    end state: {d['segments']:,} segments, {units.fmt_bytes(d['reserved_bytes'])} reserved, "
-                f"{d['active_blocks']:,} active blocks; {d['events_with_frames']:,} events with frames"]
+def render_summary(f: Summary) -> str:
+    v, has, kind = f.torch_version, f.has, f.device_type
+    out = [f"{f.source}",
+           f"  format: {f.container}, {f.layout}",
+           f"  torch: {v.range} (inferred from: {'; '.join(v.evidence) or 'nothing'})"]
+    if kind.value != "cuda":
+        out.append(f"  device type: {kind.value} (inferred: {kind.evidence})")
+    labelled = [(f"device {d.device}", d) for d in f.devices]
+    labelled += [("pinned host memory (not device memory)", d) for d in f.host or ()]
+    for label, d in labelled:
+        actions = ", ".join(f"{k} {n:,}" for k, n in d.actions.items()) or "none"
+        span = units.fmt_duration_us(d.duration_us) if d.duration_us is not None else "no timestamps"
+        out += [f"  {label}: {d.events:,} events ({actions})",
+                f"    window: {span}; ring buffer: {d.ring_buffer}",
+                f"    end state: {d.segments:,} segments, {units.fmt_bytes(d.reserved_bytes)} reserved, "
+                f"{d.active_blocks:,} active blocks; {d.events_with_frames:,} events with frames"]
     yes = {True: "yes", False: "no"}
-    out += [f"  frames: {yes[bool(has['frames'])]}; C++ frames: {yes[bool(has['cpp_frames'])]}; "
-            f"annotations: {has['annotations']}; user_metadata entries: {has['user_metadata_entries']}; "
-            f"compile_context: {yes[bool(has['compile_context'])]}",
-            f"  private pools: {', '.join(has['private_pools']) or 'none'}; expandable segments: "
-            f"{yes[bool(has['expandable_segments'])]}; legacy 2.0 blocks: {yes[bool(has['legacy_block_history'])]}"]
-    settings = f["allocator_settings"]
+    out += [f"  frames: {yes[bool(has.frames)]}; C++ frames: {yes[bool(has.cpp_frames)]}; "
+            f"annotations: {has.annotations}; user_metadata entries: {has.user_metadata_entries}; "
+            f"compile_context: {yes[bool(has.compile_context)]}",
+            f"  private pools: {', '.join(has.private_pools) or 'none'}; expandable segments: "
+            f"{yes[bool(has.expandable_segments)]}; legacy 2.0 blocks: {yes[bool(has.legacy_block_history)]}"]
+    settings = f.allocator_settings
     if settings:
         shown = {k: val for k, val in settings.items() if k != "roundup_power2_divisions"}
         divisions = {k: val for k, val in (settings.get("roundup_power2_divisions") or {}).items() if val}
@@ -76,14 +79,14 @@ def render_summary(f: dict[str, Any]) -> str:
                    + (f", roundup_power2_divisions={divisions}" if divisions else ""))
     else:
         out.append("  allocator settings: not recorded")
-    if f["ooms"]:
-        for o in f["ooms"]:
+    if f.ooms:
+        for o in f.ooms:
             out.append(f"  OOM on device {o['device']} at event {o['index']:,}: request "
                        f"{units.fmt_bytes(o['size'])}, device free {units.fmt_bytes(o['device_free'])}")
     else:
         out.append("  OOM entries: none")
-    if f["unknown_actions"]:
-        out.append(f"  unknown actions (ignored): {', '.join(f['unknown_actions'])}")
+    if f.unknown_actions:
+        out.append(f"  unknown actions (ignored): {', '.join(f.unknown_actions)}")
     return "\n".join(out)
 
 

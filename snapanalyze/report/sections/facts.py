@@ -22,7 +22,7 @@ def facts_section(report: Report) -> Section | None:
                         for note in view.attribution(device, instant.event_index).notes})
         if view.oom is not None:
             notes = sorted(set(notes) | set(view.oom.notes))
-        settings = facts["allocator_settings"]
+        settings = facts.allocator_settings
         shown = [(k, repr(v)) for k, v in sorted(settings.items())] if isinstance(settings, dict) else []
         source = view.redactor.path(view.snapshot.source)
         part = render("sections/facts.html.j2", facts=facts, source=source, settings=shown, notes=notes,

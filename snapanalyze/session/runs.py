@@ -1,19 +1,17 @@
-"""Orchestration: what a user names (a snapshot, a run directory, a sweep) → loaded data → the analyses.
+"""Runs, sweeps and budgets: a run directory read once, its ranks compared, each OOM explained, shapes measured.
 
-Contract: this is the one layer that turns paths into data for the commands (`cli/`) and the reports
-(`report/`); the analyses below it (`analyze/`) take snapshots, timelines and tables, never a path.
-`open_run(path)` returns a `Run` — a run directory (or one ``rank=N`` directory) whose NVML samples,
+Contract: `open_run(path)` returns a `Run` — a run directory (or one ``rank=N`` directory) whose NVML samples,
 markers and meta.json are read once (`load.samples.read_run`) and whose snapshots are each loaded and
 replayed at most once, when first asked for (`Run.loads` counts the loads). `Run.ranks(tag, rank,
 prefer_oom)` picks one snapshot per rank (`load.samples.choose_snapshots`) as `RankData` — the rank, its
 snapshot and timeline, its NVML rows and markers — plus the problems (ranks without a snapshot, missing
 NVML parts), which are reported, not fatal. The path-level entry points: `compare_ranks(run, …)`
 (`analyze.ranks`), `explain_path(path, …)` (`analyze.oom`), `sweep_points(inputs, …)` and `capacity(inputs,
-…)` (`analyze.sweep`, `analyze.capacity`), `convert_file(job)` (one snapshot's tables and its
-`layout.PEAK_TABLE`). The per-rank work of `compare_ranks` and `convert` is a module-level function of
-picklable inputs (`measure_task` of a `RankTask`, `convert_file`) returning a small result, so that an
-`executor=` (a process pool, Dask's, Ray's) can run it; `parallel.map_ranks` keeps the rank order and turns
-a rank that fails on its input into a problem naming it.
+…)` (`analyze.sweep`, `analyze.capacity`), `budget(inputs, …)` (`analyze.budget`), `convert_file(job)` (one
+snapshot's tables and its `layout.PEAK_TABLE`). The per-rank work of `compare_ranks` and `convert` is a
+module-level function of picklable inputs (`measure_task` of a `RankTask`, `convert_file`) returning a small
+result, so that an `executor=` (a process pool, Dask's, Ray's) can run it; `parallel.map_ranks` keeps the
+rank order and turns a rank that fails on its input into a problem naming it.
 """
 
 from __future__ import annotations
@@ -30,13 +28,13 @@ from typing import Any
 
 import pandas as pd
 
-from . import layout
-from .analyze import ranks as rank_analysis
-from .analyze.budget import BudgetCheck, check_budget, engine_budget
-from .analyze.capacity import Capacity, fit_capacity
-from .analyze.oom import SnapshotOoms, explain_oom
-from .analyze.rules import RuleSet, load_rules
-from .analyze.sweep import (
+from .. import layout
+from ..analyze import ranks as rank_analysis
+from ..analyze.budget import BudgetCheck, check_budget, engine_budget
+from ..analyze.capacity import Capacity, fit_capacity
+from ..analyze.oom import SnapshotOoms, explain_oom
+from ..analyze.rules import RuleSet, load_rules
+from ..analyze.sweep import (
     MeasuredPoint,
     Sweep,
     SweepPoint,
@@ -46,26 +44,25 @@ from .analyze.sweep import (
     order_points,
     points_from_phases,
 )
-from .batch_shape import SHAPE_KEYS, shape_from_filename
-from .engine_config import EngineConfig
-from .errors import BadInputError, UsageError
-from .load import SourceIndex, SourceRoots, load
-from .load.runs import NO_SNAPSHOTS, RunEntry
-from .load.runs import entries as run_entries
-from .load.samples import (
+from ..batch_shape import SHAPE_KEYS, shape_from_filename
+from ..engine_config import EngineConfig
+from ..errors import BadInputError, UsageError
+from ..load import SourceIndex, SourceRoots, load
+from ..load.runs import NO_SNAPSHOTS, RunEntry
+from ..load.runs import entries as run_entries
+from ..load.samples import (
     RunSamples,
     choose_snapshots,
     empty_nvml,
     markers_for,
     rank_directories,
     rank_of,
-    rank_path,
     read_run,
 )
-from .load.shapes import read_manifest
-from .model import Snapshot
-from .parallel import map_ranks
-from .replay import Timeline, replay
+from ..load.shapes import read_manifest
+from ..model import Snapshot
+from ..parallel import map_ranks
+from ..replay import Timeline, replay
 
 
 @dataclass(eq=False)
@@ -97,6 +94,12 @@ class Run:
     def forget(self, entry: RunEntry) -> None:
         """Drop the loaded snapshot of `entry` (a caller done with it keeps memory to one rank at a time)."""
         self._loaded.pop(entry.path, None)
+
+    def file(self, path: str | Path) -> RankData:
+        """A snapshot file inside this run's rank directory, as that rank (its tag from its name, else "")."""
+        p = Path(path)
+        tag = layout.parse_snapshot_file(p) or layout.parse_tag_dir(p) or ""
+        return RankData(self, RunEntry(self.samples.ranks[0], tag, None, p))
 
     def ranks(self, tag: str | None = None, rank: int | None = None,
               prefer_oom: bool = False) -> tuple[list[RankData], list[str]]:
@@ -283,15 +286,15 @@ def peak_table(snapshot: Snapshot, source: str | Path, rules: RuleSet | None = N
 
 
 def convert_file(job: tuple[Path, Path], force: bool = False, rules: RuleSet | None = None) -> Converted:
-    """Convert one snapshot (`load.convert.convert_plan`'s (source, target) pair): its tables
+    """Convert one snapshot (`session.convert.convert_plan`'s (source, target) pair): its tables
     (`load.parquet.write_tables`), then `layout.PEAK_TABLE` beside them (`peak_table`, written atomically),
     so that SQL over the run directory can ask what was live at each rank's peak. The per-file work of
     `convert`, for `parallel.map_ranks`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .atomic import write_atomic
-    from .load.parquet import write_tables
+    from ..atomic import write_atomic
+    from ..load.parquet import write_tables
 
     started = time.perf_counter()
     source, target = job
@@ -329,7 +332,7 @@ def explain_path(path: str | Path, rank: int | None = None, tag: str | None = No
     snapshot = load(p, rank, tag, source=source)
     if owner is None:
         return [SnapshotOoms(None, None, p, explain_oom(snapshot, capacity=capacity, rules=rules))], []
-    found = rank_path(p)
+    found = layout.rank_dir_of(p)
     assert found is not None
     samples = read_run(found)
     return [_explain(snapshot, owner, None, p, samples, rules, capacity)], list(samples.problems)
@@ -503,7 +506,7 @@ def budget(inputs: Sequence[str], engine_log: str | Path | None = None, *, engin
     `engine_config.FIGURES`, bytes for *_bytes, each replacing the log's) against the shapes measured in
     `inputs` (`shape_from` as for a sweep; "none": each input's peak, no shape limit); the capacity fit
     gives the shape limit when at least two inputs have a shape."""
-    from .load.engine_log import engine_config
+    from ..load.engine_log import engine_config
 
     config = engine_config(engine_log, engine, figures)
     return budget_of(config, inputs, shape_from, rank, tag, rules, device, driver, executor, progress, source)

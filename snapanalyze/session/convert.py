@@ -19,8 +19,8 @@ from pathlib import Path
 from .. import layout
 from ..atomic import describe
 from ..errors import UsageError
-from .parquet import check_replaceable
-from .runs import RunEntry, entries
+from ..load.parquet import check_replaceable
+from ..load.runs import RunEntry, entries
 
 
 def _stem(name: str) -> str:
