@@ -233,6 +233,18 @@ def test_a_run_without_an_oom_and_a_live_exhaustion(kernel_dir: Path, monkeypatc
     assert none.found["ooms"] == [] and "no OOM recorded" in none.stdout()
 
 
+def test_only_an_oom_pickle_and_no_run(kernel_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user with nothing but the pickle dumped at their OOM sets RUN = None: the ranks part says it is
+    skipped, and the OOM is explained as with a run beside it."""
+    run = execute(NB02, kernel_dir, monkeypatch, RUN=None, SNAPSHOT="fixtures/scenarios/oom_fragmentation.pickle")
+    assert run.found["run"] is None and run.found["ranks"] == [] and run.found["median_rank"] is None
+    assert run.found["outside"] == {} and "the ranks part is skipped" in run.stdout()
+    oom = _expected(SCENARIOS / "oom_fragmentation.expected.json")["oom"]
+    [got] = run.found["ooms"]
+    assert got["verdict"] == oom["verdict"] and got["largest_free_block_bytes"] == oom["largest_free_block"]
+    assert run.outputs("application/vnd.plotly.v1+json")          # the icicle and timeline at the failure
+
+
 # -- 03: capacity --------------------------------------------------------------------------------------------
 
 NB03 = ROOT / "notebooks" / "03_capacity.ipynb"
