@@ -35,7 +35,7 @@ def test_writes_one_html_file_and_says_so(tmp_path: Path) -> None:
     result = run("report", FIXTURE, "-o", out)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"wrote {out} (") and result.stdout.rstrip().endswith("MB)")
-    page = out.read_text(encoding="utf-8")
+    page = out.read_text(encoding="utf-8").replace("\u00a0", " ")
     assert page.startswith("<!DOCTYPE html>") and "The peak on device 0 was 36.70 GiB" in page
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]     # no temporary file left
     assert result.stderr == ""                                                # not a terminal: no progress
@@ -84,7 +84,7 @@ def test_options_reach_the_report(tmp_path: Path) -> None:
     result = run("report", SCENARIOS / "concurrent_requests.pickle", "-o", out, "--redact-paths",
                  "--at", "event:700", "--at", "peak", "--samples", "4", "--top", "2")
     assert result.exit_code == 0, result.output
-    page = out.read_text(encoding="utf-8")
+    page = out.read_text(encoding="utf-8").replace("\u00a0", " ")
     assert "At event 700 on device 0" in page and 'id="instant-d0-p1"' in page
     assert str(SCENARIOS) not in page and "srv/scoring" not in page
 
@@ -96,7 +96,7 @@ def test_capacity_completes_the_oom_verdict_of_a_lone_snapshot(tmp_path: Path) -
     assert "unknown: no NVML samples or meta.json" in (tmp_path / "a.html").read_text(encoding="utf-8")
     result = run("report", path, "-o", tmp_path / "b.html", "--capacity", "23.52GiB")
     assert result.exit_code == 0, result.output
-    page = (tmp_path / "b.html").read_text(encoding="utf-8")
+    page = (tmp_path / "b.html").read_text(encoding="utf-8").replace("\u00a0", " ")
     assert "23.52 GiB capacity, 771.48 MiB of it outside the allocator" in page
     assert "given (--capacity)" in page and "unknown: no NVML samples or meta.json" not in page
     bad = run("report", path, "-o", tmp_path / "c.html", "--capacity", "lots")
@@ -112,12 +112,12 @@ def test_a_run_directory_reports_every_rank_and_rank_chooses_one(tmp_path: Path)
     out = tmp_path / "r.html"
     result = run("report", run_dir, "--rank", "1", "-o", out)
     assert result.exit_code == 0, result.output
-    page = out.read_text(encoding="utf-8")
+    page = out.read_text(encoding="utf-8").replace("\u00a0", " ")
     assert "1 device, 619 events, rank 1" in page and "71.52 GiB" in page and "36.70 GiB" not in page
     both = tmp_path / "both.html"
     result = run("report", run_dir, "-o", both)
     assert result.exit_code == 0, result.output
-    page = both.read_text(encoding="utf-8")
+    page = both.read_text(encoding="utf-8").replace("\u00a0", " ")
     assert "2 ranks (0, 1)" in page and "The peak on rank 0 was 36.70 GiB" in page and "rank 1 was 71.52 GiB" in page
     assert "Rank 0 ran out of memory" in page and '<section id="ranks">' in page
     assert "no nvml-part-*.parquet" in page            # what the run directory lacks is said, not fatal
@@ -125,7 +125,7 @@ def test_a_run_directory_reports_every_rank_and_rank_chooses_one(tmp_path: Path)
     shutil.copy(run_dir / "rank=1" / "snapshot-a.pickle", run_dir / "rank=1" / "snapshot-b.pickle")
     result = run("report", run_dir, "-o", tmp_path / "partial.html")
     assert result.exit_code == 0, result.output
-    partial = (tmp_path / "partial.html").read_text(encoding="utf-8")
+    partial = (tmp_path / "partial.html").read_text(encoding="utf-8").replace("\u00a0", " ")
     assert "several snapshots (a, b)" in partial and "rank 1, tag final" not in partial
     (run_dir / "rank=0" / "snapshot-final.pickle").unlink()
     result = run("report", run_dir, "-o", tmp_path / "x.html")
@@ -137,7 +137,7 @@ def test_a_run_with_nvml_and_markers(tmp_path: Path) -> None:
     out = tmp_path / "run.html"
     result = run("report", RUNS / "tp2_vision_encoder", "-o", out, "--top", "1")
     assert result.exit_code == 0, result.output
-    page = out.read_text(encoding="utf-8")
+    page = out.read_text(encoding="utf-8").replace("\u00a0", " ")
     assert "The peak on rank 1 was 59.41 GiB active" in page and "during prefill#1" in page
     assert 'id="fig-timeline-r0-d0"' in page and 'id="fig-outside"' in page
 
@@ -147,7 +147,7 @@ def test_compare_adds_the_diff_section(tmp_path: Path) -> None:
     out = tmp_path / "diff.html"
     result = run("report", fix / "after.pickle", "--compare", fix / "before.pickle", "-o", out)
     assert result.exit_code == 0, result.output
-    page = out.read_text(encoding="utf-8")
+    page = out.read_text(encoding="utf-8").replace("\u00a0", " ")
     assert '<section id="diff">' in page and "fell by 1.96 GiB" in page
     missing = run("report", fix / "after.pickle", "--compare", tmp_path / "nope.pickle", "-o", tmp_path / "y.html")
     assert missing.exit_code == 2 and "nope.pickle" in missing.stderr

@@ -104,11 +104,12 @@ def open_report(path: Path, screenshot: Path | None = None) -> PageRun:
                 " || a.getAttribute('xlink:href') || a.getAttributeNS('http://www.w3.org/1999/xlink', 'href') || '')"
                 ".filter(h => h && !h.startsWith('#'))")
             verdict = page.locator("#verdict")
-            run.verdict_top = verdict.inner_text() if verdict.count() else ""
+            words = "s => s.replaceAll('\\u00a0', ' ')"      # a number and its unit are joined by U+00A0
+            run.verdict_top = verdict.evaluate(f"v => ({words})(v.innerText)") if verdict.count() else ""
             if page.locator("#verdict details > summary").count():
                 page.locator("#verdict details > summary").click()
-            run.verdict = verdict.inner_text() if verdict.count() else ""
-            run.text = page.evaluate("() => document.body.innerText")
+            run.verdict = verdict.evaluate(f"v => ({words})(v.innerText)") if verdict.count() else ""
+            run.text = page.evaluate(f"() => ({words})(document.body.innerText)")
             run.data = page.evaluate(FIGURE_DATA)
             if screenshot is not None:
                 page.set_viewport_size({"width": 1280, "height": 900})
