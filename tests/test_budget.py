@@ -235,7 +235,7 @@ def test_the_report_shows_the_budget_beside_the_measurement(tmp_path: Path) -> N
     result = run("report", str(VLLM / "run-04.pickle"), "--engine-log", str(VLLM / "vllm.log"), "--capacity",
                  "80GiB", "-o", str(out), "--samples", "2")
     assert result.exit_code == 0, result.output
-    page = out.read_text()
+    page = out.read_text().replace("\u00a0", " ")      # a number and its unit are joined by a no-break space
     section = page[page.index('id="budget"'):page.index('id="rules"')]
     assert "Serving engine budget" in section and "exceeds the device" in section
     assert "gpu_memory_utilization 0.950 → " in section and "logits 7.34 GiB" in section

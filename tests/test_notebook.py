@@ -34,6 +34,7 @@ def test_snapshot_shows_devices_events_and_ooms(logits) -> None:
     html = snap._repr_html_()
     assert html == snapshot_html(snap)
     _compact(html)
+    html = html.replace("\u00a0", " ")              # a number and its unit are joined by a no-break space
     assert "prompt_logprobs_logits.pickle" in html and "<td>619</td>" in html and "2.41 ms" in html
     oom = load(SCENARIOS / "oom_fragmentation.pickle")._repr_html_()
     assert oom.count("<td>1</td>") >= 1 and "OOM entries" in oom
@@ -44,6 +45,7 @@ def test_timeline_shows_the_global_peak_and_the_replay_check(logits) -> None:
     html = timeline._repr_html_()
     assert html == timeline_html(timeline)
     _compact(html)
+    html = html.replace("\u00a0", " ")              # a number and its unit are joined by a no-break space
     assert f"<td>{fmt_bytes(timeline[0].active_at(598))}</td><td>598</td>" in html
     assert "matches the end state" in html
 
@@ -53,13 +55,14 @@ def test_attribution_shows_categories_with_their_top_site(logits) -> None:
     html = result._repr_html_()
     assert html == attribution_html(result)
     _compact(html)
+    html = html.replace("\u00a0", " ")              # a number and its unit are joined by a no-break space
     assert "<td>logits</td><td>9.56 GiB</td><td>13.4%</td><td>5</td>" in html
     assert "vllm/v1/sample/sampler.py:150:compute_logprobs" in html
     assert "global peak (event 598)" in html
 
 
 def test_attribution_flags_inferred_bytes() -> None:
-    html = attribution_html(attribute(load(SCENARIOS / "concurrent_requests.pickle")))
+    html = attribution_html(attribute(load(SCENARIOS / "concurrent_requests.pickle"))).replace("\u00a0", " ")
     weights = html[html.index("<td>weights"):]
     assert weights.startswith("<td>weights <i") and "(inferred)</i></td><td>2.30 GiB</td>" in weights
     assert "<td>concurrent_request</td>" in html          # proven by frames and metadata: no flag
