@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.offline
 import pytest
-from conftest import SnapshotBuilder, write_pickle
+from conftest import SnapshotBuilder, frames_for, write_pickle
 from markupsafe import Markup
 
 from snapanalyze import UsageError, load
@@ -530,6 +530,30 @@ def test_a_number_never_wraps_away_from_its_unit(path: Path) -> None:
     text = visible_text(build_path_report(path, samples=4))
     assert "\u00a0GiB" in text or "\u00a0MiB" in text
     assert re.findall(r".{0,30}\d (?:B|KiB|MiB|GiB|TiB|µs|ms|s)\b", text) == []
+
+
+def _cycles(tmp_path: Path, same_site: bool) -> Path:
+    """Sixty steps of one 4 GiB activation made and freed over 512 MiB of weights, each made at one line of
+    the model (a training loop) or, as control, each at a line of its own."""
+    b = SnapshotBuilder()
+    b.segment(BASE, [(512 * 2**20, 512 * 2**20, "active_allocated"), (4 * 2**30, 0, "inactive")])
+    for step in range(60):
+        where = frames_for("forward", 42 if same_site else 100 + step)
+        b.alloc(BASE + 512 * 2**20, 4 * 2**30, frames=where)
+        b.free(BASE + 512 * 2**20, 4 * 2**30, frames=where)
+    return write_pickle(tmp_path / f"cycles-{same_site}.pickle", b.build())
+
+
+def test_near_identical_peaks_share_one_icicle(tmp_path: Path) -> None:
+    """The top peaks of a periodic workload hold the same live stacks: one icicle is drawn, the other peaks keep
+    their exact table and point to it. Peaks made at different sites keep one icicle each."""
+    page = body(build_report(load(_cycles(tmp_path, same_site=True)), samples=4))
+    assert len(re.findall(r'<div class="sa-figure" id="fig-icicle-[^"]*"', page)) == 1
+    assert page.count('The live stacks are those of <a href="#instant-') == 2
+    assert page.count("<h3 id=\"instant-") == 3                      # every peak keeps its heading and table
+    control = body(build_report(load(_cycles(tmp_path, same_site=False)), samples=4))
+    assert len(re.findall(r'<div class="sa-figure" id="fig-icicle-[^"]*"', control)) == 3
+    assert "The live stacks are those of" not in control
 
 
 def test_an_oom_is_the_first_thing_the_verdict_says() -> None:
