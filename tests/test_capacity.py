@@ -500,3 +500,18 @@ def test_a_transient_that_never_reaches_the_budget_stops_at_the_bound() -> None:
     assert (lim.max_x, lim.unbounded, lim.bounded, lim.extrapolated) == (8192, True, True, True)
     text = render_capacity(capacity_document(cap, capacity_contract(cap, budget_bytes=80 << 30, concurrency=(1,))))
     assert "8,192 (bound: 2× measured, model never reaches the budget)" in text
+
+
+def test_the_bound_is_worded_one_way_in_every_output() -> None:
+    """A contract's answer capped at 2× the measured shapes reads "bound: 2× measured" in the capacity table, the
+    budget's terminal and JSON explanations alike: the wording comes from one place, and no renderer spells it."""
+    import snapanalyze
+    from snapanalyze.report import compare_terminal, text
+
+    assert text.bound_label() == "bound: 2× measured"
+    capped = {"insufficient": False, "max_x": 8192, "bounded": True, "unbounded": False, "extrapolated": False}
+    assert compare_terminal._limit(capped, "tokens") == "8,192 (bound: 2× measured)"
+    assert compare_terminal._limit({**capped, "max_x": None}, "tokens") == \
+        "beyond the measured tokens (bound: 2× measured)"
+    report = Path(snapanalyze.__file__).parent / "report"
+    assert [p.name for p in sorted(report.rglob("*.py")) if p.name != "text.py" and "2×" in p.read_text()] == []

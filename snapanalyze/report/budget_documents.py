@@ -15,6 +15,7 @@ from typing import Any
 
 from ..analyze.budget import BudgetCheck, Part, Setting
 from ..units import fmt_bytes
+from .text import bound_label
 
 
 def _part(p: Part) -> dict[str, Any]:
@@ -33,7 +34,7 @@ def arithmetic(check: BudgetCheck, s: Setting) -> str:
         return f"KV pool {fmt_bytes(int(s.current))} − {need}, rounded up to a MiB = {fmt_bytes(int(s.value))}"
     if s.limit is not None and s.limit.max_x is not None:
         how = ("extrapolated" if s.limit.extrapolated else "within the measured shapes") + (
-            ", at the 2× bound of the measured shapes" if s.limit.bounded else "")
+            f", {bound_label()}" if s.limit.bounded else "")
         return (f"the largest {s.driver} whose modelled peak, reserved, fits the allocator's "
                 f"{fmt_bytes(b.capacity.bytes or 0)} on the device ({how})")
     return ""

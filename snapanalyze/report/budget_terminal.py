@@ -114,8 +114,8 @@ def render_budget(doc: dict[str, Any], explain: bool = False, width: int | None 
     if limit is not None and doc["driver"]:
         if limit["max_x"] is not None:
             out.append(f"\nthe forward pass fits up to {doc['driver']} = {limit['max_x']:,} (capacity fit"
-                       + (", extrapolated" if limit["extrapolated"] else "") + (", bounded at 2× the measured shapes"
-                                                                               if limit["bounded"] else "") + ")")
+                       + (", extrapolated" if limit["extrapolated"] else "")
+                       + (f", {text.bound_label()}" if limit["bounded"] else "") + ")")
         elif limit["insufficient"]:
             out.append(f"\nno shape limit: the last regime of {doc['driver']} has fewer than 3 shapes to fit")
     if doc["settings"]:

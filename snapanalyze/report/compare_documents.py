@@ -17,7 +17,7 @@ their meaning; new keys may be added. Nothing here analyses anything.
   transient_bytes}}}], "fits": [{target, kind, model, intercept_bytes, linear_bytes, quadratic_bytes,
   max_rel_residual, points, from_x, to_x, jumped}], "jumps": [...], "drivers": [...], "contract", "notes"};
   a fit without a model ("insufficient": too few shapes; "none") has null coefficients and residual, and the
-  contract's limits say `extrapolated` / `bounded` (at most 2× the measured shapes) / `insufficient`.
+  contract's limits say `extrapolated` / `bounded` (capped at `EXTRAPOLATION_LIMIT` × measured) / `insufficient`.
 - check: {"source", "metric", "passed", "checks": [{device, check, subject, limit_bytes, actual_bytes,
   headroom_bytes, ok, at_peak_bytes, event_index}], "failures": [str]}.
 """

@@ -80,10 +80,10 @@ def _limit(lim: dict[str, Any], driver: str) -> str:
     if lim["insufficient"]:
         return "insufficient data"
     if lim["max_x"] is None:
-        return f"beyond 2× the measured {driver}" if lim["bounded"] else "none fits"
+        return f"beyond the measured {driver} ({text.bound_label()})" if lim["bounded"] else "none fits"
     if lim["bounded"]:
-        return f"{lim['max_x']:,} (bound: 2× measured" + (", model never reaches the budget)" if lim["unbounded"]
-                                                          else ")")
+        return f"{lim['max_x']:,} ({text.bound_label()}" + (", model never reaches the budget)" if lim["unbounded"]
+                                                            else ")")
     return f"{lim['max_x']:,}" + (" (extrapolated)" if lim["extrapolated"] else "")
 
 

@@ -158,3 +158,10 @@ def wrap(text: str, width: int | None) -> str:
         out.extend(textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
                                  break_on_hyphens=False) or [line])
     return "\n".join(out)
+
+
+def bound_label() -> str:
+    """How an answer capped at the largest shape a fit may speak for is labelled, in every output: "bound: 2×
+    measured" (`analyze.capacity.EXTRAPOLATION_LIMIT`; imported here only when a capacity answer is shown)."""
+    from ..analyze.capacity import EXTRAPOLATION_LIMIT
+    return f"bound: {EXTRAPOLATION_LIMIT:g}× measured"
