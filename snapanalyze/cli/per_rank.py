@@ -2,7 +2,7 @@
 
 Contract: `plan(path, rank, tag)` says what a command given PATH analyses: each rank of a run directory that
 holds more than one rank (`Plan.multi`: one job per rank with a snapshot, in rank order, plus `Plan.problems`:
-ranks without one, skipped names — reported, not fatal), or else one snapshot, as `load(path, rank, tag)`
+ranks without one, skipped names — reported, not fatal), or else one snapshot, as `session.open_input(path, rank, tag)`
 reads it (a file, a tables or ``rank=N`` directory, a run of one rank, any run with --rank); `diff_plan(a, b,
 …)` pairs two inputs rank by rank. Each `Job` is one rank's work: its rank and tag and the `Target`s
 (snapshots) it reads. `each(plan, work, progress)` calls `work(job, step)` once per job, in rank order, and
@@ -32,7 +32,7 @@ Step = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Target:
-    """One snapshot to analyse: `load(path, rank, tag)` reads it (rank and tag None: the input is one)."""
+    """One snapshot to analyse: `session.open_input(path, rank, tag)` reads it (rank and tag None: the input is one)."""
 
     path: str
     rank: int | None = None
