@@ -278,3 +278,26 @@ def test_a_vision_shape_recorded_from_engine_start_counts_weights_and_kv_as_stea
     assert one["categories"][0] == {"category": "vision_encoder", "bytes": exp["ranks"]["1"]["categories"][
         "vision_encoder"]}
     assert one["verdict"] == "exceeds_budget" and shapes["tp2_vision_encoder rank 0"]["verdict"] == "fits"
+
+
+def test_the_sglang_recipe_reads_what_sglangs_profiler_writes(tmp_path: Path) -> None:
+    """The README's SGLang recipe: one `/start_profile {"activities": ["MEM"]}` … `/stop_profile` per shape writes
+    `SGLANG_TORCH_PROFILER_DIR/<profile id>/<time>-TP-<rank>-memory.pickle` (SGLang's profiler with the MEM
+    activity, as `layout.ENGINE_NAMINGS` cites it); a manifest naming those files with their shapes is all
+    `budget` needs. Laid out so, the fixture's shapes read exactly as they do from their own names."""
+    prof = tmp_path / "prof"
+    rows = ["file,tokens,chunk"]
+    for k, chunk in enumerate((2048, 4096, 8192, 16384)):
+        started = f"17585513{k:02d}.0762882"                        # the profile id: the start time
+        dumped = prof / started / f"17585513{k:02d}.159891-TP-0-memory.pickle"
+        dumped.parent.mkdir(parents=True)
+        dumped.write_bytes((SGLANG / f"chunk-{chunk}.pickle").read_bytes())
+        rows.append(f"{dumped.relative_to(tmp_path)},{chunk},{chunk}")
+    (tmp_path / "shapes.csv").write_text("\n".join(rows) + "\n")
+    log = str(SGLANG / "sglang.log")
+    got = _budget("--shape-from", str(tmp_path / "shapes.csv"), "--engine-log", log, "--total", "80GiB")
+    want = _budget("--shape-from", str(SGLANG / "manifest.csv"), "--engine-log", log, "--total", "80GiB")
+    assert [s["verdict"] for s in got["shapes"]] == [s["verdict"] for s in want["shapes"]] == [
+        "fits", "fits", "fits", "exceeds_device"]
+    assert [s["over_device_bytes"] for s in got["shapes"]] == [s["over_device_bytes"] for s in want["shapes"]]
+    assert got["settings"] == want["settings"]
