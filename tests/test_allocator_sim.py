@@ -437,3 +437,21 @@ def test_sorted_keys_agree_with_a_sorted_list_under_random_inserts_and_removals(
             pos = keys.ceiling(probe)
             first = next((r for r in ref if r >= probe), None)
             assert (keys.at(pos) if pos is not None else None) == first
+
+
+def test_the_terminal_renders_the_typed_result_the_json_serialises() -> None:
+    """`whatif` returns one frozen, picklable `WhatIf`; the terminal renders that object and the JSON is its
+    `to_json()`: the same figures in both, with no document parsed back."""
+    from snapanalyze.report.whatif_terminal import render_whatif
+    from snapanalyze.units import fmt_bytes
+
+    result = whatif(load(FIXTURES / "scenarios" / "oom_fragmentation.pickle"), changes=["expandable_segments:True"])
+    assert pickle.loads(pickle.dumps(result)) == result
+    doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
+    text = render_whatif(result)
+    (device,) = result.devices
+    assert device.whatif is not None
+    changed = device.whatif.changed
+    assert doc["devices"][0]["whatif"]["changed"]["reserved_peak"] == changed.reserved_peak
+    assert f"what if {changed.settings}:" in text and fmt_bytes(changed.reserved_peak) in text
+    assert f"{device.replay.matched:,} of {device.replay.segment_events:,}" in text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,9 +13,12 @@ from .parallel import parallel_options
 from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
 
+if TYPE_CHECKING:
+    from ..analyze.whatif import WhatIf
+
 
 def _whatif(job: Job, step: Step, changes: tuple[str, ...], capacity: int | None, total: int | None,
-            device: int | None) -> dict[str, Any]:
+            device: int | None) -> WhatIf:
     from ..analyze.whatif import whatif
     from ..errors import UsageError
     from ..replay import replay
@@ -29,7 +32,7 @@ def _whatif(job: Job, step: Step, changes: tuple[str, ...], capacity: int | None
     if device is not None and device not in timeline.devices:
         raise UsageError(f"{snapshot.source}: no device {device} (devices: {sorted(timeline.devices)})")
     step("simulating")
-    return whatif(snapshot, timeline, changes, capacity=capacity, total=total, device=device).to_json()
+    return whatif(snapshot, timeline, changes, capacity=capacity, total=total, device=device)
 
 
 @main.command()
