@@ -11,12 +11,11 @@ analyses take loaded data. Collecting lives in `snapanalyze.collect`. Importing 
 never imports torch.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # Light modules (numpy and pyarrow only) are imported now; `load` and `replay` also name subpackages, which
 # importing them would otherwise leave bound here in place of the functions.
-from . import display
+from . import display, lazy
 from .errors import BadInputError, RulesError, SnapanalyzeError, UnsafePickleError, UsageError
 from .load import load
 from .load.safe_pickle import Limits
@@ -44,21 +43,8 @@ _EXPORTS = {
     ".analyze.whatif": ("WhatIf", "whatif"),
     ".load.engine_log": ("read_engine_log",),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__getattr__, __dir__ = lazy.exports(__name__, _EXPORTS, globals())
 display.provide("snapanalyze.report.notebook")      # Snapshot, Timeline, Attribution render there in Jupyter
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'snapanalyze' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_MODULE_OF])
 
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors

@@ -92,16 +92,8 @@ class Summary:
     unknown_actions: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON document: every field by name, in order; sequences as lists."""
-        return _lists(asdict(self))
-
-
-def _lists(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_lists(v) for v in value]
-    return value
+        """The JSON document: every field by name, in order."""
+        return asdict(self)
 
 
 def _version_range(s: Snapshot) -> tuple[str, list[str]]:

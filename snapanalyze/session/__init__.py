@@ -8,8 +8,9 @@ explained, sweeps, capacity and engine budgets measured (pandas). The names belo
 (PEP 562), so that `import snapanalyze.session.inputs` stays light.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .. import lazy
 
 _EXPORTS = {
     ".inputs": ("Input", "open_input", "RunRanks", "run_ranks", "source_index", "engine_config", "reading_limits"),
@@ -19,20 +20,7 @@ _EXPORTS = {
               "sweep_inputs", "input_points", "measure_input", "sweep_points", "measure_sweep_inputs", "capacity",
               "budget", "budget_of"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'snapanalyze.session' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_MODULE_OF])
+__getattr__, __dir__ = lazy.exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors

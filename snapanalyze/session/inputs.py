@@ -2,7 +2,7 @@
 ranks of a run directory, the program's source, an engine's start-up log.
 
 Contract: `open_input(path, rank, tag, frames, source)` loads the one snapshot `path` names (a file, a
-tables or ``rank=N`` directory, a run of one rank, any run with a rank; `load.runs.resolve` chooses, and
+tables or ``rank=N`` directory, a run of one rank, any run with a rank; `load.runs.resolve` chooses once, and
 says what to add when it cannot) as an `Input`; its `markers` (the rank's phase, request and module spans;
 empty outside a run) are read on first use, so a command that never reads them never imports pandas.
 `run_ranks(path, tag)` is the snapshot each rank of a multi-rank run directory analyses (`RunRanks`, chosen
@@ -15,6 +15,7 @@ an engine's budget figures from its log and options (`load.engine_log`). This mo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .. import layout
 from ..errors import BadInputError
 from ..load import Limits, SourceIndex, SourceRoots, load
+from ..load.runs import resolve
 from ..load.safe_pickle import limits_in_effect
 from ..model import Snapshot
 
@@ -36,24 +38,25 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Input:
-    """One snapshot a user named, and where it came from (to read its rank's markers)."""
+    """One snapshot a user named, and the file or tables directory it was read from (to find its rank's
+    markers)."""
 
     snapshot: Snapshot
-    path: str | Path
-    rank: int | None = None
-    tag: str | None = None
+    target: Path
 
     @cached_property
     def markers(self) -> pd.DataFrame:
         """The markers of the rank the snapshot belongs to (empty for a file outside a run)."""
         from ..load.samples import markers_for
-        return markers_for(self.path, self.rank, self.tag)
+        return markers_for(self.target)
 
 
 def open_input(path: str | Path, rank: int | None = None, tag: str | None = None, frames: bool | str = True,
                source: SourceRoots = None) -> Input:
-    """The snapshot `path` (with `rank` and `tag` inside a run) names, its frames resolved against `source`."""
-    return Input(load(path, rank, tag, frames=frames, source=source), path, rank, tag)
+    """The snapshot `path` (with `rank` and `tag` inside a run) names, its frames resolved against `source`:
+    a run directory is resolved once, and the snapshot and its markers are both read from what it chose."""
+    target = resolve(path, rank, tag) if os.path.isdir(path) else Path(path)  # never raises (as `load`)
+    return Input(load(target, frames=frames, source=source), target)
 
 
 @dataclass(frozen=True)
