@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import BASE, SnapshotBuilder, write_pickle
 
-from snapanalyze import BadInputError, UsageError, attribute, find_peaks, load, replay
+from snapanalyze import BadInputError, UsageError, attribute, load, replay
+from snapanalyze.analyze.peaks import peaks_of
 from snapanalyze.load.parquet import TABLE_COLUMNS, read_tables, write_tables
-from snapanalyze.report.documents import attribution_document, peaks_document
+from snapanalyze.report.documents import attribution_document
 
 GiB, MiB = 1 << 30, 1 << 20
 REAL = Path(__file__).parent.parent / "fixtures" / "real"
@@ -20,7 +21,7 @@ REAL = Path(__file__).parent.parent / "fixtures" / "real"
 
 def _answers(snapshot):
     timeline = replay(snapshot)
-    peaks = peaks_document(timeline, find_peaks(timeline, top=5))
+    peaks = peaks_of(timeline, top=5).to_json()
     attributed = attribution_document(attribute(snapshot, timeline=timeline), explain=True)
     for doc in (peaks, attributed):
         doc.pop("source")

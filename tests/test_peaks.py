@@ -227,3 +227,32 @@ def test_candidates_come_highest_first_across_batches():
     tops = np.sort(rng.choice(10**6, size=6000, replace=False))
     assert list(_highest_first(tops, heights, batch=64)) == np.lexsort((tops, -heights)).tolist()
     assert list(_highest_first(tops[:3], heights[:3])) == np.lexsort((tops[:3], -heights[:3])).tolist()
+
+
+def test_the_peaks_result_is_the_dataframe_the_terminal_and_the_json_show() -> None:
+    """`peaks_of` returns one frozen, picklable `Peaks`: its peaks are `find_peaks`' rows, its JSON is
+    `to_json()` (strict JSON) and the terminal renders the object, with the replay's problems as a warning only
+    there."""
+    import json
+    import pickle
+
+    from snapanalyze.analyze.peaks import peaks_of
+    from snapanalyze.report.terminal import render_peaks
+    from snapanalyze.units import fmt_bytes
+
+    path = REAL_FILES[0]
+    timeline = replay(load(path))
+    result = peaks_of(timeline, top=3)
+    assert pickle.loads(pickle.dumps(result)) == result
+    frame = find_peaks(timeline, top=3)
+    for d in result.devices:
+        rows = frame[frame["device"] == d.device]
+        assert [p.event_index for p in d.peaks] == rows["event_index"].tolist()
+        assert [p.active_bytes for p in d.peaks] == rows["active_bytes"].tolist()
+    doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
+    assert "replay_problems" not in doc
+    assert doc["devices"][0]["peak"] == doc["devices"][0]["peaks"][0]
+    assert doc["devices"][0]["peak"]["active_bytes"] == result.devices[0].peaks[0].active_bytes
+    assert fmt_bytes(result.devices[0].peaks[0].active_bytes) in render_peaks(result)
+    broken = type(result)(result.source, result.devices, None, ("segment 0x10 differs",))
+    assert "the replay does not match the end state:\n  segment 0x10 differs" in render_peaks(broken)

@@ -10,12 +10,17 @@ Columns: device, peak (1 = the highest; `--at peak:N` names the same), event_ind
 event that changed active bytes, −1: none), time_us (nullable), duration_us (nullable: how long the peak
 held), active_bytes, reserved_bytes, allocated_est_bytes (an estimate, see replay), baseline_active_bytes,
 transient_bytes (active − baseline).
+
+`peaks_of(timeline, top, device, host)` is the `peaks` command's typed result: a frozen, picklable `Peaks`
+(each device's window, baseline and peaks, pinned host memory apart, the replay's own problems); its
+`to_json()` is the document `peaks --format json` prints and the terminal renders the object.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,6 +29,9 @@ from ..replay import DeviceTimeline, Timeline
 
 if TYPE_CHECKING:                     # `peak_records` serves the CLI without loading pandas
     import pandas as pd
+
+MIN_PROMINENCE = 0.05   # a further peak's valley to every higher one, as a share of the curve's range
+NOTES = {"allocated_est_bytes": "estimate: rounded block sizes, exact only for blocks in segments"}
 
 COLUMNS = ["device", "peak", "event_index", "until_index", "time_us", "duration_us", "active_bytes",
            "reserved_bytes", "allocated_est_bytes", "baseline_active_bytes", "transient_bytes"]
@@ -136,7 +144,7 @@ def _device_peaks(dt: DeviceTimeline, top: int, min_prominence: float) -> list[d
 
 
 def peak_records(timeline: Timeline, top: int = 5, device: int | None = None,
-                 min_prominence: float = 0.05) -> list[dict[str, Any]]:
+                 min_prominence: float = MIN_PROMINENCE) -> list[dict[str, Any]]:
     """`find_peaks` as a list of dicts (keys COLUMNS; None where a time is unknown)."""
     if top < 1:
         raise ValueError("top must be at least 1")
@@ -145,10 +153,85 @@ def peak_records(timeline: Timeline, top: int = 5, device: int | None = None,
 
 
 def find_peaks(timeline: Timeline, top: int = 5, device: int | None = None,
-               min_prominence: float = 0.05) -> pd.DataFrame:
+               min_prominence: float = MIN_PROMINENCE) -> pd.DataFrame:
     """Top peaks of each device (or one device), highest first; see the module docstring."""
     import pandas as pd
     df = pd.DataFrame(peak_records(timeline, top, device, min_prominence), columns=COLUMNS)
     for c in ("time_us", "duration_us"):
         df[c] = df[c].astype("Int64")
     return df
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One peak of a device's active bytes (the `find_peaks` row without its device and baseline)."""
+
+    event_index: int                 # −1: the baseline itself
+    time_us: int | None
+    active_bytes: int
+    reserved_bytes: int
+    allocated_est_bytes: int         # an estimate: rounded block sizes
+    transient_bytes: int             # active − the window's baseline
+    until_index: int                 # the next event that changed active bytes (−1: none)
+    duration_us: int | None          # how long the peak held
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """A device's trace window, the baseline live when it began, and its peaks, highest first."""
+
+    device: int | str                # "host" for pinned host memory
+    baseline_active_bytes: int
+    baseline_reserved_bytes: int
+    events: int
+    window_us: int | None            # last − first event time (None: no timestamps)
+    first_time_us: int | None
+    peaks: tuple[Peak, ...]          # never empty
+
+    def to_json(self) -> dict[str, Any]:
+        peaks = [asdict(p) for p in self.peaks]
+        return {"device": self.device, "baseline_active_bytes": self.baseline_active_bytes,
+                "baseline_reserved_bytes": self.baseline_reserved_bytes, "events": self.events,
+                "window_us": self.window_us, "first_time_us": self.first_time_us,
+                "peak": peaks[0], "peaks": peaks}
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """The `peaks` command's result (see the module docstring)."""
+
+    source: str
+    devices: tuple[DevicePeaks, ...]
+    host: tuple[DevicePeaks, ...] | None        # pinned host memory, apart from the devices (torch >= 2.14)
+    replay_problems: tuple[str, ...]            # what proves the replay wrong against the end state
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (the replay's problems are the terminal's warning, not part of it)."""
+        return {"source": self.source, "devices": [d.to_json() for d in self.devices],
+                "host": [d.to_json() for d in self.host] if self.host is not None else None,
+                "notes": dict(NOTES)}
+
+
+def peaks_of(timeline: Timeline, top: int = 5, device: int | None = None,
+             host: Timeline | None = None) -> Peaks:
+    """Each device's (or one device's) window, baseline and top peaks; `host`: the replay of the file's
+    pinned host memory, described apart (its device named "host")."""
+    return Peaks(timeline.snapshot.source, _devices_of(timeline, top, device),
+                 _devices_of(host, top, None, "host") if host is not None else None,
+                 tuple(timeline.check_invariants()))
+
+
+def _devices_of(timeline: Timeline, top: int, device: int | None,
+                name: str | None = None) -> tuple[DevicePeaks, ...]:
+    if top < 1:
+        raise ValueError("top must be at least 1")
+    out = []
+    for d in [device] if device is not None else sorted(timeline.devices):
+        dt = timeline[d]
+        first, last = dt.time_at(0), dt.time_at(len(dt) - 1)
+        peaks = tuple(Peak(r["event_index"], r["time_us"], r["active_bytes"], r["reserved_bytes"],
+                           r["allocated_est_bytes"], r["transient_bytes"], r["until_index"], r["duration_us"])
+                      for r in _device_peaks(dt, top, MIN_PROMINENCE))
+        out.append(DevicePeaks(name if name is not None else d, dt.baseline_active, dt.baseline_reserved, len(dt),
+                               (last - first) if first is not None and last is not None else None, first, peaks))
+    return tuple(out)

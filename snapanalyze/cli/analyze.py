@@ -27,6 +27,7 @@ from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
 
 if TYPE_CHECKING:
+    from ..analyze.peaks import Peaks
     from ..analyze.summary import Summary
 
 AT_HELP = ("Instant per device: peak, peak:N (Nth peak), event:I, time:T — T as the outputs print it "
@@ -36,10 +37,9 @@ AT_HELP = ("Instant per device: peak, peak:N (Nth peak), event:I, time:T — T a
 
 # -- peaks ----------------------------------------------------------------------------------------------------
 
-def _peaks(job: Job, step: Step, top: int, device: int | None) -> dict[str, Any]:
-    from ..analyze.peaks import peak_records
+def _peaks(job: Job, step: Step, top: int, device: int | None) -> Peaks:
+    from ..analyze.peaks import peaks_of
     from ..replay import replay
-    from ..report.documents import peaks_document
     from ..session.inputs import open_input
 
     t = job.target
@@ -51,9 +51,7 @@ def _peaks(job: Job, step: Step, top: int, device: int | None) -> dict[str, Any]
         raise UsageError(f"{snapshot.source}: no device {device} (devices: {sorted(timeline.devices)})")
     host = replay(snapshot.host) if snapshot.host is not None and device is None else None
     step("finding peaks")
-    doc = peaks_document(timeline, peak_records(timeline, top=top, device=device),  # no DataFrame: fast start
-                         (host, peak_records(host, top=top)) if host is not None else None)
-    return {**doc, "replay_problems": timeline.check_invariants()}
+    return peaks_of(timeline, top, device, host)                              # no DataFrame: fast start
 
 
 @main.command()
@@ -69,8 +67,7 @@ def peaks(file: str, rank: int | None, tag: str | None, top: int, device: int | 
     p = plan(file, rank, tag)
     with Progress() as progress:
         p, results = each(p, functools.partial(_peaks, top=top, device=device), progress)
-    problems = {id(r): r.pop("replay_problems") for r in results}
-    emit(p, results, fmt, lambda r, width: render_peaks(r, problems[id(r)], width))
+    emit(p, results, fmt, render_peaks)
 
 
 # -- summary --------------------------------------------------------------------------------------------------

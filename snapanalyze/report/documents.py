@@ -1,6 +1,6 @@
 """JSON-ready documents for scripts and CI, following the contract in the architecture notes.
 
-Contract: functions here turn analysis results (Timeline, peak and attribution DataFrames, summary dicts)
+Contract: functions here turn analysis results (attribution DataFrames)
 into plain dicts of str/int/float/None/list/dict. Keys documented in the contract never change meaning;
 new keys may be added.
 """
@@ -8,13 +8,7 @@ new keys may be added.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
-
-from ..replay import Timeline
-
-if TYPE_CHECKING:                     # `peaks_document` of plain records needs no pandas
-    import pandas as pd
+from typing import Any
 
 
 def _plain(value: Any) -> Any:
@@ -24,57 +18,6 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return value
-
-
-def peak_record(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "event_index": int(row["event_index"]),
-        "time_us": _plain(row["time_us"]),
-        "active_bytes": int(row["active_bytes"]),
-        "reserved_bytes": int(row["reserved_bytes"]),
-        "allocated_est_bytes": int(row["allocated_est_bytes"]),
-        "transient_bytes": int(row["transient_bytes"]),
-        "until_index": int(row["until_index"]),
-        "duration_us": _plain(row["duration_us"]),
-    }
-
-
-def device_header(timeline: Timeline, device: int) -> dict[str, Any]:
-    dt = timeline[device]
-    first, last = dt.time_at(0), dt.time_at(len(dt) - 1)
-    return {
-        "device": device,
-        "baseline_active_bytes": dt.baseline_active,
-        "baseline_reserved_bytes": dt.baseline_reserved,
-        "events": len(dt),
-        "window_us": (last - first) if first is not None and last is not None else None,
-        "first_time_us": first,
-    }
-
-
-def peaks_document(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str, Any]],
-                   host: tuple[Timeline, pd.DataFrame | Sequence[Mapping[str, Any]]] | None = None) -> dict[str, Any]:
-    """{"source", "devices": [{"device", "baseline_active_bytes", "peak", "peaks": [...]} ...], "host"} from
-    `find_peaks` rows (a DataFrame, or `peak_records`); `host`: the same for pinned host memory (torch ≥ 2.14,
-    `Snapshot.host`), kept apart from the devices (null when the file has none)."""
-    return {"source": timeline.snapshot.source, "devices": _peak_devices(timeline, peaks),
-            "host": host_entries(_peak_devices(*host)) if host is not None else None,
-            "notes": {"allocated_est_bytes": "estimate: rounded block sizes, exact only for blocks in segments"}}
-
-
-def host_entries(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pinned host memory's entries name their device "host", not the −1 the columns keep it on."""
-    return [{**d, "device": "host"} for d in devices]
-
-
-def _peak_devices(timeline: Timeline, peaks: pd.DataFrame | Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    rows = peaks.to_dict("records") if hasattr(peaks, "to_dict") else list(peaks)
-    devices = []
-    for device in sorted({int(r["device"]) for r in rows}):
-        mine = sorted((r for r in rows if int(r["device"]) == device), key=lambda r: int(r["peak"]))
-        records = [peak_record(r) for r in mine]
-        devices.append({**device_header(timeline, device), "peak": records[0], "peaks": records})
-    return devices
 
 
 def attribution_document(attribution: Any, explain: bool = False, top: int = 3) -> dict[str, Any]:

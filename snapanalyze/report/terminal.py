@@ -1,7 +1,7 @@
 """Terminal rendering of the analysis documents (the dicts of `documents`) as plain text.
 
-Contract: each `render_*` takes an analysis' result (its typed result, `Summary`; else its JSON-ready
-document) and returns the text a person reads in a terminal;
+Contract: each `render_*` takes an analysis' result (its typed result, `Peaks`, `Summary`; else its
+JSON-ready document) and returns the text a person reads in a terminal;
 `width` (the terminal's columns, None when piped) fits its tables into it (`text.table`). Nothing here
 analyses, prints or reads files.
 """
@@ -14,36 +14,37 @@ from .. import units
 from . import text
 
 if TYPE_CHECKING:
+    from ..analyze.peaks import DevicePeaks, Peaks
     from ..analyze.summary import Summary
 
 
-def render_peaks(doc: dict[str, Any], problems: list[str], width: int | None = None) -> str:
-    out = [f"{doc['source']}"]
-    if not doc["devices"]:
+def render_peaks(result: Peaks, width: int | None = None) -> str:
+    out = [f"{result.source}"]
+    if not result.devices:
         out.append("  no devices: the snapshot holds no segments and no trace")
-    for d in doc["devices"]:
-        out += _peaks_of(d, f"device {d['device']}", width)
-    for d in doc.get("host") or []:
+    for d in result.devices:
+        out += _peaks_of(d, f"device {d.device}", width)
+    for d in result.host or ():
         out += _peaks_of(d, "pinned host memory (not device memory)", width)
     out.append("\nactive = Σ requested bytes live (exact); allocated (est.) = rounded block sizes, an estimate.")
-    if problems:
-        out.append("warning: the replay does not match the end state:\n  " + "\n  ".join(problems))
+    if result.replay_problems:
+        out.append("warning: the replay does not match the end state:\n  " + "\n  ".join(result.replay_problems))
     return "\n".join(out)
 
 
-def _peaks_of(d: dict[str, Any], label: str, width: int | None) -> list[str]:
-    window = units.fmt_duration_us(d["window_us"])
-    out = [f"\n{label}: {d['events']:,} events"
-           + (f" over {window}" if d["window_us"] is not None else " (no timestamps)")
-           + (f", from {units.fmt_time_us(d['first_time_us'])}" if d["first_time_us"] else ""),
-           f"  baseline (live when the window began): {units.fmt_bytes(d['baseline_active_bytes'])}"
-           f" active, {units.fmt_bytes(d['baseline_reserved_bytes'])} reserved"]
+def _peaks_of(d: DevicePeaks, label: str, width: int | None) -> list[str]:
+    window = units.fmt_duration_us(d.window_us)
+    out = [f"\n{label}: {d.events:,} events"
+           + (f" over {window}" if d.window_us is not None else " (no timestamps)")
+           + (f", from {units.fmt_time_us(d.first_time_us)}" if d.first_time_us else ""),
+           f"  baseline (live when the window began): {units.fmt_bytes(d.baseline_active_bytes)}"
+           f" active, {units.fmt_bytes(d.baseline_reserved_bytes)} reserved"]
     rows = []
-    for rank, p in enumerate(d["peaks"], start=1):
-        event = "baseline" if p["event_index"] < 0 else f"{p['event_index']:,}"
-        rows.append([str(rank), event, units.fmt_time_us(p["time_us"]), units.fmt_bytes(p["active_bytes"]),
-                     units.fmt_bytes(p["reserved_bytes"]), units.fmt_bytes(p["allocated_est_bytes"]),
-                     units.fmt_bytes(p["transient_bytes"]), units.fmt_duration_us(p["duration_us"])])
+    for rank, p in enumerate(d.peaks, start=1):
+        event = "baseline" if p.event_index < 0 else f"{p.event_index:,}"
+        rows.append([str(rank), event, units.fmt_time_us(p.time_us), units.fmt_bytes(p.active_bytes),
+                     units.fmt_bytes(p.reserved_bytes), units.fmt_bytes(p.allocated_est_bytes),
+                     units.fmt_bytes(p.transient_bytes), units.fmt_duration_us(p.duration_us)])
     out.append(text.table(["peak", "event", "time", "active", "reserved", "allocated (est.)",
                            "transient", "held"], rows, right=[True, True, False] + [True] * 5, width=width))
     return out
