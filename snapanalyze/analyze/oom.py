@@ -60,6 +60,7 @@ from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import StackView, attribute, explain_stack
 from .attribute.frames import allocation_stacks
 from .engine import SERVING_ENGINES, Engine, detect_engine
+from .kept import KeptAcrossStep, kept_across_step
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
 from .requests import event_requests
@@ -87,7 +88,8 @@ UNKNOWN_CAPACITY = "unknown: no NVML samples or meta.json (give the run director
 class Advice:
     """One thing that would have helped, as data (`report.oom_text` words it): `kind` is
     "expandable_segments" (values: reserved_free_bytes, largest_free_bytes), "max_split" (split_mb, segments,
-    free_bytes), "isolate", "category" (category, bytes, in_window, shortfall) or "free_live" (bytes)."""
+    free_bytes), "isolate", "category" (category, bytes, in_window, shortfall), "kept" (the fields of
+    `kept.KeptAcrossStep`, shortfall) or "free_live" (bytes)."""
 
     kind: str
     values: Mapping[str, Any] = field(default_factory=dict)
@@ -155,6 +157,7 @@ class OomVerdict:
     sample_gap_us: int | None = None
     advice: tuple[Advice, ...] = ()
     failed: FailedAllocation | None = None      # the allocation that failed, and the code that asked for it
+    kept: KeptAcrossStep | None = None          # forward-pass blocks live there that outlived a training step
 
     def record(self) -> dict[str, Any]:
         """The OOM_COLUMNS as a dict (one row of `OomExplanation.ooms`)."""
@@ -321,6 +324,16 @@ def _advice_for_categories(cats: pd.DataFrame, shortfall: int = 0) -> list[Advic
             for _, pick in picks.iterrows()]
 
 
+def _ranked(advice: list[Advice], kept: KeptAcrossStep | None, shortfall: int) -> list[Advice]:
+    """The category advice with, where forward-pass blocks outlived a training step, freeing them placed by
+    the bytes it would save (ahead of a category that holds fewer)."""
+    if kept is None:
+        return advice
+    keep = Advice("kept", {**dataclasses.asdict(kept), "shortfall": shortfall})
+    at = next((i for i, a in enumerate(advice) if a.values["bytes"] < kept.bytes), len(advice))
+    return [*advice[:at], keep, *advice[at:]]
+
+
 def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> int | None:
     if capacity is None or free is None:
         return None
@@ -328,7 +341,7 @@ def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> 
 
 
 def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFrame, nvml: pd.DataFrame | None,
-             capacity: int | None, capacity_source: str) -> OomVerdict:
+             capacity: int | None, capacity_source: str, kept: KeptAcrossStep | None = None) -> OomVerdict:
     device, index = int(row.device), int(row.index)
     dt = timeline[device]
     request = int(row.size)
@@ -395,7 +408,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
             advice.append(Advice("isolate"))
         else:
             verdict = "live_exhaustion"
-            advice.extend(_advice_for_categories(cats, shortfall))
+            advice.extend(_ranked(_advice_for_categories(cats, shortfall), kept, shortfall))
             advice.append(Advice("free_live", {"bytes": shortfall}))
     return OomVerdict(
         device=device, index=index, time_us=None if pd.isna(row.time_us) else int(row.time_us), stream=stream,
@@ -406,12 +419,12 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
         capacity_source=capacity_source if capacity is not None else UNKNOWN_CAPACITY, outside_bytes=outside,
         outside_source=outside_source, own_outside_bytes=own, other_processes_bytes=others,
         outside_growth_bytes=growth, shortfall_bytes=shortfall, split_segments=len(splits), verdict=verdict,
-        pressure=pressure, pressure_bytes=pressure_bytes, sample_gap_us=gap_us, advice=tuple(advice))
+        pressure=pressure, pressure_bytes=pressure_bytes, sample_gap_us=gap_us, advice=tuple(advice), kept=kept)
 
 
 def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int, rules: RuleSet | None,
                 markers: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The categories live at the entry, and the live blocks' stack, category and size (for the engine)."""
+    """The categories live at the entry, and the device's live blocks there (`Attribution.blocks`)."""
     result = attribute(snapshot, at=int(index), rules=rules, device=device, timeline=timeline,
                        markers=markers)
     b = result.blocks
@@ -422,8 +435,7 @@ def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int,
     g["share"] = g["bytes"] / total if total else 0.0
     g.insert(0, "index", index)
     g.insert(0, "device", device)
-    return (g.sort_values(["bytes", "category"], ascending=[False, True], kind="stable")[CATEGORY_COLUMNS],
-            b[["stack_id", "category", "size"]])
+    return g.sort_values(["bytes", "category"], ascending=[False, True], kind="stable")[CATEGORY_COLUMNS], b
 
 
 def rejected_requests(markers: pd.DataFrame | None) -> pd.DataFrame:
@@ -496,13 +508,15 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
 
     ooms = snapshot.ooms
     rows, cats, live = [], [], []
+    per_forward = [c.name for c in (rules or load_rules()).categories.values() if c.per_forward]
     for row in ooms.itertuples(index=False):
         c, blocks = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers)
         cats.append(c)
-        live.append(blocks)
+        live.append(blocks[["stack_id", "category", "size"]])
         total, source = cap(int(row.device))
+        kept = kept_across_step(snapshot, int(row.device), int(row.index), blocks, per_forward)
         rows.append(dataclasses.replace(
-            _one_oom(snapshot, timeline, row, c, nvml, total, source),
+            _one_oom(snapshot, timeline, row, c, nvml, total, source, kept),
             failed=failed_allocation(snapshot, int(row.device), int(row.index), rules, markers)))
     rows = _simulated(snapshot, timeline, rows)
     table = pd.DataFrame([v.record() for v in rows], columns=OOM_COLUMNS)

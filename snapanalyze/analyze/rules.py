@@ -90,6 +90,9 @@ class Category:
     not_across: tuple[str, ...] = ()
     context_tag: str = ""             # the context tag that marks a stack as inside this category's scope
     color: str = ""                   # what plots draw it in ("" : a spare colour)
+    # Made by a forward pass and dead once its backward ran (or, without autograd, once the forward ended): a
+    # block of it that outlives a training step and whose code has run again since was kept (analyze/kept.py).
+    per_forward: bool = False
 
 
 @dataclass(frozen=True)
@@ -350,10 +353,11 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category], ship
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise RulesError(f"{where}: each [[categories]] entry needs a 'name'")
         name = item["name"]
-        unknown = set(item) - {"name", "precedence", "owner", "description", "not_across", "context_tag", "color"}
+        unknown = set(item) - {"name", "precedence", "owner", "description", "not_across", "context_tag", "color",
+                               "per_forward"}
         if unknown:
             raise RulesError(f"{where}: category '{name}': unknown key(s) {sorted(unknown)} (allowed: name, "
-                             "precedence, owner, description, not_across, context_tag, color)")
+                             "precedence, owner, description, not_across, context_tag, color, per_forward)")
         base = into.get(name)
         precedence = item.get("precedence", base.precedence if base else 50)
         owner = item.get("owner", base.owner if base else "innermost")
@@ -372,9 +376,12 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category], ship
         color = item.get("color", base.color if base else "")
         if not isinstance(color, str) or (color and not re.fullmatch(r"#[0-9a-fA-F]{6}", color)):
             raise RulesError(f"{where}: category '{name}': color must be a #rrggbb string")
+        per_forward = item.get("per_forward", base.per_forward if base else False)
+        if not isinstance(per_forward, bool):
+            raise RulesError(f"{where}: category '{name}': per_forward must be true or false")
         into[name] = Category(name, precedence, owner, str(item.get("description", base.description
                                                                      if base else "")),
-                              tuple(not_across), context_tag, color)
+                              tuple(not_across), context_tag, color, per_forward)
 
 
 def _rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, Category],

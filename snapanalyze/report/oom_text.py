@@ -135,13 +135,29 @@ def _one(a: Advice, engine: str, request: int = 0) -> str:
         name = x["category"]
         text = category_advice(name, engine)
         where = "allocated in the trace window and live at the failure" if x["in_window"] else "live at the failure"
-        short = int(x.get("shortfall") or 0)
-        covers = ("" if not short else f", enough by itself to cover the {fmt_bytes(short)} that was missing"
-                  if x["bytes"] >= short else f", {x['bytes'] / short:.0%} of the {fmt_bytes(short)} that was missing")
-        return f"{text} — {name} holds {fmt_bytes(x['bytes'])} {where}{covers}"
+        return f"{text} — {name} holds {fmt_bytes(x['bytes'])} {where}{_covers(x['bytes'], x.get('shortfall'))}"
+    if a.kind == "kept":
+        made = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in x["categories"])
+        site = f"; most by {x['site']}" if x["site"] else ""
+        return ("keep no forward-pass tensors across training steps (keep .item() or .detach() of what you log) — "
+                f"{fmt_bytes(x['bytes'])} made by forward passes before the training step at event "
+                f"{x['step_index']:,} ({made}{site}) are still live at the failure although that code has run again "
+                f"since (the oldest outlived {fmt_count(x['steps'], 'step')}): a loss or output summed or stored "
+                "without .item() / .detach(), or backward(retain_graph=True), keeps them or their graph"
+                + _covers(x["bytes"], x.get("shortfall")))
     if a.kind == "free_live":
         return f"free at least {fmt_bytes(x['bytes'])} of live memory before this allocation"
     raise ValueError(f"unknown advice kind {a.kind!r}")
+
+
+def _covers(saved: int, shortfall: int | None) -> str:
+    """How much of what the failed request missed `saved` bytes would have covered ("" when nothing was)."""
+    short = int(shortfall or 0)
+    if not short:
+        return ""
+    if saved >= short:
+        return f", enough by itself to cover the {fmt_bytes(short)} that was missing"
+    return f", {saved / short:.0%} of the {fmt_bytes(short)} that was missing"
 
 
 def _simulated(x: Mapping[str, Any], request: int) -> str:

@@ -108,6 +108,7 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
             rec = _record({**row.to_dict(), "why": oom_text.why(verdict),
                            "advice": oom_text.advice(verdict, engine)}, OOM_KEYS)
             rec["failed_allocation"] = failed_record(verdict.failed)
+            rec["kept_across_step"] = dataclasses.asdict(verdict.kept) if verdict.kept is not None else None
             c = e.categories[(e.categories["device"] == row["device"]) & (e.categories["index"] == row["index"])]
             rec["categories"] = [{"category": x.category, "bytes": int(x.bytes), "share": round(float(x.share), 6),
                                   "blocks": int(x.blocks), "window_bytes": int(x.window_bytes)}

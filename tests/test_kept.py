@@ -1,0 +1,183 @@
+"""Forward-pass tensors kept across training steps (a retained graph, outputs held for logging) are found from
+the trace alone, on the frame structure of two real training programs (cs336 on torch 2.11 and 2.10: their
+own forward stacks and torch.optim's step wrapper), named in the OOM advice with exact bytes, and never claimed
+for a loop that frees them, for tensors that legitimately wait across another optimizer's step, or at any
+instant of the real traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BASE, REAL_DIR, SnapshotBuilder, read_fixture_raw
+
+from snapanalyze import attribute, load
+from snapanalyze.analyze.kept import kept_across_step
+from snapanalyze.analyze.oom import explain_oom
+from snapanalyze.analyze.rules import load_rules
+from snapanalyze.load.columns import to_snapshot
+from snapanalyze.replay import replay
+from snapanalyze.report import oom_text
+from snapanalyze.report.run_documents import oom_document
+
+MiB = 1 << 20
+TRAINING = ["cs336-medium-ctx1024-training-t2.11.pickle", "cs336-step-annotations-t2.10.pickle"]
+PER_FORWARD = [c.name for c in load_rules().categories.values() if c.per_forward]
+
+
+def _real_stacks(name: str) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """The program's own forward allocation stacks (under a module call) and its optimizer step's stack."""
+    trace = read_fixture_raw(REAL_DIR / name)["device_traces"][0]
+
+    def in_step(e: dict[str, Any]) -> bool:
+        return any(f["filename"].endswith("torch/optim/optimizer.py") and f["name"] == "wrapper"
+                   for f in e.get("frames", []))
+
+    first = next(i for i, e in enumerate(trace) if in_step(e))
+    forward = [e["frames"] for e in trace[:first] if e["action"] == "alloc"
+               and any(f["name"] == "_call_impl" for f in e["frames"])]
+    return forward[:60], next(e["frames"] for e in trace if in_step(e) and e["action"] == "alloc")
+
+
+class Loop:
+    """A training loop on one segment, allocation by allocation, with the real program's stacks; the end state
+    is laid out from what is live when it ends."""
+
+    size = 2 * MiB
+
+    def __init__(self, capacity_blocks: int) -> None:
+        self.b, self.next, self.live = SnapshotBuilder(), BASE, {}
+        self.total = capacity_blocks * self.size
+        self.b.event("segment_alloc", BASE, self.total)
+
+    def alloc(self, frames: list[dict[str, Any]]) -> int:
+        a, self.next = self.next, self.next + self.size
+        self.live[a] = True
+        self.b.event("alloc", a, self.size, frames=frames)
+        return a
+
+    def free(self, a: int, frames: list[dict[str, Any]] | None = None) -> None:
+        self.live[a] = False
+        self.b.event("free_requested", a, self.size, frames=frames or [])
+        self.b.event("free_completed", a, self.size, frames=frames or [])
+
+    def step(self, frames: list[dict[str, Any]]) -> None:
+        self.free(self.alloc(frames), frames)
+
+    def fail(self, frames: list[dict[str, Any]]) -> Any:
+        """An OOM asking for the whole segment, then the end state: live blocks, free runs merged (as the
+        allocator merges them)."""
+        self.b.event("oom", None, self.total, device_free=MiB, frames=frames)
+        blocks: list[tuple[int, int, str]] = []
+        for on in self.live.values():
+            if not on and blocks and blocks[-1][2] == "inactive":
+                blocks[-1] = (blocks[-1][0] + self.size, 0, "inactive")
+            else:
+                blocks.append((self.size, self.size if on else 0, "active_allocated" if on else "inactive"))
+        rest = self.total - (self.next - BASE)
+        if rest:
+            blocks.append((rest, 0, "inactive"))
+        self.b.segment(BASE, blocks)
+        return to_snapshot(self.b.build(), "loop.pickle", "pickle")
+
+
+def leaky_loop(name: str, leak: bool, steps: int = 3, rerun: int = 10) -> tuple[Any, list[int], set[int]]:
+    """`steps` iterations (forward, backward freeing the forward's tensors unless `leak`, optimizer step), then
+    `rerun` allocations of the next forward and an OOM. Returns the snapshot, the addresses kept across a step
+    and those whose code ran again after the last step."""
+    forward, step = _real_stacks(name)
+    loop = Loop((steps + 1) * (len(forward) + 1))
+    kept: list[int] = []
+    made_by: dict[int, tuple[Any, ...]] = {}
+    for _ in range(steps):
+        made = [loop.alloc(frames) for frames in forward]
+        made_by.update({a: _key(frames) for a, frames in zip(made, forward)})
+        for a in made:
+            if leak:
+                kept.append(a)
+            else:
+                loop.free(a)
+        loop.step(step)
+    again = {_key(frames) for frames in forward[:rerun]}
+    for frames in forward[:rerun]:
+        loop.alloc(frames)
+    return loop.fail(forward[rerun]), kept, {a for a in kept if made_by[a] in again}
+
+
+def _key(frames: list[dict[str, Any]]) -> tuple[Any, ...]:
+    return tuple((f["filename"], f["line"], f["name"]) for f in frames)
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_forward_tensors_kept_across_steps_are_found_with_exact_bytes(name: str) -> None:
+    snapshot, kept, reran = leaky_loop(name, leak=True)
+    assert replay(snapshot).check_invariants() == []                   # the loop's end state is its trace's
+    explanation = explain_oom(snapshot)
+    assert explanation.verdicts[0].verdict == "live_exhaustion"
+    index = int(explanation.ooms["index"].iloc[0])
+    blocks = attribute(snapshot, at=index).blocks
+    forward_made = blocks[blocks["category"].isin([*PER_FORWARD, "other"])]
+    expected = forward_made[forward_made["address"].isin(reran)]
+    assert int(expected["size"].sum()) >= len(reran) * Loop.size // 2     # most of the kept code is forward-made
+    found = explanation.verdicts[0].kept
+    assert found is not None
+    assert found.bytes == int(expected["size"].sum()) and found.blocks == len(expected)
+    assert found.steps == 3                                # made in the first step, outlived all three
+    assert {c for c, _ in found.categories} <= {*PER_FORWARD, "other"}
+    assert sum(n for _, n in found.categories) == found.bytes
+    # the step began where the program's optimizer wrapper first allocated in the last iteration
+    trace = snapshot.trace(0)
+    assert found.step_index < index and trace.size[found.step_index] == Loop.size
+    worded = oom_text.advice(explanation.verdicts[0], explanation.engine.name)
+    kept_words = [w for w in worded if w.startswith("keep no forward-pass tensors across training steps")]
+    assert len(kept_words) == 1 and f"before the training step at event {found.step_index:,}" in kept_words[0]
+    assert "the oldest outlived 3 steps" in kept_words[0] and "retain_graph=True" in kept_words[0]
+    item = type("Item", (), {"explanation": explanation, "rank": 0, "tag": "final", "path": "loop.pickle"})
+    doc = json.loads(json.dumps(oom_document([item], [], "loop.pickle")))
+    assert doc["snapshots"][0]["ooms"][0]["kept_across_step"]["bytes"] == found.bytes
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_a_loop_that_frees_its_forward_keeps_nothing(name: str) -> None:
+    snapshot, _, _ = leaky_loop(name, leak=False)
+    explanation = explain_oom(snapshot)
+    assert explanation.verdicts[0].verdict == "live_exhaustion" and explanation.verdicts[0].kept is None
+    assert not any(w.startswith("keep no forward-pass") for w in oom_text.advice(explanation.verdicts[0]))
+
+
+def test_tensors_waiting_across_another_optimizers_step_are_not_kept() -> None:
+    """A GAN step: the generator's forward runs, the discriminator steps, and the generator's tensors wait for
+    its own backward. Its code has not run again, so nothing is claimed."""
+    forward, step = _real_stacks(TRAINING[0])
+    generator, discriminator = forward[:30], forward[30:]
+    loop = Loop(200)
+    fake = [loop.alloc(frames) for frames in generator]                # netG(noise), saved for G's backward
+    for a in [loop.alloc(frames) for frames in discriminator]:          # netD(fake.detach()); D backward
+        loop.free(a)
+    loop.step(step)                                                     # optimizerD.step()
+    for frames in discriminator[:5]:                                    # netD(fake) for G's loss, then OOM
+        loop.alloc(frames)
+    snapshot = loop.fail(discriminator[5])
+    assert fake and explain_oom(snapshot).verdicts[0].kept is None
+
+
+@pytest.mark.parametrize("name", TRAINING + ["cs336-step-user-metadata-t2.11.pickle"])
+def test_no_instant_of_a_real_training_trace_claims_kept_tensors(name: str) -> None:
+    snapshot = load(REAL_DIR / name)
+    timeline = replay(snapshot)
+    n = len(timeline[0])
+    for index in range(0, n, n // 20):
+        blocks = attribute(snapshot, at=index, timeline=timeline).blocks
+        assert kept_across_step(snapshot, 0, index, blocks, PER_FORWARD) is None, index
+
+
+def test_a_category_of_ones_own_may_be_per_forward(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[categories]]\nname = "my_cache"\nper_forward = true\n')
+    assert load_rules(rules).categories["my_cache"].per_forward
+    rules.write_text('[[categories]]\nname = "my_cache"\nper_forward = "yes"\n')
+    from snapanalyze.errors import RulesError
+    with pytest.raises(RulesError, match="per_forward must be true or false"):
+        load_rules(rules)
