@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import BASE, SnapshotBuilder, write_pickle
+from conftest import BASE, REAL_FILES, SnapshotBuilder, write_pickle
 
 from snapanalyze import UsageError, attribute, find_peaks, load, replay, top_sites
 from snapanalyze.analyze.attribute import STAGES
@@ -625,3 +625,26 @@ def test_top_n_shows_n_sites_per_category() -> None:
     assert table.count("(12.00 MiB)") == 3 and "(768.00 KiB); (no frames) (48.00 KiB)" in table
     default = json.loads(CliRunner().invoke(main, ["attribute", path, "--format", "json"]).stdout)
     assert max(len(c["top_frames"]) for c in default["devices"][0]["categories"]) == 3
+
+
+def test_the_attribute_result_is_what_the_terminal_and_the_json_show() -> None:
+    """`attribution_result` is the command's one frozen, picklable result: its categories sum exactly to the
+    instant's active bytes, its JSON is `to_json()` (strict JSON) and the terminal renders the object itself."""
+    import pickle
+
+    from snapanalyze.analyze.attribute.compact import attribution_result
+    from snapanalyze.report.terminal import render_attribution
+    from snapanalyze.units import fmt_bytes
+
+    snapshot = load(REAL_FILES[0])
+    result = attribution_result(attribute(snapshot), explain=True, top=2)
+    assert pickle.loads(pickle.dumps(result)) == result
+    (device,) = result.devices
+    assert sum(c.bytes for c in device.categories) == device.active_bytes
+    assert all(len(c.top_frames) <= 2 for c in device.categories)
+    assert device.explain is not None and sum(e.bytes for e in device.explain) == device.active_bytes
+    doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
+    assert doc["devices"][0]["transient_bytes"] == device.active_bytes - device.baseline_active_bytes
+    assert [c["category"] for c in doc["devices"][0]["categories"]] == [c.category for c in device.categories]
+    text = render_attribution(result, top=2, explain=True)
+    assert fmt_bytes(device.categories[0].bytes) in text and "why (rule → frame, largest first):" in text

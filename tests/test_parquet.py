@@ -11,9 +11,9 @@ import pytest
 from conftest import BASE, SnapshotBuilder, write_pickle
 
 from snapanalyze import BadInputError, UsageError, attribute, load, replay
+from snapanalyze.analyze.attribute.compact import attribution_result
 from snapanalyze.analyze.peaks import peaks_of
 from snapanalyze.load.parquet import TABLE_COLUMNS, read_tables, write_tables
-from snapanalyze.report.documents import attribution_document
 
 GiB, MiB = 1 << 30, 1 << 20
 REAL = Path(__file__).parent.parent / "fixtures" / "real"
@@ -22,7 +22,7 @@ REAL = Path(__file__).parent.parent / "fixtures" / "real"
 def _answers(snapshot):
     timeline = replay(snapshot)
     peaks = peaks_of(timeline, top=5).to_json()
-    attributed = attribution_document(attribute(snapshot, timeline=timeline), explain=True)
+    attributed = attribution_result(attribute(snapshot, timeline=timeline), explain=True).to_json()
     for doc in (peaks, attributed):
         doc.pop("source")
     return peaks, attributed

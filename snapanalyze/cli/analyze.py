@@ -27,6 +27,7 @@ from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
 
 if TYPE_CHECKING:
+    from ..analyze.attribute.compact import AttributionResult
     from ..analyze.peaks import Peaks
     from ..analyze.summary import Summary
 
@@ -100,7 +101,8 @@ def summary(file: str, rank: int | None, tag: str | None, fmt: str) -> None:
 # -- attribute ------------------------------------------------------------------------------------------------
 
 def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | None, rules_file: str | None,
-               source: Any, explain: bool, csv: bool, rank_column: bool, top: int = 3) -> dict[str, Any]:
+               source: Any, explain: bool, csv: bool, rank_column: bool,
+               top: int = 3) -> AttributionResult | dict[str, str]:
     from ..session.inputs import open_input
 
     t = job.target
@@ -109,8 +111,9 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
     given = open_input(t.path, t.rank, t.tag, frames="allocations", source=source)  # only the stacks attribution reads
     snapshot = given.snapshot
     from ..analyze.attribute import attribute as attribute_blocks  # pandas after the raw objects are freed
+    from ..analyze.attribute.compact import attribution_result
     from ..analyze.phases import attribute_phase
-    from ..report.documents import attribution_document, blocks_csv
+    from ..report.documents import blocks_csv
 
     markers = given.markers
     step("attributing")
@@ -123,7 +126,7 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
         if rank_column:
             blocks = blocks.assign(rank=job.rank)[["rank", *blocks.columns]]
         return {"csv": blocks_csv(blocks)}
-    return attribution_document(result, explain=explain, top=top)
+    return attribution_result(result, explain=explain, top=top)
 
 
 @main.command()
@@ -155,8 +158,9 @@ def attribute(file: str, rank: int | None, tag: str | None, at: str, phase: str 
     with Progress() as progress:
         p, results = each(p, work, progress)
     if fmt == "csv":
-        texts = [r["csv"] for r in results]
+        texts = [r["csv"] for r in results if isinstance(r, dict)]
         click.echo(texts[0] + "".join(t.partition("\n")[2] for t in texts[1:]), nl=False)
         p.finish()
         return
-    emit(p, results, fmt, lambda r, width: render_attribution(r, top, explain, width))
+    typed = [r for r in results if not isinstance(r, dict)]      # without --format csv: every one
+    emit(p, typed, fmt, lambda r, width: render_attribution(r, top, explain, width))

@@ -1,19 +1,20 @@
-"""Terminal rendering of the analysis documents (the dicts of `documents`) as plain text.
+"""Terminal rendering of the typed results of summary, peaks and attribute as plain text.
 
-Contract: each `render_*` takes an analysis' result (its typed result, `Peaks`, `Summary`; else its
-JSON-ready document) and returns the text a person reads in a terminal;
+Contract: each `render_*` takes an analysis' result (its typed result: `Peaks`, `Summary`,
+`AttributionResult`) and returns the text a person reads in a terminal;
 `width` (the terminal's columns, None when piped) fits its tables into it (`text.table`). Nothing here
 analyses, prints or reads files.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import units
 from . import text
 
 if TYPE_CHECKING:
+    from ..analyze.attribute.compact import AttributionResult
     from ..analyze.peaks import DevicePeaks, Peaks
     from ..analyze.summary import Summary
 
@@ -91,32 +92,31 @@ def render_summary(f: Summary) -> str:
     return "\n".join(out)
 
 
-def render_attribution(doc: dict[str, Any], top: int, explain: bool, width: int | None = None) -> str:
-    out = [doc["source"]]
-    for d in doc["devices"]:
-        p = d["peak"]
-        where = "before the first event" if p["event_index"] < 0 else f"event {p['event_index']:,}"
-        out.append(f"\ndevice {d['device']} at the {d['instant']} ({where}"
-                   + (f", {units.fmt_time_us(p['time_us'])}" if p["time_us"] else "") + ")")
-        out.append(f"  active {units.fmt_bytes(p['active_bytes'])} = {units.fmt_bytes(d['baseline_active_bytes'])} "
-                   f"at {d['baseline']} + transient {units.fmt_bytes(d['transient_bytes'])};"
-                   f" reserved {units.fmt_bytes(p['reserved_bytes'])}"
-                   + (f"; made by request {d['request']!r}" if d["request"] else ""))
-        rows = [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_share(c["share"]), f"{c['blocks']:,}",
-                 text.inferred_share(c["inferred_bytes"], c["bytes"]),
+def render_attribution(result: AttributionResult, top: int, explain: bool, width: int | None = None) -> str:
+    out = [result.source]
+    for d in result.devices:
+        where = "before the first event" if d.event_index < 0 else f"event {d.event_index:,}"
+        out.append(f"\ndevice {d.device} at the {d.instant} ({where}"
+                   + (f", {units.fmt_time_us(d.time_us)}" if d.time_us else "") + ")")
+        out.append(f"  active {units.fmt_bytes(d.active_bytes)} = {units.fmt_bytes(d.baseline_active_bytes)} "
+                   f"at {d.baseline} + transient {units.fmt_bytes(d.transient_bytes)};"
+                   f" reserved {units.fmt_bytes(d.reserved_bytes)}"
+                   + (f"; made by request {d.request!r}" if d.request else ""))
+        rows = [[c.category, units.fmt_bytes(c.bytes), units.fmt_share(c.share), f"{c.blocks:,}",
+                 text.inferred_share(c.inferred_bytes, c.bytes),
                  "; ".join(f"{site} ({units.fmt_bytes(n)})" for site, n in
-                           zip(c["top_frames"][:top], c["top_frame_bytes"][:top]))] for c in d["categories"]]
+                           zip(c.top_frames[:top], c.top_frame_bytes[:top]))] for c in d.categories]
         out.append(text.table(["category", "bytes", "share", "blocks", "inferred", "top allocation sites"], rows,
                               right=[False, True, True, True, True, False], width=width))
         if explain:
             out.append("\n  why (rule → frame, largest first):")
-            for e in d["explain"]:
-                flag = " [inferred]" if e["inferred"] else ""
-                tags = f" tags={','.join(e['tags'])}" if e["tags"] else ""
-                out.append(f"  {units.fmt_bytes(e['bytes']):>10}  {e['category']}{tags} ← {e['rule']}{flag} "
-                           f"@ {e['frame'] or '(no frame)'}\n{'':14}{e['reason']}")
-    if any(c["inferred_bytes"] for d in doc["devices"] for c in d["categories"]):
+            for e in d.explain or ():
+                flag = " [inferred]" if e.inferred else ""
+                tags = f" tags={','.join(e.tags)}" if e.tags else ""
+                out.append(f"  {units.fmt_bytes(e.bytes):>10}  {e.category}{tags} ← {e.rule}{flag} "
+                           f"@ {e.frame or '(no frame)'}\n{'':14}{e.reason}")
+    if any(c.inferred_bytes for d in result.devices for c in d.categories):
         out.append(f"{text.INFERRED_LEGEND} (--explain shows the arithmetic)")
-    for note in doc["notes"]:
+    for note in result.notes:
         out.append(f"note: {note}")
     return "\n".join(out)

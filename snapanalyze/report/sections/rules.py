@@ -3,8 +3,10 @@ redacts), and the rule files the report used."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ...analyze.attribute.compact import rule_firings
 from ..context import Report
-from ..documents import explain_records
 from ..templating import render
 from .section import ORDER, Section
 
@@ -16,9 +18,8 @@ def rules_section(report: Report) -> Section | None:
         label = view.redactor.label
         for device in view.devices:
             for n, instant in enumerate(view.details.get(device, [])):
-                records = explain_records(view.attribution(device, instant.event_index), device)
-                for record in records:
-                    record["frame"] = label(record["frame"])
+                records = [replace(r, frame=label(r.frame))
+                           for r in rule_firings(view.attribution(device, instant.event_index), device)]
                 groups.append({"device": device, "heading": view.heading(device), "label": instant.label,
                                "open": n == 0, "records": records})
     if not groups:
