@@ -455,3 +455,56 @@ def test_the_terminal_renders_the_typed_result_the_json_serialises() -> None:
     assert doc["devices"][0]["whatif"]["changed"]["reserved_peak"] == changed.reserved_peak
     assert f"what if {changed.settings}:" in text and fmt_bytes(changed.reserved_peak) in text
     assert f"{device.replay.matched:,} of {device.replay.segment_events:,}" in text
+
+
+def test_settings_newer_than_the_files_torch_are_named() -> None:
+    """expandable segments and the list syntax of roundup_power2_divisions came in torch 2.1,
+    max_non_split_rounding_mb in 2.5; a what-if of a file an older torch wrote says so, certain where every
+    version its keys allow is older, and stays silent for settings that torch already had."""
+    from snapanalyze.analyze.allocator.settings import requirements
+    from snapanalyze.report.whatif_terminal import render_whatif
+
+    base = AllocatorSettings()
+    assert requirements(base, with_changes(base, ["max_split_size_mb:512"])) == ()
+    assert requirements(base, with_changes(base, ["roundup_power2_divisions:4"])) == ()
+    assert requirements(base, with_changes(base, ["expandable_segments:True,max_non_split_rounding_mb:64"])) == (
+        ("expandable_segments:True", (2, 1)), ("max_non_split_rounding_mb:64", (2, 5)))
+    assert requirements(base, with_changes(base, ["roundup_power2_divisions:[256:1,>:4]"]))[0][1] == (2, 1)
+
+    old = load(FIXTURES / "real" / "flexgen-oom-t2.0.pickle")          # legacy block history: torch <= 2.0
+    result = whatif(old, changes=["expandable_segments:True"])
+    (need,) = result.requires
+    assert (need.setting, need.since, need.file_torch, need.certain) == ("expandable_segments:True", "2.1", "2.0",
+                                                                         True)
+    assert json.loads(json.dumps(result.to_json()))["requires"][0]["since"] == "2.1"
+    assert ("note: expandable_segments:True needs torch ≥ 2.1; this file was written by torch 2.0 (inferred from "
+            "its keys): what follows is this program on torch ≥ 2.1") in render_whatif(result)
+    assert whatif(old, changes=["max_split_size_mb:512"]).requires == ()
+    new = load(FIXTURES / "real" / "cs336-step-user-metadata-t2.11.pickle")
+    assert whatif(new, changes=["expandable_segments:True"]).requires == ()
+
+
+def test_oom_advice_says_when_its_setting_needs_a_newer_torch() -> None:
+    """A fragmentation OOM in a file shaped as torch 2.0–2.1 wrote them (no time stamps, allocator settings,
+    annotations, compile context or user metadata): the expandable-segments advice says it needs 2.1, which the
+    file's torch may predate."""
+    from conftest import BASE, SnapshotBuilder
+
+    from snapanalyze.analyze.oom import explain_oom
+    from snapanalyze.load.columns import to_snapshot
+    from snapanalyze.report import oom_text
+
+    builder = SnapshotBuilder(times=False, allocator_settings=None)
+    builder.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated"), (6 * MiB, 6 * MiB, "inactive"),
+                           (4 * MiB, 4 * MiB, "active_allocated"), (6 * MiB, 6 * MiB, "inactive")])
+    builder.event("oom", None, 10 * MiB, device_free=1 * MiB)
+    raw = builder.build()
+    del raw["external_annotations"]
+    for entry in raw["device_traces"][0]:
+        del entry["compile_context"], entry["user_metadata"]
+    explanation = explain_oom(to_snapshot(raw, "old.pickle", "pickle"))
+    (verdict,) = explanation.verdicts
+    assert verdict.verdict == "fragmentation"
+    (words,) = [w for w in oom_text.advice(verdict) if w.startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments")]
+    assert ("(needs torch ≥ 2.1; this file was written by torch 2.0–2.1, inferred from its keys, which may be "
+            "older)") in words

@@ -399,6 +399,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
             advice.append(Advice("max_split", {"split_mb": max(20, 1 << (max(smallest, 1).bit_length() - 1)),
                                                "segments": len(splits),
                                                "free_bytes": int(splits["free_bytes"].sum())}))
+        advice = [_needing_torch(snapshot, a) for a in advice]
     else:
         found = [(v, name) for v, name in ((others, "other_processes"), (growth, "outside_growth"))
                  if v is not None and v >= shortfall and v > 0]
@@ -548,6 +549,17 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
 
 ALLOCATOR_ADVICE = {"expandable_segments": lambda x: "expandable_segments:True",
                     "max_split": lambda x: f"max_split_size_mb:{x['split_mb']}"}
+
+
+def _needing_torch(snapshot: Snapshot, a: Advice) -> Advice:
+    """An allocator setting's advice, with `needs_torch` (the release it appeared in, the file's inferred torch,
+    whether that is surely older) where the torch that wrote the file may not have it."""
+    from .allocator.settings import of_snapshot, with_changes
+    from .whatif import newer_torch_needed
+
+    recorded = of_snapshot(snapshot.allocator_settings)
+    needs = newer_torch_needed(snapshot, recorded, with_changes(recorded, [ALLOCATOR_ADVICE[a.kind](a.values)]))
+    return Advice(a.kind, {**a.values, "needs_torch": dataclasses.asdict(needs[0])}) if needs else a
 
 
 def _simulated(snapshot: Snapshot, timeline: Timeline, verdicts: list[OomVerdict]) -> list[OomVerdict]:

@@ -96,11 +96,17 @@ class Summary:
         return asdict(self)
 
 
-def _version_range(s: Snapshot) -> tuple[str, list[str]]:
+Version = tuple[int, int]
+NO_UPPER: Version = (9, 99)
+
+
+def torch_version_bounds(s: Snapshot) -> tuple[Version, Version | None, list[str]]:
+    """The oldest and newest torch (major, minor) that could have written the file (newest None: no bound), and
+    the evidence, from which keys it holds (always an inference). A bare segment list says nothing: (0, 0)–None."""
     f = s.format
     entry = set(f.entry_keys)
     has_entries = any(len(t) for t in s.traces.values())
-    lo, hi = (2, 0), (9, 99)
+    lo, hi = (2, 0), NO_UPPER
     evidence: list[str] = []
 
     def since(v: tuple[int, int], why: str) -> None:
@@ -116,7 +122,7 @@ def _version_range(s: Snapshot) -> tuple[str, list[str]]:
         evidence.append(f"{why} → ≤ {v[0]}.{v[1]}")
 
     if f.layout == "segment list":
-        return "≤ 1.13 or memory_snapshot() output", ["a bare list of segments (no trace)"]
+        return (0, 0), None, ["a bare list of segments (no trace)"]
     if f.legacy_block_history:
         until((2, 0), "blocks carry 'history' and no address")
     if "time_us" in entry:
@@ -147,13 +153,25 @@ def _version_range(s: Snapshot) -> tuple[str, list[str]]:
         since((2, 14), "pinned host segments or annotate entries")
     elif "pool_id" in entry:
         until((2, 13), "no host_segments")
-    if lo > hi:
-        return "unknown (contradictory fingerprint)", evidence
+    return lo, None if hi == NO_UPPER else hi, evidence
+
+
+def _version_range(s: Snapshot) -> tuple[str, list[str]]:
+    if s.format.layout == "segment list":
+        return "≤ 1.13 or memory_snapshot() output", ["a bare list of segments (no trace)"]
+    lo, hi, evidence = torch_version_bounds(s)
+    return version_text(lo, hi), evidence
+
+
+def version_text(lo: Version, hi: Version | None) -> str:
+    """"2.3–2.4", "2.0", "≥ 2.10", or "unknown (contradictory fingerprint)" when the bounds cross."""
+    if hi is not None and lo > hi:
+        return "unknown (contradictory fingerprint)"
     low = f"{lo[0]}.{lo[1]}"
-    if hi == (9, 99):
-        return f"≥ {low}", evidence
+    if hi is None:
+        return f"≥ {low}"
     high = f"{hi[0]}.{hi[1]}"
-    return (low if low == high else f"{low}–{high}"), evidence
+    return low if low == high else f"{low}–{high}"
 
 
 def _device_type(s: Snapshot) -> DeviceType:

@@ -8,8 +8,10 @@ reserved-but-unallocated bytes and the largest free block at it and each OOM ser
 recorded settings and under the changed ones on a device where PyTorch may reserve `capacity` bytes (given;
 else what the device's first OOM proves; else unbounded), valid up to the first instant where the program
 would have behaved differently. `total` is the device's memory (a memory fraction and an expandable
-segment's range are sized from it; default: the capacity). A snapshot without a trace (state only) has
-nothing to simulate: `traced` is False. `to_json()` is the command's JSON document.
+segment's range are sized from it; default: the capacity). `requires` names each change the torch that wrote the
+file may not have (expandable segments before 2.1, …): the prediction is then for the same program on a
+newer torch. A snapshot without a trace (state only) has nothing to simulate: `traced` is False. `to_json()`
+is the command's JSON document.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from ..model import Snapshot
 from ..replay import Timeline, replay
-from .allocator.settings import AllocatorSettings, of_snapshot, with_changes
+from .allocator.settings import AllocatorSettings, of_snapshot, requirements, with_changes
 from .allocator.state import SegmentEvent
 from .allocator.trace_replay import (
     DeviceReplay,
@@ -32,6 +34,7 @@ from .allocator.trace_replay import (
     start_state,
     whatif_device,
 )
+from .summary import torch_version_bounds, version_text
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,27 @@ class DeviceResult:
     device: int
     replay: DeviceReplay
     whatif: DeviceWhatIf | None
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A changed setting that needs a newer torch than the one that may have written the file."""
+
+    setting: str                       # as PYTORCH_ALLOC_CONF writes it
+    since: str                         # the torch release it appeared in
+    file_torch: str                    # the releases that could have written the file (inferred)
+    certain: bool                      # every one of them is older (else only some may be)
+
+
+def newer_torch_needed(snapshot: Snapshot, recorded: AllocatorSettings,
+                       changed: AllocatorSettings) -> tuple[Requirement, ...]:
+    """The changes the torch that wrote `snapshot` may not have (`allocator.settings.requirements` against
+    the file's inferred torch versions, `summary.torch_version_bounds`)."""
+    lo, hi, _ = torch_version_bounds(snapshot)
+    if hi is not None and lo > hi:                     # a contradictory fingerprint says nothing
+        return ()
+    return tuple(Requirement(setting, f"{since[0]}.{since[1]}", version_text(lo, hi), hi is not None and hi < since)
+                 for setting, since in requirements(recorded, changed) if lo < since)
 
 
 @dataclass(frozen=True)
@@ -50,10 +74,12 @@ class WhatIf:
     changed: AllocatorSettings | None
     traced: bool                       # the file holds a trace of allocations to simulate
     devices: tuple[DeviceResult, ...]
+    requires: tuple[Requirement, ...] = ()     # changes the torch that wrote the file may not have
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.source, "recorded_settings": self.recorded.conf(),
                 "settings": None if self.changed is None else self.changed.conf(), "traced": self.traced,
+                "requires": [dataclasses.asdict(r) for r in self.requires],
                 "devices": [_device_json(d) for d in self.devices]}
 
 
@@ -72,7 +98,8 @@ def whatif(snapshot: Snapshot, timeline: Timeline | None = None, changes: Sequen
         w = None if changed is None else whatif_device(snapshot, timeline, d, changed, capacity, total, start, same)
         results.append(DeviceResult(device=d, replay=r, whatif=w))
     return WhatIf(source=str(snapshot.source), recorded=recorded, changed=changed,
-                  traced=any(len(snapshot.trace(d)) for d in snapshot.devices), devices=tuple(results))
+                  traced=any(len(snapshot.trace(d)) for d in snapshot.devices), devices=tuple(results),
+                  requires=newer_torch_needed(snapshot, recorded, changed) if changed is not None else ())
 
 
 def _events(events: tuple[SegmentEvent, ...]) -> list[dict[str, Any]]:

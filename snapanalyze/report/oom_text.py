@@ -123,12 +123,12 @@ def _one(a: Advice, engine: str, request: int = 0) -> str:
     if a.kind == "expandable_segments":
         return (f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — {fmt_bytes(x['reserved_free_bytes'])} is "
                 f"reserved but free in holes of at most {fmt_bytes(x['largest_free_bytes'])}; expandable segments "
-                "grow one mapping instead of leaving holes between live blocks" + _simulated(x, request))
+                "grow one mapping instead of leaving holes between live blocks" + _needs(x) + _simulated(x, request))
     if a.kind == "max_split":
         return (f"max_split_size_mb:{x['split_mb']} — {fmt_count(x['segments'], 'large cached segment')} "
                 f"{'was' if x['segments'] == 1 else 'were'} split, leaving "
                 f"{fmt_bytes(x['free_bytes'])} free beside live blocks; blocks of at least that size are then never "
-                "split, so they can be released whole" + _simulated(x, request))
+                "split, so they can be released whole" + _needs(x) + _simulated(x, request))
     if a.kind == "isolate":
         return str(_entry(engine, "isolate"))
     if a.kind == "category":
@@ -148,6 +148,15 @@ def _one(a: Advice, engine: str, request: int = 0) -> str:
     if a.kind == "free_live":
         return f"free at least {fmt_bytes(x['bytes'])} of live memory before this allocation"
     raise ValueError(f"unknown advice kind {a.kind!r}")
+
+
+def _needs(x: Mapping[str, Any]) -> str:
+    """That the advised setting needs a newer torch than the one that may have written the file ("" if not)."""
+    n = x.get("needs_torch")
+    if not n:
+        return ""
+    return (f" (needs torch ≥ {n['since']}; this file was written by torch {n['file_torch']}, inferred from its keys"
+            + ("" if n["certain"] else ", which may be older") + ")")
 
 
 def _covers(saved: int, shortfall: int | None) -> str:

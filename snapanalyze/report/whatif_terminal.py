@@ -47,6 +47,10 @@ def render_whatif(result: WhatIf, width: int | None = None) -> str:
                      "Record with torch.cuda.memory._record_memory_history() to get one.")
         return "\n".join(lines)
     lines.append(f"  recorded settings: {result.recorded.conf() or 'defaults'}")
+    for r in result.requires:
+        lines.append(f"  note: {r.setting} needs torch ≥ {r.since}; this file was written by torch {r.file_torch} "
+                     f"(inferred from its keys){'' if r.certain else ', which may be older'}: what follows is "
+                     f"this program on torch ≥ {r.since}")
     for d in result.devices:
         lines += ["", f"device {d.device}"]
         lines += _replay(d.replay)

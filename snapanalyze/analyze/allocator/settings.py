@@ -36,6 +36,11 @@ ROUND_LARGE = 2 * MiB           # kRoundLarge: larger segments are rounded up to
 SIZE_MAX = (1 << 64) - 1        # max_split_size unset: every block may be split
 INTERVALS = 16                  # roundup_power2_divisions: one interval per power of two from 1 MiB to 32 GiB+
 
+# The torch release a setting (or its syntax) first appeared in, as the module docstring says; the other
+# settings predate torch 2.0. A what-if of a file written by an older torch holds for the same program on
+# this release or later (`requirements`).
+SINCE = {"expandable_segments": (2, 1), "max_non_split_rounding_mb": (2, 5), "roundup_power2_divisions list": (2, 1)}
+
 # `--set` keys (as PYTORCH_ALLOC_CONF spells them) → the field they set
 KEYS = ("expandable_segments", "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
         "garbage_collection_threshold", "per_process_memory_fraction")
@@ -91,6 +96,21 @@ class AllocatorSettings:
         if self.memory_fraction is not None:
             parts.append(f"per_process_memory_fraction:{self.memory_fraction:g}")
         return ",".join(parts)
+
+
+def requirements(recorded: AllocatorSettings, changed: AllocatorSettings) -> tuple[tuple[str, tuple[int, int]], ...]:
+    """The changes from `recorded` to `changed` that need a torch release newer than 2.0: (the change as
+    PYTORCH_ALLOC_CONF writes it, the release it appeared in)."""
+    out = []
+    if changed.expandable_segments and not recorded.expandable_segments:
+        out.append(("expandable_segments:True", SINCE["expandable_segments"]))
+    if changed.max_non_split_rounding_size != recorded.max_non_split_rounding_size:
+        out.append((f"max_non_split_rounding_mb:{changed.max_non_split_rounding_size // MiB}",
+                    SINCE["max_non_split_rounding_mb"]))
+    divisions = changed.roundup_power2_divisions
+    if divisions != recorded.roundup_power2_divisions and len(set(divisions)) > 1:
+        out.append((f"roundup_power2_divisions:{_divisions_text(divisions)}", SINCE["roundup_power2_divisions list"]))
+    return tuple(out)
 
 
 def _interval(size: int) -> int:
