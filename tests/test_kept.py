@@ -66,10 +66,13 @@ class Loop:
     def step(self, frames: list[dict[str, Any]]) -> None:
         self.free(self.alloc(frames), frames)
 
-    def fail(self, frames: list[dict[str, Any]]) -> Any:
-        """An OOM asking for the whole segment, then the end state: live blocks, free runs merged (as the
-        allocator merges them)."""
-        self.b.event("oom", None, self.total, device_free=MiB, frames=frames)
+    def fail(self, frames: list[dict[str, Any]], oom: bool = True) -> Any:
+        """An OOM asking for the whole segment (or, without `oom`, an allocation), then the end state: live
+        blocks, free runs merged (as the allocator merges them)."""
+        if oom:
+            self.b.event("oom", None, self.total, device_free=MiB, frames=frames)
+        else:
+            self.alloc(frames)
         blocks: list[tuple[int, int, str]] = []
         for on in self.live.values():
             if not on and blocks and blocks[-1][2] == "inactive":
@@ -83,7 +86,8 @@ class Loop:
         return to_snapshot(self.b.build(), "loop.pickle", "pickle")
 
 
-def leaky_loop(name: str, leak: bool, steps: int = 3, rerun: int = 10) -> tuple[Any, list[int], set[int]]:
+def leaky_loop(name: str, leak: bool, steps: int = 3, rerun: int = 10,
+               oom: bool = True) -> tuple[Any, list[int], set[int]]:
     """`steps` iterations (forward, backward freeing the forward's tensors unless `leak`, optimizer step), then
     `rerun` allocations of the next forward and an OOM. Returns the snapshot, the addresses kept across a step
     and those whose code ran again after the last step."""
@@ -103,7 +107,7 @@ def leaky_loop(name: str, leak: bool, steps: int = 3, rerun: int = 10) -> tuple[
     again = {_key(frames) for frames in forward[:rerun]}
     for frames in forward[:rerun]:
         loop.alloc(frames)
-    return loop.fail(forward[rerun]), kept, {a for a in kept if made_by[a] in again}
+    return loop.fail(forward[rerun], oom), kept, {a for a in kept if made_by[a] in again}
 
 
 def _key(frames: list[dict[str, Any]]) -> tuple[Any, ...]:
@@ -181,3 +185,18 @@ def test_a_category_of_ones_own_may_be_per_forward(tmp_path: Path) -> None:
     from snapanalyze.errors import RulesError
     with pytest.raises(RulesError, match="per_forward must be true or false"):
         load_rules(rules)
+
+
+def test_the_report_says_it_at_the_peak_and_at_the_failure_with_paths_redacted() -> None:
+    """Without an OOM the verdict's "To lower the peak" leads with the kept tensors; with one, the OOM section's
+    advice names them; with --redact-paths the site's path is redacted there too."""
+    from snapanalyze.report.html import build_report
+
+    snapshot, _, _ = leaky_loop(TRAINING[0], leak=True, oom=False)
+    page = build_report(snapshot, samples=4)
+    lower = page[page.index("To lower the peak"):]
+    assert "keep no forward-pass tensors across training steps" in lower[:3000]
+    assert "are still live at the peak" in lower[:3000] and "cs336_basics/model.py" in lower[:3000]
+    redacted = build_report(leaky_loop(TRAINING[0], leak=True)[0], samples=4, redact_paths=True)
+    words = redacted[redacted.index("keep no forward-pass tensors"):][:1500]
+    assert "are still live at the failure" in words and "cs336-basics/" not in words and "model.py" in words

@@ -42,6 +42,7 @@ import pandas as pd
 from .. import layout
 from ..analyze.attribute import Attribution
 from ..analyze.diff import Diff, diff
+from ..analyze.kept import KeptAcrossStep, kept_across_step
 from ..analyze.oom import OomExplanation, explain_oom
 from ..analyze.outside import join_samples, outside_at_peaks
 from ..analyze.over_time import COLUMNS as OVER_TIME_COLUMNS
@@ -157,6 +158,7 @@ class RankView:
     joined: dict[int, pd.DataFrame] = field(default_factory=dict)   # per device: join_samples of its NVML
     given_capacity: int | None = None          # device memory the user gave (--capacity), for every device
     segment_maps: dict[tuple[int, int], SegmentMap] = field(default_factory=dict)   # (device, event index)
+    kept: dict[int, KeptAcrossStep] = field(default_factory=dict)   # per device: kept across a step at `main`
 
     def capacity(self, device: int) -> tuple[int | None, str]:
         """Device memory in bytes and where it came from: given, else the run's NVML/meta.json, else unknown."""
@@ -294,6 +296,14 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
         if details[d]:
             index = details[d][0].event_index
             maps.setdefault((d, index), segment_map(snapshot, timeline, d, index))
+    per_forward = [c.name for c in rules.categories.values() if c.per_forward]
+    kept = {}
+    for d in devices:
+        if details[d]:
+            index = details[d][0].event_index
+            found = kept_across_step(snapshot, d, index, cache.at(d, index).blocks, per_forward)
+            if found is not None:
+                kept[d] = found
     outside = None
     joined: dict[int, pd.DataFrame] = {}
     if nvml is not None:
@@ -305,7 +315,7 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
                          redactor=Redactor(snapshot, enabled=options.redact_paths), inputs=dict(inputs or {}),
                          phases=phases, oom=oom, rank=rank, outside=outside, joined=joined,
                          given_capacity=options.capacity,
-                         segment_maps=maps)
+                         segment_maps=maps, kept=kept)
 
 
 def _capacity(given: int | None, rank: RankInfo | None, device: int) -> tuple[int | None, str]:

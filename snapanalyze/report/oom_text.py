@@ -14,7 +14,7 @@ a vLLM knob is only ever named for a vLLM program. Bytes are in binary units; an
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import tomldata
@@ -118,7 +118,7 @@ def peak_advice(category: str | None, engine: str = "pytorch", live: Sequence[st
     return [f"for {name}, {category_advice(name, engine)}" for name in names]
 
 
-def _one(a: Advice, engine: str, request: int = 0) -> str:
+def _one(a: Advice, engine: str, request: int = 0, label: Callable[[str], str] = str) -> str:
     x = a.values
     if a.kind == "expandable_segments":
         return (f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — {fmt_bytes(x['reserved_free_bytes'])} is "
@@ -137,17 +137,22 @@ def _one(a: Advice, engine: str, request: int = 0) -> str:
         where = "allocated in the trace window and live at the failure" if x["in_window"] else "live at the failure"
         return f"{text} — {name} holds {fmt_bytes(x['bytes'])} {where}{_covers(x['bytes'], x.get('shortfall'))}"
     if a.kind == "kept":
-        made = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in x["categories"])
-        site = f"; most by {x['site']}" if x["site"] else ""
-        return ("keep no forward-pass tensors across training steps (keep .item() or .detach() of what you log) — "
-                f"{fmt_bytes(x['bytes'])} made by forward passes before the training step at event "
-                f"{x['step_index']:,} ({made}{site}) are still live at the failure although that code has run again "
-                f"since (the oldest outlived {fmt_count(x['steps'], 'step')}): a loss or output summed or stored "
-                "without .item() / .detach(), or backward(retain_graph=True), keeps them or their graph"
-                + _covers(x["bytes"], x.get("shortfall")))
+        return kept_words(x, "at the failure", label) + _covers(x["bytes"], x.get("shortfall"))
     if a.kind == "free_live":
         return f"free at least {fmt_bytes(x['bytes'])} of live memory before this allocation"
     raise ValueError(f"unknown advice kind {a.kind!r}")
+
+
+def kept_words(x: Mapping[str, Any], at: str, label: Callable[[str], str] = str) -> str:
+    """What to change when forward-pass tensors outlived training steps (`analyze.kept.KeptAcrossStep`'s
+    fields), live `at` ("at the failure", "at the peak"); `label` shows the site's frame label."""
+    made = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in x["categories"])
+    site = f"; most by {label(x['site'])}" if x["site"] else ""
+    return ("keep no forward-pass tensors across training steps (keep .item() or .detach() of what you log) — "
+            f"{fmt_bytes(x['bytes'])} made by forward passes before the training step at event "
+            f"{x['step_index']:,} ({made}{site}) are still live {at} although that code has run again since "
+            f"(the oldest outlived {fmt_count(x['steps'], 'step')}): a loss or output summed or stored without "
+            ".item() / .detach(), or backward(retain_graph=True), keeps them or their graph")
 
 
 def _needs(x: Mapping[str, Any]) -> str:
@@ -186,9 +191,10 @@ def _simulated(x: Mapping[str, Any], request: int) -> str:
             f"block {fmt_bytes(sim['largest_free'])}, reserved {fmt_bytes(sim['reserved'])}{unsure}")
 
 
-def advice(v: OomVerdict, engine: str = "pytorch") -> list[str]:
-    """What would have helped, in the verdict's order, in the words of `engine`."""
-    return [_one(a, engine, v.request_bytes) for a in v.advice]
+def advice(v: OomVerdict, engine: str = "pytorch", label: Callable[[str], str] = str) -> list[str]:
+    """What would have helped, in the verdict's order, in the words of `engine`; `label` shows a frame label
+    (the report redacts its path)."""
+    return [_one(a, engine, v.request_bytes, label) for a in v.advice]
 
 
 def no_oom_message(n: NoOom) -> str:

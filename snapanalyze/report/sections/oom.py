@@ -70,7 +70,7 @@ def oom_section(report: Report) -> Section | None:
         for (_, row), oom in zip(view.oom.ooms.iterrows(), view.oom.verdicts):
             o = _plain_row(row)
             device, index = int(o["device"]), int(o["index"])
-            why, advice = oom_text.why(oom), oom_text.advice(oom, engine_of(view).name)
+            why, advice = oom_text.why(oom), oom_text.advice(oom, engine_of(view).name, view.redactor.label)
             if device not in view.devices:
                 continue
             when = when_in_window(view, device, index)

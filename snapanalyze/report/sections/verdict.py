@@ -5,6 +5,7 @@ below it with the other sections' verdict sentences."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,11 +277,15 @@ def verdict_section(report: Report) -> Section | None:
     advice: list[str] = []
     title = ""
     if engine is not None and ooms:
-        advice, title = oom_text.advice(ooms[0].verdict, engine.name)[:2], "What would have helped"
+        advice = oom_text.advice(ooms[0].verdict, engine.name, ooms[0].view.redactor.label)[:2]
+        title = "What would have helped"
     elif engine is not None and peaks:
         device_live = [r["category"] for v, d in peaks if v is view
                        for r in category_rows(v, d, v.main(d).event_index) if r["bytes"] > 0]
-        advice, title = oom_text.peak_advice(owner, engine.name, device_live), "To lower the peak"
+        kept = [v.kept[d] for v, d in peaks if v is view and d in v.kept]
+        advice = [oom_text.kept_words(dataclasses.asdict(k), "at the peak", view.redactor.label) for k in kept[:1]]
+        advice += oom_text.peak_advice(owner, engine.name, device_live)
+        title = "To lower the peak"
     details: list[str] = []
     for v, device in peaks:
         details += peak_sentences(v, v.main(device))
