@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from snapanalyze.cli import main
 from snapanalyze.errors import BadInputError
 from snapanalyze.load.engine_log import check_patterns, parse_engine_log, read_engine_log
+from snapanalyze.units import fmt_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = json.loads((ROOT / "fixtures" / "engine_logs" / "real_lines.json").read_text())
@@ -301,3 +302,60 @@ def test_the_sglang_recipe_reads_what_sglangs_profiler_writes(tmp_path: Path) ->
         "fits", "fits", "fits", "exceeds_device"]
     assert [s["over_device_bytes"] for s in got["shapes"]] == [s["over_device_bytes"] for s in want["shapes"]]
     assert got["settings"] == want["settings"]
+
+
+def _run_with_nvml(tmp_path: Path, snapshot_file: Path, outside: int, total: int) -> tuple[Path, int, int]:
+    """`snapshot_file` as rank 0 of a run whose NVML samples see `outside` bytes beyond the allocator's reserved
+    bytes (the peak's reserved from the replay) throughout, one sample inside the peak's hold. Returns the run,
+    the peak's reserved bytes and the number of samples."""
+    import pyarrow as pa
+
+    from snapanalyze import layout, load, replay
+    from snapanalyze import schema as schemas
+    from snapanalyze.analyze.peaks import peaks_of
+
+    rank = tmp_path / "run" / "rank=0"
+    rank.mkdir(parents=True)
+    (rank / "snapshot-final.pickle").write_bytes(snapshot_file.read_bytes())
+    timeline = replay(load(snapshot_file))
+    (device,) = peaks_of(timeline, top=1).devices
+    peak = device.peaks[0]
+    assert peak.time_us is not None and peak.duration_us is not None and peak.duration_us > 1
+    dt = timeline[int(device.device)]
+    times = [int(dt.time_us[0]), peak.time_us + peak.duration_us // 2, int(dt.time_us[-1])]
+    reserved = [dt.reserved_at(int(i)) for i in dt.time_us.searchsorted(times, side="right") - 1]
+    rows = [{"time_us": t, "device": int(device.device), "used_bytes": r + outside, "free_bytes": total - r - outside,
+             "total_bytes": total, "process_used_bytes": r + outside, "other_processes_used_bytes": 0,
+             "torch_allocated_bytes": None, "torch_reserved_bytes": r} for t, r in zip(times, reserved)]
+    schemas.write_table(pa.Table.from_pylist(rows, schema=schemas.NVML_SCHEMA), rank / layout.nvml_part_name(1),
+                        schema=schemas.NVML_SCHEMA)
+    return tmp_path / "run", peak.reserved_bytes, len(rows)
+
+
+def test_memory_outside_the_allocator_from_nvml_against_what_the_budget_leaves_for_it(tmp_path: Path) -> None:
+    """A run whose NVML samples see 3 GiB outside the allocator (NCCL buffers at TP > 1, say) where vLLM's log
+    budgets 420 MiB of non-torch memory: the shape says by how much the budget missed it, measured inside the
+    peak, and the device check uses what NVML saw (reserved + outside against the total), not the budgeted
+    capacity: 4.11 GiB of margin by the budget, 1.52 GiB by NVML."""
+    total, outside = 80 * GiB, 3 * GiB
+    run_dir, reserved, _ = _run_with_nvml(tmp_path, VLLM / "run-02.pickle", outside, total)
+    log = str(VLLM / "vllm.log")
+    plain = _budget(str(VLLM / "run-02.pickle"), "--shape-from", "none", "--engine-log", log, "--total", "80GiB")
+    doc = _budget(str(run_dir), "--shape-from", "none", "--engine-log", log, "--total", "80GiB")
+    (shape,), (before,) = doc["shapes"], plain["shapes"]
+    budget_outside = total - doc["budget"]["capacity"]["bytes"]          # what the budget leaves outside
+    assert before["outside_bytes"] is None and before["outside_over_bytes"] is None
+    assert shape["outside_bytes"] == outside and shape["outside_measured"] is True
+    assert shape["outside_over_bytes"] == outside - budget_outside > 0
+    assert shape["reserved_bytes"] == reserved == before["reserved_bytes"]
+    assert shape["over_device_bytes"] == reserved + outside - total < 0 and shape["verdict"] == "fits"
+    assert before["over_device_bytes"] == reserved - doc["budget"]["capacity"]["bytes"]
+    assert "outside_not_budgeted" in doc["notes"] and "outside_not_budgeted" not in plain["notes"]
+    text = run("budget", str(run_dir), "--shape-from", "none", "--engine-log", log, "--total", "80GiB").output
+    assert "outside the allocator at each peak (NVML)" in text and "3.00 GiB (measured)" in text
+    assert f"+{fmt_bytes(outside - budget_outside)} against the budget" in text
+    page = tmp_path / "report.html"
+    assert run("report", str(run_dir), "--engine-log", log, "--capacity", "80GiB", "-o", str(page)).exit_code == 0
+    html = page.read_text()
+    assert "outside the allocator (NVML)" in html
+    assert f"3.00\u00a0GiB (+{fmt_bytes(outside - budget_outside)} vs budget)".replace(" GiB", "\u00a0GiB") in html

@@ -22,7 +22,12 @@ live before the forward pass began and stays: the bytes live when the window beg
 The forward pass is the peak above it (allocated bytes), split by category. Per shape: against the engine's
 own budget (vLLM: the forward pass's allocated bytes against its activation peak; SGLang: the reserved
 bytes against its capacity, which is its budget), against the device (reserved bytes at the peak against
-`capacity`), by how much, and whether within the log's precision. `Setting`s are what would make every
+`capacity`), by how much, and whether within the log's precision. Where the input is a run with NVML
+samples, the memory outside the allocator at each peak is measured (NVML used − reserved: CUDA context, NCCL,
+libraries, other processes) and set against what the budget leaves outside the allocator (total − capacity:
+vLLM's non-torch figure): the excess (`outside_over_bytes`; NCCL at TP > 1, another process, a library's
+workspace) is what the engine did not budget, and the device check then uses what NVML saw (reserved +
+outside against the total; proven when a sample fell inside the peak). `Setting`s are what would make every
 measured shape fit: for vLLM gpu_memory_utilization, kv_cache_memory (the KV pool given directly) and
 max_num_batched_tokens; for SGLang mem_fraction_static and chunked_prefill_size; each with the KV pool and
 tokens it leaves (from the log's pool size per token) and, for a shape limit, the capacity fit's answer
@@ -100,6 +105,9 @@ class ShapeCheck:
     device_known: bool                  # False: capacity is an upper bound, so "fits" is not proven
     uncertain: bool                     # the verdict is within the log's precision
     categories: tuple[tuple[str, int], ...]   # the forward pass's categories at the peak, largest first
+    outside_bytes: int | None = None    # memory outside the allocator at the peak, from the rank's NVML samples
+    outside_measured: bool = False      # an NVML sample fell while the peak held (else the nearest samples)
+    outside_over_bytes: int | None = None   # outside − what the budget leaves outside the allocator (> 0: missed)
 
     @property
     def verdict(self) -> str:
@@ -290,6 +298,7 @@ def _shape_checks(budget: Budget, sweep: Sweep) -> list[ShapeCheck]:
     out = []
     vllm = budget.engine == "vllm"
     allowed, capacity = budget.activation.bytes, budget.capacity.bytes
+    total = budget.part("total").bytes
     precision = max(budget.activation.precision, budget.capacity.precision)
     for row in sweep.shapes.to_dict("records"):
         mine = cats[cats["label"] == row["label"]]
@@ -307,11 +316,18 @@ def _shape_checks(budget: Budget, sweep: Sweep) -> list[ShapeCheck]:
         if vllm:
             over_budget = None if allowed is None else activation - allowed
         else:
-            over_budget = over_device
+            over_budget = over_device                       # SGLang's budget is the allocator's capacity
+        outside = None if pd.isna(row.get("outside_bytes", pd.NA)) else int(row["outside_bytes"])
+        outside_over = None if outside is None or capacity is None or total is None else outside - (total - capacity)
+        device_known = budget.capacity_exact
+        if outside is not None and total is not None:       # the device as NVML saw it, not as budgeted
+            over_device = reserved + outside - total
+            device_known = device_known or bool(row.get("outside_measured", False))
         uncertain = any(v is not None and abs(v) <= precision for v in (over_budget, over_device))
         forward = sorted(((c, b) for c, b in parts.items() if b > 0), key=lambda cb: (-cb[1], cb[0]))
         out.append(ShapeCheck(str(row["label"]), _shape(row), peak, reserved, steady, activation, reserved - peak,
-                              over_budget, over_device, budget.capacity_exact, uncertain, tuple(forward)))
+                              over_budget, over_device, device_known, uncertain, tuple(forward), outside,
+                              bool(row.get("outside_measured", False)), outside_over))
     return out
 
 
@@ -374,5 +390,7 @@ def check_budget(budget: Budget, sweep: Sweep, cap: Capacity | None = None) -> B
         limit = max_driver_value(cap, float(budget.capacity.bytes) - _offset(cap))
     if budget.engine == "vllm" and any(s.fragmentation_bytes > 0 for s in shapes):
         notes.append("fragmentation_not_budgeted")
+    if any(s.outside_over_bytes is not None and s.outside_over_bytes > 0 for s in shapes):
+        notes.append("outside_not_budgeted")
     return BudgetCheck(budget, tuple(shapes), tuple(_settings(budget, cap, shapes, limit)), limit,
                        None if cap is None else cap.driver, tuple(notes))

@@ -33,8 +33,9 @@ import pandas as pd
 from ..batch_shape import SHAPE_KEYS, attrs_shape, shape_from_filename
 from ..errors import UsageError
 from ..model import Snapshot
-from ..replay import Timeline, replay
+from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import attribute, label_lifetimes
+from .outside import join_samples, outside_at_instant
 from .phases import phase_spans, window_bounds, window_peak
 from .rules import RuleSet, load_rules
 
@@ -44,7 +45,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {"attention_related": ("attention", "fall
 
 SHAPE_COLUMNS = ["label", "source", "phase", "device", *SHAPE_KEYS]
 MEASURE_COLUMNS = ["first_index", "last_index", "peak_event_index", "peak_time_us", "baseline_bytes", "peak_bytes",
-                   "transient_bytes", "reserved_bytes", "max_reserved_bytes"]
+                   "transient_bytes", "reserved_bytes", "max_reserved_bytes", "outside_bytes", "outside_measured"]
 CATEGORY_COLUMNS = ["label", "target", "kind", "baseline_bytes", "peak_bytes", "transient_bytes", "max_bytes"]
 LEVEL_COLUMNS = ["target", "baseline_bytes", "transient_bytes", "max_bytes"]
 
@@ -59,6 +60,7 @@ class SweepPoint:
     snapshot: Snapshot
     window: tuple[int | None, int | None] = (None, None)
     phase: str | None = None
+    nvml: pd.DataFrame | None = None        # the rank's NVML samples (a run's input), for memory outside
 
 
 
@@ -248,6 +250,7 @@ def measure_points(points: Sequence[SweepPoint], rules: RuleSet | None = None, d
             "baseline_bytes": peak["baseline_active_bytes"], "peak_bytes": peak["active_bytes"],
             "transient_bytes": peak["transient_bytes"], "reserved_bytes": peak["reserved_bytes"],
             "max_reserved_bytes": int(max(np.max(reserved, initial=0), dt.reserved_at(first - 1))),
+            **_outside(dt, int(index), pt.nvml),
         }
         cat_rows = []
         seen = set()
@@ -267,6 +270,20 @@ def measure_points(points: Sequence[SweepPoint], rules: RuleSet | None = None, d
     return out
 
 
+def _outside(dt: DeviceTimeline, index: int, nvml: pd.DataFrame | None) -> dict[str, Any]:
+    """Memory outside the allocator at the peak from the rank's NVML samples (everything on the device beyond
+    the allocator's reserved bytes: CUDA context, NCCL, libraries, other processes): `outside_bytes` (None: no
+    sample near it), `outside_measured` (a sample fell while the peak held)."""
+    if nvml is None or not len(nvml) or index < 0:
+        return {"outside_bytes": None, "outside_measured": False}
+    later = np.flatnonzero(dt.active[index + 1:] != dt.active[index])
+    until = dt.time_at(index + 1 + int(later[0])) if len(later) else None
+    start = dt.time_at(index)
+    held = until - start if until is not None and start is not None else None
+    at = outside_at_instant(dt, join_samples(dt, nvml), index, held)
+    return {"outside_bytes": at["outside_bytes"], "outside_measured": bool(at["nvml_used_measured"])}
+
+
 def assemble_sweep(measured: Sequence[MeasuredPoint], points: Sequence[SweepPoint] | None = None) -> Sweep:
     """The Sweep of points measured (in the order given, each row labelled with its point's label, which
     `order_points` may have made unique); `points`: the same points with their snapshots, when here."""
@@ -282,6 +299,8 @@ def assemble_sweep(measured: Sequence[MeasuredPoint], points: Sequence[SweepPoin
     for k in SHAPE_KEYS:
         shapes[k] = shapes[k].astype("Int64")
     shapes["peak_time_us"] = shapes["peak_time_us"].astype("Int64")
+    shapes["outside_bytes"] = shapes["outside_bytes"].astype("Int64")
+    shapes["outside_measured"] = shapes["outside_measured"].astype(bool)
     kept: tuple[SweepPoint, ...] | tuple[MeasuredPoint, ...] = tuple(points) if points is not None else tuple(measured)
     return Sweep(points=kept, shapes=shapes,
                  categories=pd.DataFrame(cat_rows, columns=CATEGORY_COLUMNS), notes=())

@@ -297,6 +297,19 @@ def choose_snapshots(found: list[RunEntry], dirs: dict[int, Path], path: str | P
     return chosen, problems
 
 
+def nvml_for(path: str | Path, rank: int | None = None, tag: str | None = None) -> pd.DataFrame:
+    """The NVML samples of the rank whose snapshot `load(path, rank, tag)` reads (empty for a file outside a
+    run)."""
+    p = Path(path)
+    target = runs.resolve(p, rank, tag) if p.is_dir() else p
+    found = layout.rank_dir_of(target)
+    if found is None:
+        return empty_nvml()
+    owner = layout.parse_rank_dir(found)
+    assert owner is not None
+    return read_nvml(found, owner)
+
+
 def markers_for(path: str | Path, rank: int | None = None, tag: str | None = None) -> pd.DataFrame:
     """The markers of the rank whose snapshot `load(path, rank, tag)` reads (empty for a file outside a run)."""
     p = Path(path)

@@ -28,6 +28,9 @@ NOTES = {
                          "the whole total for the allocator, so it can prove an OOM but not a fit",
     "fragmentation_not_budgeted": "vLLM budgets allocated bytes; the reserved-but-unallocated bytes at each peak "
                                   "(fragmentation) come out of the memory left outside gpu_memory_utilization",
+    "outside_not_budgeted": "NVML saw more memory outside the allocator at a peak than the budget leaves for it "
+                            "(NCCL buffers at TP > 1, another process, a library's workspace): the device check "
+                            "uses what NVML saw",
 }
 
 
@@ -110,6 +113,18 @@ def render_budget(doc: dict[str, Any], explain: bool = False, width: int | None 
             made = ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in s["categories"][:4])
             out.append(f"  {s['label']}: the forward pass is {made}"
                        + (f"; fragmentation {fmt_bytes(s['fragmentation_bytes'])}" if s["fragmentation_bytes"] else ""))
+    outside = [s for s in doc["shapes"] if s["outside_bytes"] is not None]
+    if outside:
+        total = next((p["bytes"] for p in b["parts"] if p["name"] == "total"), None)
+        room = None if total is None or cap["bytes"] is None else total - cap["bytes"]
+        out.append("\noutside the allocator at each peak (NVML): "
+                   + ("" if room is None else f"the budget leaves {fmt_bytes(room)} for it (total − the allocator's "
+                                              "capacity)"))
+        for s in outside:
+            how = "measured" if s["outside_measured"] else "estimated from the samples around the peak"
+            over = s["outside_over_bytes"]
+            out.append(f"  {s['label']}: {fmt_bytes(s['outside_bytes'])} ({how})"
+                       + ("" if over is None else f", {signed(over)} against the budget"))
     limit = doc["limit"]
     if limit is not None and doc["driver"]:
         if limit["max_x"] is not None:

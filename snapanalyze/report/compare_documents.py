@@ -113,7 +113,8 @@ def capacity_document(cap: Capacity, contract: Contract | None = None) -> dict[s
     cats = cap.sweep.categories
     extra = [c for c in shapes.columns if c not in ("label", "source", "phase", "device", *SHAPE_KEYS)
              and c not in ("first_index", "last_index", "peak_event_index", "peak_time_us", "baseline_bytes",
-                           "peak_bytes", "transient_bytes", "reserved_bytes", "max_reserved_bytes")]
+                           "peak_bytes", "transient_bytes", "reserved_bytes", "max_reserved_bytes",
+                           "outside_bytes", "outside_measured")]
     points = []
     for r in shapes.to_dict("records"):
         mine = cats[cats["label"] == r["label"]]

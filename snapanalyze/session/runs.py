@@ -55,6 +55,7 @@ from ..load.samples import (
     choose_snapshots,
     empty_nvml,
     markers_for,
+    nvml_for,
     rank_directories,
     rank_of,
     read_run,
@@ -408,9 +409,11 @@ def _sweep_inputs(inputs: Sequence[str], shape_from: str, rank: int | None, tag:
 def input_points(item: SweepInput) -> list[SweepPoint]:
     """The points of one input, loaded: the input itself with its shape, or its shaped phases."""
     snapshot = load(item.path, item.rank, item.tag, source=item.source)
+    nvml = nvml_for(item.path, item.rank, item.tag)
     if item.shape is not None:
-        return [SweepPoint(item.label, item.path, item.shape, snapshot)]
-    found = points_from_phases(item.label, item.path, snapshot, markers_for(item.path, item.rank, item.tag))
+        return [SweepPoint(item.label, item.path, item.shape, snapshot, nvml=nvml)]
+    found = [dataclasses.replace(pt, nvml=nvml) for pt in
+             points_from_phases(item.label, item.path, snapshot, markers_for(item.path, item.rank, item.tag))]
     if not found:
         raise UsageError(f"{item.path}: no phase with a shape (markers.parquet phases need attrs such as "
                          "tokens=…; record_function spans need it in their name, e.g. 'prefill tokens=4096')")

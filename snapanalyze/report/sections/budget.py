@@ -32,14 +32,25 @@ def budget_body(doc: dict[str, Any], source: str) -> Markup:
     shapes = [{"label": s["label"], "forward": fmt_bytes(s["activation_bytes"]), "over_budget": signed(
         s["over_budget_bytes"]), "reserved": fmt_bytes(s["reserved_bytes"]), "over_device": signed(
         s["over_device_bytes"]), "verdict": VERDICTS[s["verdict"]], "made": ", ".join(
-        f"{c['category']} {fmt_bytes(c['bytes'])}" for c in s["categories"][:4])} for s in doc["shapes"]]
+        f"{c['category']} {fmt_bytes(c['bytes'])}" for c in s["categories"][:4]), "outside": _outside(s)}
+        for s in doc["shapes"]]
     settings = [{**dict(zip(("change", "kv"), setting_change(s))), "arithmetic": s["arithmetic"]}
                 for s in doc["settings"]]
     notes = [NOTES.get(n, n) for n in dict.fromkeys(doc["notes"] + b["notes"])]
     return render("sections/budget.html.j2", engine=ENGINE_NAMES.get(doc["engine"], doc["engine"]), source=source,
                   activation=part_value(b["activation"], precision=False),
                   capacity=part_value(b["capacity"], precision=False), capacity_exact=b["capacity_exact"],
-                  parts=parts, shapes=shapes, settings=settings, notes=notes)
+                  parts=parts, shapes=shapes, settings=settings, notes=notes,
+                  outside=any(s["outside_bytes"] is not None for s in doc["shapes"]))
+
+
+def _outside(s: dict[str, Any]) -> str:
+    """A shape's memory outside the allocator as NVML saw it, and against what the budget leaves for it."""
+    if s["outside_bytes"] is None:
+        return "–"
+    how = "" if s["outside_measured"] else " (est.)"
+    over = s["outside_over_bytes"]
+    return fmt_bytes(s["outside_bytes"]) + how + ("" if over is None else f" ({signed(over)} vs budget)")
 
 
 def budget_section(report: Report) -> Section | None:
