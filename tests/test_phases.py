@@ -213,3 +213,28 @@ def test_a_name_with_a_hash_is_its_own_label_and_numbering_is_per_device() -> No
                                                     (1, "layer#3#2")]       # counted per device
     assert len(find_phase(t, "layer#3")) == 4                  # the name itself, not occurrence 3 of "layer"
     assert set(find_phase(t, "layer#3#2")["device"]) == {0, 1}
+
+
+def test_the_phases_result_is_the_table_the_terminal_and_the_json_show() -> None:
+    """`phases_of` turns the notebook's `phase_table` into one frozen, picklable `Phases`: its rows are the
+    table's, in order, as plain values (strict JSON, attrs kept), and the terminal renders the object."""
+    import pickle
+
+    from snapanalyze.analyze.phase_result import phases_of
+    from snapanalyze.report.run_terminal import render_phases
+    from snapanalyze.units import fmt_bytes
+
+    run = ROOT / "fixtures" / "sweeps" / "phase_markers" / "run"
+    data = read_run(run)
+    snapshot = load(run, rank=0)
+    table = phase_table(snapshot, replay(snapshot), data.markers_of(0))
+    result = phases_of(table, str(snapshot.source))
+    assert pickle.loads(pickle.dumps(result)) == result
+    assert [p.label for p in result.phases] == table["label"].tolist()
+    assert [p.transient_bytes for p in result.phases] == table["transient_bytes"].tolist()
+    assert any(p.attrs for p in result.phases)                  # the markers' shape attributes survive
+    doc = json.loads(json.dumps(result.to_json(), allow_nan=False))
+    assert list(doc["phases"][0]) == PHASE_COLUMNS
+    assert doc["phases"][0]["attrs"] == dict(result.phases[0].attrs)
+    text = render_phases(result)
+    assert result.phases[0].label in text and fmt_bytes(result.phases[0].peak_bytes) in text

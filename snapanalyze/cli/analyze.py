@@ -113,7 +113,7 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
     from ..analyze.attribute import attribute as attribute_blocks  # pandas after the raw objects are freed
     from ..analyze.attribute.compact import attribution_result
     from ..analyze.phases import attribute_phase
-    from ..report.documents import blocks_csv
+    from ..report.blocks_csv import blocks_csv
 
     markers = given.markers
     step("attributing")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,6 +25,9 @@ from .common import (
 from .parallel import executor, parallel_options, start_early
 from .per_rank import Job, Step, each, emit, plan
 from .progress import Progress
+
+if TYPE_CHECKING:
+    from ..analyze.phase_result import Phases
 
 
 @main.command()
@@ -116,10 +119,10 @@ def phases(file: str, rank: int | None, tag: str | None, device: int | None, rul
 
 
 def _phases(job: Job, step: Step, device: int | None, rules_file: str | None, source: Any,
-            categories: bool, kinds: tuple[str, ...] | None, largest: int | None) -> dict[str, Any]:
+            categories: bool, kinds: tuple[str, ...] | None, largest: int | None) -> Phases:
+    from ..analyze.phase_result import phases_of
     from ..analyze.phases import phase_table
     from ..replay import replay
-    from ..report.run_documents import phases_document
     from ..session.inputs import open_input
 
     t = job.target
@@ -131,4 +134,4 @@ def _phases(job: Job, step: Step, device: int | None, rules_file: str | None, so
     step("mapping phases" + (" and attributing their peaks" if categories else ""))
     table = phase_table(snapshot, timeline, markers=markers, rules=rules_for(rules_file),
                         categories=categories, device=device, kinds=kinds, largest=largest)
-    return phases_document(table, snapshot.source)
+    return phases_of(table, snapshot.source)

@@ -28,25 +28,18 @@ import dataclasses
 import math
 from typing import Any
 
-import pandas as pd
-
 from ..analyze.capacity import Capacity, Contract
 from ..analyze.check import CheckResult
 from ..analyze.diff import Diff
 from ..batch_shape import SHAPE_KEYS
+from ..plain import plain
 
 MODEL_TEXT = ("transient bytes = intercept + linear·t + quadratic·q with t = batch·x, q = batch·x², x the "
               "driver's value per sequence; coefficients ≥ 0, fitted on relative residuals")
 
 
 def _plain(value: Any) -> Any:
-    if value is None or value is pd.NA:
-        return None
-    if isinstance(value, float) and value != value:  # NaN
-        return None
-    if hasattr(value, "item"):
-        return value.item()
-    return value
+    return plain(value, nan_as_none=True)
 
 
 def _side(row: Any, s: str) -> dict[str, Any]:

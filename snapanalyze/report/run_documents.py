@@ -1,7 +1,7 @@
-"""JSON-ready documents for the run-level analyses: ranks, OOM explanations, phases.
+"""JSON-ready documents for the run-level analyses: ranks, OOM explanations.
 
 Contract: each function turns one analysis result (`analyze.ranks.RankComparison`, the `(explanations,
-problems)` of `analyze.oom.explain_path`, a `analyze.phases.phase_table` DataFrame) into plain dicts of
+problems)` of `analyze.oom.explain_path`) into plain dicts of
 str/int/float/bool/None/list/dict; bytes stay exact integers, times are µs since the Unix epoch. Keys keep
 their meaning once published; new keys may be added. `problems` lists what was missing (reported, not fatal).
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from ..plain import plain as _plain
 from . import oom_text
-from .documents import _plain
 
 
 def _record(row: pd.Series | dict[str, Any], keys: list[str]) -> dict[str, Any]:
@@ -122,16 +122,3 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
                           "ooms": ooms,
                           "no_oom": no_oom, "state_only": state_only, "notes": list(e.notes)})
     return {"source": source, "snapshots": snapshots, "problems": list(problems)}
-
-
-PHASE_KEYS = ["device", "phase", "occurrence", "label", "kind", "source", "start_us", "end_us", "clipped", "open",
-              "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us", "after_bytes",
-              "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories", "top_category_bytes",
-              "top_category_inferred_bytes", "attrs"]
-
-
-def phases_document(table: pd.DataFrame, source: str, problems: list[str] | None = None) -> dict[str, Any]:
-    """`snapanalyze phases --format json`: one record per span and device (columns of `phase_table`; `label` is
-    the name --phase accepts)."""
-    return {"source": source, "phases": [_record(r, PHASE_KEYS) for _, r in table.iterrows()],
-            "problems": list(problems or [])}

@@ -1,6 +1,8 @@
-"""Terminal rendering of the run-level documents (`run_documents`): ranks, OOM explanations, phases.
+"""Terminal rendering of the run-level results: ranks and OOM explanations (their `run_documents`), phases (the
+typed `Phases`).
 
-Contract: each `render_*` takes the JSON-ready document and returns the text a person reads in a terminal;
+Contract: each `render_*` takes the JSON-ready document or typed result and returns the text a person reads
+in a terminal;
 estimates are labelled as such, problems (missing ranks, NVML files) close the output as warnings; `width`
 (the terminal's columns, None when piped) fits the tables into it. Nothing here analyses, prints or reads
 files.
@@ -8,10 +10,13 @@ files.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import units
 from . import text
+
+if TYPE_CHECKING:
+    from ..analyze.phase_result import Phases
 
 
 def _problems(doc: dict[str, Any]) -> list[str]:
@@ -133,19 +138,19 @@ def render_oom(doc: dict[str, Any], width: int | None = None) -> str:
     return "\n".join(out + _problems(doc))
 
 
-def render_phases(doc: dict[str, Any], width: int | None = None) -> str:
-    out = [doc["source"]]
-    if not doc["phases"]:
+def render_phases(result: Phases, width: int | None = None) -> str:
+    out = [result.source]
+    if not result.phases:
         out.append("  no phases: no collector markers, record_function annotations or user_metadata in the window")
     rows = []
-    for p in doc["phases"]:
-        flags = ", ".join(f for f, on in (("clipped", p["clipped"]), ("open", p["open"])) if on)
+    for p in result.phases:
+        flags = ", ".join(f for f, on in (("clipped", p.clipped), ("open", p.open)) if on)
         cats = "; ".join(f"{c} {units.fmt_bytes(b)}{_inferred_note(i, b)}" for c, b, i in
-                         zip(p["top_categories"], p["top_category_bytes"], p["top_category_inferred_bytes"]))
-        rows.append([str(p["device"]), p["label"], p["kind"],
-                     f"{p['start_index']:,}–{p['end_index']:,}" if p["end_index"] >= p["start_index"] else "no events",
-                     units.fmt_bytes(p["before_bytes"]), units.fmt_bytes(p["peak_bytes"]),
-                     units.fmt_bytes(p["transient_bytes"]), units.fmt_bytes(p["after_bytes"]), cats or "–", flags])
+                         zip(p.top_categories, p.top_category_bytes, p.top_category_inferred_bytes))
+        rows.append([str(p.device), p.label, p.kind,
+                     f"{p.start_index:,}–{p.end_index:,}" if p.end_index >= p.start_index else "no events",
+                     units.fmt_bytes(p.before_bytes), units.fmt_bytes(p.peak_bytes),
+                     units.fmt_bytes(p.transient_bytes), units.fmt_bytes(p.after_bytes), cats or "–", flags])
     if rows:
         out.append(text.table(["dev", "phase", "kind", "events", "before", "peak", "transient", "after",
                                "top categories", "flags"], rows,
@@ -153,9 +158,9 @@ def render_phases(doc: dict[str, Any], width: int | None = None) -> str:
         out.append("\nbefore = active bytes just before the phase; transient = peak − before; top categories = "
                    "allocated inside the phase and live at its peak; clipped = began before the trace window; open = "
                    "no end recorded. A phase's name is what --phase accepts (NAME#K: the K-th of a repeated name).")
-        if any(any(p["top_category_inferred_bytes"]) for p in doc["phases"]):
+        if any(any(p.top_category_inferred_bytes) for p in result.phases):
             out.append(f"{text.INFERRED_LEGEND} (attribute --explain shows the arithmetic)")
-    return "\n".join(out + _problems(doc))
+    return "\n".join(out + [f"warning: {problem}" for problem in result.problems])
 
 
 def _inferred_note(inferred: int, total: int) -> str:

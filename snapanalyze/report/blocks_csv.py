@@ -1,19 +1,8 @@
-"""Plain values for documents and tables: `_plain` (a numpy or pandas scalar as a Python one, NA as None) and
-`blocks_csv` (the per-block attribution table as CSV a spreadsheet opens safely)."""
+"""`blocks_csv`: the per-block attribution table as CSV a spreadsheet opens safely."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
-
-
-def _plain(value: Any) -> Any:
-    pandas = sys.modules.get("pandas")    # pd.NA can only come from a pandas that is already loaded
-    if value is None or (pandas is not None and value is pandas.NA):
-        return None
-    if hasattr(value, "item"):
-        return value.item()
-    return value
 
 
 def blocks_csv(blocks: Any) -> str:
