@@ -136,6 +136,7 @@ def test_forward_tensors_kept_across_steps_are_found_with_exact_bytes(name: str)
     assert found.step_index < index and trace.size[found.step_index] == Loop.size
     worded = oom_text.advice(explanation.verdicts[0], explanation.engine.name)
     kept_words = [w for w in worded if w.startswith("keep no forward-pass tensors across training steps")]
+    assert worded[0] == kept_words[0]                      # a leak leads: fixed before anything is tuned
     assert len(kept_words) == 1 and f"before the training step at event {found.step_index:,}" in kept_words[0]
     assert "the oldest outlived 3 steps" in kept_words[0] and "retain_graph=True" in kept_words[0]
     item = type("Item", (), {"explanation": explanation, "rank": 0, "tag": "final", "path": "loop.pickle"})

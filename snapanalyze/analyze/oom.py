@@ -325,13 +325,11 @@ def _advice_for_categories(cats: pd.DataFrame, shortfall: int = 0) -> list[Advic
 
 
 def _ranked(advice: list[Advice], kept: KeptAcrossStep | None, shortfall: int) -> list[Advice]:
-    """The category advice with, where forward-pass blocks outlived a training step, freeing them placed by
-    the bytes it would save (ahead of a category that holds fewer)."""
+    """The category advice, led, where forward-pass blocks outlived a training step, by freeing them: a leak is
+    fixed before anything is tuned, and its bytes are part of the categories the advice after it names."""
     if kept is None:
         return advice
-    keep = Advice("kept", {**dataclasses.asdict(kept), "shortfall": shortfall})
-    at = next((i for i, a in enumerate(advice) if a.values["bytes"] < kept.bytes), len(advice))
-    return [*advice[:at], keep, *advice[at:]]
+    return [Advice("kept", {**dataclasses.asdict(kept), "shortfall": shortfall}), *advice]
 
 
 def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> int | None:
