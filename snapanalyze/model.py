@@ -223,6 +223,16 @@ class Snapshot(HtmlDisplay):
         """Stack id of each given event of `device` (−1 where the event carries no frames, or none were kept)."""
         return _pick_ids(self.trace(device).stack_ids, indices)
 
+    def allocation_stack_ids(self) -> np.ndarray:
+        """The distinct stacks of what allocated: every allocation of every device's trace and every block of
+        the end state. Whether a file's other stacks (frees) were kept (`load(frames=...)`) changes none of
+        them, so the call tree built over them, and every role, is the same either way."""
+        found = [self.block_stack_ids(np.arange(len(self.block_columns.get("address", ()))))]
+        for device in self.devices:
+            found.append(self.event_stack_ids(device, np.flatnonzero(self.trace(device).action == ALLOC)))
+        ids = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+        return ids[ids >= 0]
+
     def block_stack_ids(self, rows: np.ndarray) -> np.ndarray:
         """Stack id of each given row of `blocks` (−1 where the block carries no frames, or none were kept)."""
         return _pick_ids(self.block_columns.get("stack_id"), rows)

@@ -139,6 +139,8 @@ def test_forward_tensors_kept_across_steps_are_found_with_exact_bytes(name: str)
     assert worded[0] == kept_words[0]                      # a leak leads: fixed before anything is tuned
     assert len(kept_words) == 1 and f"before the training step at event {found.step_index:,}" in kept_words[0]
     assert "the oldest outlived 3 steps" in kept_words[0] and "retain_graph=True" in kept_words[0]
+    # the optimizer keeps no state here (nothing of it is live), yet its step in the trace names the program
+    assert explanation.engine.name == "training" and "optimizer.py" in str(explanation.engine.evidence)
     item = type("Item", (), {"explanation": explanation, "rank": 0, "tag": "final", "path": "loop.pickle"})
     doc = json.loads(json.dumps(oom_document([item], [], "loop.pickle")))
     assert doc["snapshots"][0]["ooms"][0]["kept_across_step"]["bytes"] == found.bytes

@@ -10,7 +10,9 @@ with a matching frame in any block's stack — or with live bytes of one of its 
 `Engine.evidence` names what decided: the matching frame ("vllm/v1/worker/gpu_worker.py:10:load_model")
 that the most blocks share (the innermost of those, so the most specific), or the categories found live;
 `blocks`, `framed` and `share` say in how many of the blocks with frames an engine frame appears. No match
-gives plain PyTorch (`PYTORCH`'s name and label, no evidence). Nothing here reads files beyond the package's own TOML.
+gives plain PyTorch (`PYTORCH`'s name and label, no evidence). `detect_program(snapshot, blocks)` is what the
+verdicts use: the blocks first, then, where they prove nothing, every stack the file allocated with. Nothing
+here reads files beyond the package's own TOML.
 """
 
 from __future__ import annotations
@@ -114,6 +116,17 @@ def engine_from_tables(frames: pd.DataFrame, stacks: pd.DataFrame, blocks: pd.Da
         if found:
             return Engine(spec["name"], spec["label"], "live " + " and ".join(found), framed=len(framed))
     return Engine(PYTORCH.name, PYTORCH.label, framed=len(framed))
+
+
+def detect_program(snapshot: Snapshot, blocks: pd.DataFrame) -> Engine:
+    """`detect_engine` over `blocks`; where their stacks and categories prove no engine, over the stacks of
+    everything the file allocated (an optimizer step or an engine's frame anywhere in the trace still names
+    the program: a training loop whose optimizer keeps no state is training all the same)."""
+    found = detect_engine(snapshot, blocks)
+    if found.name != PYTORCH.name:
+        return found
+    wider = detect_engine(snapshot, pd.DataFrame({"stack_id": snapshot.allocation_stack_ids()}))
+    return wider if wider.name != PYTORCH.name else found
 
 
 def detect_engine(snapshot: Snapshot, blocks: pd.DataFrame) -> Engine:

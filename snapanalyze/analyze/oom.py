@@ -58,8 +58,7 @@ from ..model import (
 )
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import StackView, attribute, explain_stack
-from .attribute.frames import allocation_stacks
-from .engine import SERVING_ENGINES, Engine, detect_engine
+from .engine import SERVING_ENGINES, Engine, detect_program
 from .kept import KeptAcrossStep, kept_across_step
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
@@ -528,8 +527,8 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     traced = [d for d in sorted(timeline.devices) if len(timeline[d]) or d in snapshot.traces]
     state_only = tuple(_state_only(snapshot, d) for d in sorted(timeline.devices) if d not in traced)
     # the program: from the blocks live at the failures, else (nothing failed) from every allocation's stack
-    engine = detect_engine(snapshot, pd.concat(live, ignore_index=True) if live else
-                           pd.DataFrame({"stack_id": allocation_stacks(snapshot)}))
+    engine = detect_program(snapshot, pd.concat(live, ignore_index=True) if live else
+                            pd.DataFrame({"stack_id": snapshot.allocation_stack_ids()}))
     if not len(ooms):
         rejected = rejected_requests(markers)
         serving = engine.name in SERVING_ENGINES

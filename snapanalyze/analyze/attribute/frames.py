@@ -58,7 +58,7 @@ class Decider:
         rules = rules.with_source(snapshot.sources if rules.enabled(SOURCE) else None)
         decider = cls._kept.get(snapshot)
         if decider is None or decider.rules is not rules:
-            decider = cls._kept[snapshot] = cls(snapshot.interner, rules, allocation_stacks(snapshot),
+            decider = cls._kept[snapshot] = cls(snapshot.interner, rules, snapshot.allocation_stack_ids(),
                                                 grad_copies(snapshot))
         return decider
 
@@ -297,17 +297,6 @@ class Decider:
     @cached_property
     def tree(self) -> CallTree:
         return CallTree(self.interner, self.rules, self.tree_stacks.tolist(), self.facts)
-
-
-def allocation_stacks(snapshot: Snapshot) -> np.ndarray:
-    """The distinct stacks of what allocated: every allocation of every device's trace and every block of
-    the end state. Whether a file's other stacks (frees) were kept (`load(frames=...)`) changes none of them,
-    so the call tree built over them, and every role, is the same either way."""
-    found = [snapshot.block_stack_ids(np.arange(len(snapshot.block_columns.get("address", ()))))]
-    for device in snapshot.devices:
-        found.append(snapshot.event_stack_ids(device, np.flatnonzero(snapshot.trace(device).action == ALLOC)))
-    ids = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
-    return ids[ids >= 0]
 
 
 def _caller(frames: list[tuple[str, int, str]], stack: tuple[int, ...], depth: int) -> tuple[str, int, str] | None:

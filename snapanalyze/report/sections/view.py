@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ... import plots
-from ...analyze.engine import Engine, detect_engine
+from ...analyze.engine import Engine, detect_program
 from ..context import RankView
 from .section import FigureSpec
 
@@ -62,8 +62,9 @@ _ENGINES: weakref.WeakKeyDictionary[RankView, Engine] = weakref.WeakKeyDictionar
 
 
 def engine_of(view: RankView) -> Engine:
-    """The program of a view (`analyze.engine.detect_engine` over the blocks live at its verdict's instants:
-    each device's main instant and its OOM entries), found once per view."""
+    """The program of a view (`analyze.engine.detect_program` over the blocks live at its verdict's instants:
+    each device's main instant and its OOM entries; else over everything it allocated), found once per
+    view."""
     found = _ENGINES.get(view)
     if found is None:
         parts = []
@@ -76,7 +77,7 @@ def engine_of(view: RankView) -> Engine:
                 parts.append(blocks.loc[blocks["device"] == device, ["stack_id", "category", "size"]])
         blocks = (pd.concat(parts, ignore_index=True) if parts
                   else pd.DataFrame({"stack_id": pd.Series(dtype="int64"), "category": [], "size": []}))
-        found = _ENGINES[view] = detect_engine(view.snapshot, blocks)
+        found = _ENGINES[view] = detect_program(view.snapshot, blocks)
     return found
 
 
