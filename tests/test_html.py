@@ -724,3 +724,27 @@ def test_no_untrusted_tag_reaches_a_figure_label(tmp_path: Path) -> None:
         walk(json.loads(text))
     assert tags <= PLOTLY_TAGS, tags - PLOTLY_TAGS
     assert any("evil.example" in t for _, t in blocks)        # the names are there, as text
+
+
+@pytest.mark.parametrize("run", ["tp2_vision_encoder", "oom_other_process"])
+def test_a_report_attributes_each_instant_once(monkeypatch: pytest.MonkeyPatch, run: str) -> None:
+    """One attribution cache per snapshot: the peaks, the categories over time, the phases' peaks and the OOM
+    entries of a report share it, so no (snapshot, device, instant) is attributed twice (the run comparison's
+    per-rank peaks are asked for by name, "peak", in its own pass)."""
+    from collections import Counter
+
+    import snapanalyze.analyze.attribute as attribution
+    from snapanalyze.analyze import oom, over_time, phases, ranks
+    from snapanalyze.report.html import build_path_report
+
+    calls: Counter[tuple[int, str, Any]] = Counter()
+    original = attribution.attribute
+
+    def counted(snapshot: Any, at: Any = "peak", *args: Any, **kwargs: Any) -> Any:
+        calls[(id(snapshot), str(at), kwargs.get("device"))] += 1
+        return original(snapshot, at, *args, **kwargs)
+
+    for module in (oom, over_time, phases, ranks):
+        monkeypatch.setattr(module, "attribute", counted)
+    build_path_report(Path(__file__).parent.parent / "fixtures" / "runs" / run)
+    assert calls and max(calls.values()) == 1, [k for k, n in calls.items() if n > 1]

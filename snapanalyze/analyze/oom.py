@@ -62,6 +62,7 @@ from .engine import SERVING_ENGINES, Engine, detect_program
 from .kept import KeptAcrossStep, kept_across_step
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
+from .phases import AttributionAt
 from .requests import event_requests
 from .rules import RuleSet, load_rules
 from .spans import open_spans
@@ -421,10 +422,11 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
 
 
 def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int, rules: RuleSet | None,
-                markers: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                markers: pd.DataFrame | None, attribution_at: AttributionAt | None = None
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The categories live at the entry, and the device's live blocks there (`Attribution.blocks`)."""
-    result = attribute(snapshot, at=int(index), rules=rules, device=device, timeline=timeline,
-                       markers=markers)
+    result = attribution_at(device, int(index)) if attribution_at is not None else attribute(
+        snapshot, at=int(index), rules=rules, device=device, timeline=timeline, markers=markers)
     b = result.blocks
     b = b[b["device"] == device]
     total = int(b["size"].sum())
@@ -487,12 +489,14 @@ def _no_oom(dt: DeviceTimeline, nvml: pd.DataFrame | None, capacity: int | None,
 
 def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: pd.DataFrame | None = None,
                 capacity: int | Mapping[int, tuple[int | None, str]] | None = None,
-                markers: pd.DataFrame | None = None, rules: RuleSet | None = None) -> OomExplanation:
+                markers: pd.DataFrame | None = None, rules: RuleSet | None = None,
+                attribution_at: AttributionAt | None = None) -> OomExplanation:
     """Explain every `oom` entry of `snapshot` (see the module docstring).
 
     `nvml`: the rank's NVML rows (`load.samples`); `capacity`: the device total in bytes for every device,
     or per device (bytes, where it came from), else the NVML total; `markers`: the rank's markers (for
-    rejected requests)."""
+    rejected requests); `attribution_at(device, index)`: attributions the caller keeps (made with the same
+    rules and markers), used instead of attributing each entry again."""
     timeline = timeline or replay(snapshot)
 
     def cap(device: int) -> tuple[int | None, str]:
@@ -508,7 +512,7 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     rows, cats, live = [], [], []
     per_forward = [c.name for c in (rules or load_rules()).categories.values() if c.per_forward]
     for row in ooms.itertuples(index=False):
-        c, blocks = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers)
+        c, blocks = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers, attribution_at)
         cats.append(c)
         live.append(blocks[["stack_id", "category", "size"]])
         total, source = cap(int(row.device))

@@ -28,7 +28,7 @@ depth, attrs. `phase_table` columns: PHASE_COLUMNS.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from .spans import annotation_spans
 
 PHASE_SPAN_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
 SPAN_COLUMNS = ["phase", "occurrence", "label", "kind", "source", "device", "start_us", "end_us", "depth", "attrs"]
+AttributionAt = Callable[[int, int], Attribution]      # (device, event index) → its attribution, kept by the caller
 PHASE_COLUMNS = ["device", "phase", "occurrence", "label", "kind", "source", "start_us", "end_us", "clipped", "open",
                  "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us",
                  "after_bytes", "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories",
@@ -199,14 +200,15 @@ def _measure(dt: DeviceTimeline, lo: int, hi: int) -> dict[str, int]:
 
 def _top_categories(snapshot: Snapshot, timeline: Timeline, device: int, lo: int, peak_index: int,
                     rules: RuleSet | None, top: int, markers: pd.DataFrame | None,
-                    ) -> tuple[list[str], list[int], list[int]]:
+                    attribution_at: AttributionAt | None = None) -> tuple[list[str], list[int], list[int]]:
     """The largest categories of the bytes allocated inside the phase and live at its peak: names, bytes, and
     the bytes of each decided by a size, lifetime, layout or time relation rather than a frame (inferred)."""
     if peak_index < lo:
         return [], [], []
-    result = attribute(snapshot, at=int(peak_index), rules=rules, device=device, timeline=timeline,
-                       markers=markers)
+    result = attribution_at(device, int(peak_index)) if attribution_at is not None else attribute(
+        snapshot, at=int(peak_index), rules=rules, device=device, timeline=timeline, markers=markers)
     b = result.blocks
+    b = b[b["device"] == device]
     inside = b[(b["alloc_index"] >= lo) & (b["alloc_index"] <= peak_index)]
     totals = inside.groupby("category", sort=False)["size"].sum().sort_values(ascending=False, kind="stable")
     guessed = inside[inside["inferred"].astype(bool)].groupby("category", sort=False)["size"].sum()
@@ -228,13 +230,16 @@ def _largest(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: pd.DataFrame | None = None,
                 rules: RuleSet | None = None, categories: bool = True, top: int = 3,
                 device: int | None = None, kinds: Collection[str] | None = None,
-                largest: int | None = None, attribute_largest: int | None = None) -> pd.DataFrame:
+                largest: int | None = None, attribute_largest: int | None = None,
+                attribution_at: AttributionAt | None = None) -> pd.DataFrame:
     """Before / peak / after of every span on every device it touches (columns PHASE_COLUMNS).
 
     `kinds`: only spans of these kinds ("phase", "request", "annotation", "metadata"). `largest`: only the
     N spans with the largest transient on each device (a serving run marks thousands of requests), so the
     top `top` categories are attributed for those alone. `attribute_largest`: keep every span but attribute
-    only the N largest per device (the others' categories stay empty)."""
+    only the N largest per device (the others' categories stay empty). `attribution_at(device, index)`: where
+    the caller keeps attributions (`over_time.InstantAttributions.at`, made with the same rules and markers),
+    the phases' peaks are taken from it rather than attributed again."""
     timeline = timeline or replay(snapshot)
     rules = rules or load_rules()
     table = spans(snapshot, markers)
@@ -263,7 +268,8 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
     if categories:
         for row in rows if attribute_largest is None else _largest(rows, attribute_largest):
             row["top_categories"], row["top_category_bytes"], row["top_category_inferred_bytes"] = _top_categories(
-                snapshot, timeline, row["device"], row["start_index"], row["peak_index"], rules, top, markers)
+                snapshot, timeline, row["device"], row["start_index"], row["peak_index"], rules, top, markers,
+                attribution_at)
     df = pd.DataFrame(rows, columns=PHASE_COLUMNS)
     for c in ("start_us", "end_us", "peak_time_us"):
         df[c] = df[c].astype("Int64")

@@ -283,10 +283,11 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
     nvml = rank.nvml if rank is not None and len(rank.nvml) else None
     step("mapping phases")
     phases = phase_table(snapshot, timeline, markers, rules=rules, device=device,
-                         attribute_largest=MAX_PHASE_CATEGORIES)
+                         attribute_largest=MAX_PHASE_CATEGORIES, attribution_at=cache.at)
     step("explaining OOMs")
     capacities = {d: _capacity(options.capacity, rank, d) for d in timeline.devices}
-    oom = explain_oom(snapshot, timeline, nvml=nvml, capacity=capacities, markers=markers, rules=rules)
+    oom = explain_oom(snapshot, timeline, nvml=nvml, capacity=capacities, markers=markers, rules=rules,
+                      attribution_at=cache.at)
     step("laying out segments")
     maps: dict[tuple[int, int], SegmentMap] = {}
     for r in ooms[ooms["device"].isin(devices)].itertuples(index=False):
