@@ -4,15 +4,16 @@ Contract: `kept_across_step(snapshot, device, index, blocks, per_forward)` retur
 A training step is a run of events whose stacks pass through an optimizer's `step` or a `zero_grad`
 (`training.toml` [[steps]]); a run ends at the next allocation made elsewhere. A forward pass's tensors (the
 `per_forward` categories of categories.toml, and blocks no rule claimed — `other` — made under a module's
-forward call, `training.toml` [[forward]]) die with its backward, or with the forward itself under no_grad, so a
-block of one that is live at `index`, was allocated in the window before the last step began, and whose allocating code
-(the same Python stack) has allocated again after that step, was kept: the forward ran again while its earlier
-outputs stayed alive. What keeps them is the program's (a loss or output summed or stored without `.item()` /
-`.detach()`, `backward(retain_graph=True)`, outputs stored for logging); the bytes are exact, each a live block
-with its allocation event. Requiring the code to have run again spares tensors that legitimately wait across
-another optimizer's step (a GAN generator's output while the discriminator steps). None when no step precedes
-`index` inside the span of those blocks, or nothing was kept. The cost is bounded by the events since the
-oldest live forward-pass block (their stacks interned once each).
+forward call, `training.toml` [[forward]]) die with its backward, or with the forward itself under no_grad.
+So a block of one that is live at `index`, was allocated in the window before the last step began, and whose
+allocating code (the same Python stack) has allocated again after that step, was kept: the forward ran again
+while its earlier outputs stayed alive. What keeps them is the program's (a loss or output summed or stored
+without `.item()` / `.detach()`, `backward(retain_graph=True)`, outputs stored for logging); the bytes are
+exact, each a live block with its allocation event, and a lower bound (only code that has run again counts).
+Requiring the code to have run again spares tensors that legitimately wait across another optimizer's step (a
+GAN generator's output while the discriminator steps). None when no step precedes `index` inside the span of
+those blocks, or nothing was kept. The cost is bounded by the events since the oldest live forward-pass block
+(their stack ids are looked up as columns; each distinct stack and frame is matched once).
 """
 
 from __future__ import annotations

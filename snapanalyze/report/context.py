@@ -4,9 +4,11 @@ shared by every section.
 Contract: `build_view(snapshot, …)` replays the snapshot (unless given a Timeline), finds the top peaks per
 device, resolves the detail instants (every reported peak, or the `at` specs), attributes each of them, each
 OOM entry and a bounded number of sampled instants (`analyze.over_time`; each instant once, through a shared
-`InstantAttributions`), maps the marked phases onto the trace (`analyze.phases.phase_table`), explains its
-OOM entries (`analyze.oom.explain_oom`), lays out the segment map (`analyze.segment_map`) at each OOM entry
-(with its failed request) and at each device's main instant, and returns an immutable `RankView`. Given a
+`InstantAttributions`, which the phases' peaks and the OOM entries use too), maps the marked phases onto the
+trace (`analyze.phases.phase_table`), explains its OOM entries (`analyze.oom.explain_oom`), lays out the
+segment map (`analyze.segment_map`) at each OOM entry (with its failed request) and at each device's main
+instant, finds forward-pass tensors kept across training steps at each main instant (`analyze.kept`), and
+returns an immutable `RankView`. Given a
 `RankInfo` (the rank of a run the snapshot came from) it also uses that rank's markers, NVML samples and
 capacity, and reads the memory outside the allocator at each peak (`analyze.outside`). A `Report` holds
 the views a report shows and what belongs to the whole report; section functions (`report.sections`) read

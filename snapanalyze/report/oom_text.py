@@ -1,7 +1,10 @@
 """The words of an OOM verdict: why an allocation failed, what would have helped, why nothing failed.
 
-Contract: `why(v)` and `advice(v, engine)` turn an `analyze.oom.OomVerdict` into the sentence that states
-its arithmetic and the list of things that would have helped; `no_oom_message(n)` words an
+Contract: `why(v)` and `advice(v, engine, label)` turn an `analyze.oom.OomVerdict` into the sentence that
+states its arithmetic and the list of things that would have helped (`label` shows a frame label: the report
+redacts its path); `kept_words(x, at, label)` words forward-pass tensors kept across training steps
+(`analyze.kept.KeptAcrossStep`), at a failure or at a peak; an allocator setting newer than the torch that
+wrote the file says so (`needs_torch`); `no_oom_message(n)` words an
 `analyze.oom.NoOom`. `category_advice(category, engine)` is what would shrink one category, and
 `peak_advice(category, engine, live)` what would lower a peak that `category` made (plus the advice an
 engine gives for its state whenever it is live, e.g. optimizer state in training). The advice is data
