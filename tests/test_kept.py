@@ -83,7 +83,8 @@ class Loop:
         if rest:
             blocks.append((rest, 0, "inactive"))
         self.b.segment(BASE, blocks)
-        return to_snapshot(self.b.build(), "loop.pickle", "pickle")
+        self.raw = self.b.build()
+        return to_snapshot(self.raw, "loop.pickle", "pickle")
 
 
 def leaky_loop(name: str, leak: bool, steps: int = 3, rerun: int = 10,
@@ -203,3 +204,37 @@ def test_the_report_says_it_at_the_peak_and_at_the_failure_with_paths_redacted()
     redacted = build_report(leaky_loop(TRAINING[0], leak=True)[0], samples=4, redact_paths=True)
     words = redacted[redacted.index("keep no forward-pass tensors"):][:1500]
     assert "are still live at the failure" in words and "cs336-basics/" not in words and "model.py" in words
+
+
+def test_attribute_names_them_at_the_peak_in_the_terminal_and_json(tmp_path: Path) -> None:
+    """`snapanalyze attribute` at the peak of a loop that keeps its forward tensors: the typed result carries
+    them, the JSON as `kept_across_step`, the terminal in the OOM advice's words; a loop that frees them says
+    nothing of the kind."""
+    import pickle
+
+    from click.testing import CliRunner
+
+    from snapanalyze.cli import main
+
+    def attribute_cli(leak: bool) -> tuple[dict[str, Any], str]:
+        forward, step = _real_stacks(TRAINING[1])
+        loop = Loop(4 * (len(forward) + 1))
+        for _ in range(3):
+            made = [loop.alloc(frames) for frames in forward]
+            for a in made if not leak else ():
+                loop.free(a)
+            loop.step(step)
+        for frames in forward[:10]:
+            loop.alloc(frames)
+        loop.fail(forward[10], oom=False)
+        path = tmp_path / f"loop-{leak}.pickle"
+        path.write_bytes(pickle.dumps(loop.raw))
+        doc = json.loads(CliRunner().invoke(main, ["attribute", str(path), "--format", "json"]).stdout)
+        return doc, CliRunner().invoke(main, ["attribute", str(path)]).stdout
+
+    doc, text = attribute_cli(leak=True)
+    kept = doc["devices"][0]["kept_across_step"]
+    assert kept is not None and kept["steps"] == 3 and kept["bytes"] > 0
+    assert "keep no forward-pass tensors across training steps" in text and "still live at the global peak" in text
+    doc, text = attribute_cli(leak=False)
+    assert doc["devices"][0]["kept_across_step"] is None and "keep no forward-pass" not in text

@@ -14,7 +14,7 @@ from .. import units
 from . import text
 
 if TYPE_CHECKING:
-    from ..analyze.attribute.compact import AttributionResult
+    from ..analyze.attribute.compact import AttributionResult, DeviceAttribution
     from ..analyze.peaks import DevicePeaks, Peaks
     from ..analyze.summary import Summary
 
@@ -49,6 +49,17 @@ def _peaks_of(d: DevicePeaks, label: str, width: int | None) -> list[str]:
     out.append(text.table(["peak", "event", "time", "active", "reserved", "allocated (est.)",
                            "transient", "held"], rows, right=[True, True, False] + [True] * 5, width=width))
     return out
+
+
+def _kept(d: DeviceAttribution) -> str:
+    """The device's forward-pass tensors kept across training steps, in the OOM advice's words (imported
+    here: the words need the OOM analysis, which summary and peaks never load)."""
+    import dataclasses
+
+    from .oom_text import kept_words
+
+    assert d.kept is not None
+    return kept_words(dataclasses.asdict(d.kept), f"at the {d.instant}")
 
 
 def render_summary(f: Summary) -> str:
@@ -108,6 +119,8 @@ def render_attribution(result: AttributionResult, top: int, explain: bool, width
                            zip(c.top_frames[:top], c.top_frame_bytes[:top]))] for c in d.categories]
         out.append(text.table(["category", "bytes", "share", "blocks", "inferred", "top allocation sites"], rows,
                               right=[False, True, True, True, True, False], width=width))
+        if d.kept is not None:
+            out.append("  " + _kept(d))
         if explain:
             out.append("\n  why (rule → frame, largest first):")
             for e in d.explain or ():

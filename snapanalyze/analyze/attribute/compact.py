@@ -3,16 +3,19 @@
 Contract: `attribution_result(attribution, explain=False, top=3)` returns a frozen `AttributionResult`: per
 device the instant (its event, time, active and reserved bytes, the baseline it rises from, the request that
 made it), the categories live there (bytes, share, blocks, the `top` allocation sites by bytes, inferred bytes;
-they sum exactly to the instant's active bytes) and, with `explain`, which rule fired on which frame
-(`rule_firings`). Its `to_json()` is the `attribute --format json` document; the terminal renders the object.
-A process pool carries it instead of the Attribution (which holds the snapshot).
+they sum exactly to the instant's active bytes), the forward-pass tensors there that outlived a training step
+(`analyze.kept`, None for none) and, with `explain`, which rule fired on which frame (`rule_firings`). Its
+`to_json()` is the `attribute --format json` document; the terminal renders the object. A process pool
+carries it instead of the Attribution (which holds the snapshot).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..kept import KeptAcrossStep, kept_across_step
 from .result import SUMMARY_TOP, Attribution, summarize_blocks
 
 
@@ -59,6 +62,7 @@ class DeviceAttribution:
     request: str | None
     categories: tuple[CategoryShare, ...]
     explain: tuple[RuleFiring, ...] | None
+    kept: KeptAcrossStep | None = None  # forward-pass tensors live here that outlived a training step
 
     @property
     def transient_bytes(self) -> int:
@@ -71,6 +75,7 @@ class DeviceAttribution:
             "peak": {"event_index": self.event_index, "time_us": self.time_us, "active_bytes": self.active_bytes,
                      "reserved_bytes": self.reserved_bytes},
             "transient_bytes": self.transient_bytes, "request": self.request,
+            "kept_across_step": dataclasses.asdict(self.kept) if self.kept is not None else None,
             "categories": [{"category": c.category, "bytes": c.bytes, "share": c.share, "blocks": c.blocks,
                             "top_frames": list(c.top_frames), "top_frame_bytes": list(c.top_frame_bytes),
                             "inferred_bytes": c.inferred_bytes} for c in self.categories]}
@@ -98,6 +103,7 @@ class AttributionResult:
 def attribution_result(attribution: Attribution, explain: bool = False, top: int = SUMMARY_TOP) -> AttributionResult:
     """See the module docstring."""
     summaries = attribution.summary if top == SUMMARY_TOP else summarize_blocks(attribution.blocks, top=top)
+    per_forward = [c.name for c in attribution.rules.categories.values() if c.per_forward]
     devices = []
     for device, instant in sorted(attribution.instants.items()):
         summary = summaries[summaries["device"] == device]
@@ -108,7 +114,9 @@ def attribution_result(attribution: Attribution, explain: bool = False, top: int
             categories=tuple(CategoryShare(str(r.category), int(r.bytes), round(float(r.share), 6), int(r.blocks),
                                            tuple(r.top_frames), tuple(int(n) for n in r.top_frame_bytes),
                                            int(r.inferred_bytes)) for r in summary.itertuples()),
-            explain=rule_firings(attribution, device) if explain else None))
+            explain=rule_firings(attribution, device) if explain else None,
+            kept=kept_across_step(attribution.snapshot, device, instant.event_index, attribution.blocks,
+                                  per_forward)))
     return AttributionResult(str(attribution.snapshot.source), tuple(devices), tuple(attribution.notes),
                              tuple(attribution.rules.sources))
 
