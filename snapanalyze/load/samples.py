@@ -297,26 +297,25 @@ def choose_snapshots(found: list[RunEntry], dirs: dict[int, Path], path: str | P
     return chosen, problems
 
 
+def _rank_dir(path: str | Path, rank: int | None, tag: str | None) -> tuple[Path, int] | None:
+    """The rank directory (and its rank) of the snapshot `load(path, rank, tag)` reads; None outside a run."""
+    p = Path(path)
+    found = layout.rank_dir_of(runs.resolve(p, rank, tag) if p.is_dir() else p)
+    if found is None:
+        return None
+    owner = layout.parse_rank_dir(found)
+    assert owner is not None
+    return found, owner
+
+
 def nvml_for(path: str | Path, rank: int | None = None, tag: str | None = None) -> pd.DataFrame:
     """The NVML samples of the rank whose snapshot `load(path, rank, tag)` reads (empty for a file outside a
     run)."""
-    p = Path(path)
-    target = runs.resolve(p, rank, tag) if p.is_dir() else p
-    found = layout.rank_dir_of(target)
-    if found is None:
-        return empty_nvml()
-    owner = layout.parse_rank_dir(found)
-    assert owner is not None
-    return read_nvml(found, owner)
+    found = _rank_dir(path, rank, tag)
+    return read_nvml(*found) if found is not None else empty_nvml()
 
 
 def markers_for(path: str | Path, rank: int | None = None, tag: str | None = None) -> pd.DataFrame:
     """The markers of the rank whose snapshot `load(path, rank, tag)` reads (empty for a file outside a run)."""
-    p = Path(path)
-    target = runs.resolve(p, rank, tag) if p.is_dir() else p
-    found = layout.rank_dir_of(target)
-    if found is None:
-        return empty_markers()
-    owner = layout.parse_rank_dir(found)
-    assert owner is not None
-    return read_markers(found, owner)
+    found = _rank_dir(path, rank, tag)
+    return read_markers(*found) if found is not None else empty_markers()
