@@ -59,7 +59,7 @@ def newer_torch_needed(snapshot: Snapshot, recorded: AllocatorSettings,
     """The changes the torch that wrote `snapshot` may not have (`allocator.settings.requirements` against
     the file's inferred torch versions, `summary.torch_version_bounds`)."""
     lo, hi, _ = torch_version_bounds(snapshot)
-    if hi is not None and lo > hi:                     # a contradictory fingerprint says nothing
+    if (hi is not None and lo > hi) or lo == (0, 0):   # a contradictory fingerprint, a bare segment list: nothing
         return ()
     return tuple(Requirement(setting, f"{since[0]}.{since[1]}", version_text(lo, hi), hi is not None and hi < since)
                  for setting, since in requirements(recorded, changed) if lo < since)
