@@ -99,7 +99,8 @@ def build_server(roots: tuple[str, ...], max_chars: int = 60_000, timeout: float
     def attribute(path: str, at: str = "peak", phase: str | None = None, device: int | None = None,
                   top: int = 3, rank: int | None = None, tag: str | None = None) -> dict[str, Any]:
         """Every live byte at an instant (at: peak, peak:N, event:I, time:T; or the peak of a phase) by
-        category, with the allocation sites that hold the most; categories sum exactly to the active bytes."""
+        category, with the allocation sites that hold the most; categories sum exactly to the active bytes.
+        kept_across_step: forward-pass tensors a training loop kept across optimizer steps (a leak)."""
         instant = ("--phase", phase) if phase is not None else ("--at", at)
         return box.run("attribute", box.path(path), *instant, "--top", top, *_option("--device", device),
                        *_option("--rank", rank), *_option("--tag", tag))
@@ -107,7 +108,8 @@ def build_server(roots: tuple[str, ...], max_chars: int = 60_000, timeout: float
     @server.tool()
     def explain_oom(path: str, rank: int | None = None, tag: str | None = None) -> dict[str, Any]:
         """Why each allocation failed (fragmentation, live exhaustion, pressure from outside the allocator),
-        the allocation that failed and the code that asked for it, and what would have helped."""
+        the allocation that failed and the code that asked for it, forward-pass tensors a training loop kept
+        across optimizer steps (kept_across_step), and what would have helped."""
         return box.run("explain-oom", box.path(path), *_option("--rank", rank), *_option("--tag", tag))
 
     @server.tool()
