@@ -238,3 +238,56 @@ def test_attribute_names_them_at_the_peak_in_the_terminal_and_json(tmp_path: Pat
     assert "keep no forward-pass tensors across training steps" in text and "still live at the global peak" in text
     doc, text = attribute_cli(leak=False)
     assert doc["devices"][0]["kept_across_step"] is None and "keep no forward-pass" not in text
+
+
+def _cpu_training(leak: bool, steps: int = 3) -> Any:
+    """A real training loop (tiny Llama-shaped model, torch.optim.AdamW, CPU torch) recorded by `CpuTrace`:
+    `steps` iterations and the next forward. With `leak`, `backward(retain_graph=True)` and the loss kept
+    keep every iteration's saved activations; without, `loss.item()` is all that is kept."""
+    torch = pytest.importorskip("torch")
+    from cpu_trace import CpuTrace
+    from tinylm import TinyLM
+
+    torch.manual_seed(0)
+    model = TinyLM(vocab=128, d=64, layers=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    history: list[Any] = []
+    recorder = CpuTrace()
+    with recorder:
+        for step in range(steps + 1):
+            ids = torch.randint(0, 128, (4, 64))
+            logits = model(ids)
+            if step == steps:
+                break
+            loss = torch.nn.functional.cross_entropy(logits.view(-1, 128), ids.view(-1))
+            loss.backward(retain_graph=leak)
+            history.append(loss if leak else loss.item())
+            optimizer.step()
+            optimizer.zero_grad()
+        raw = recorder.snapshot()
+    return to_snapshot(raw, "cpu-training.pickle", "pickle")
+
+
+def test_a_real_training_loop_that_retains_its_graph_and_one_that_does_not() -> None:
+    """The frames of a real torch 2.13 loop (AdamW's step through Optimizer's `wrapper`, modules through
+    `_call_impl`, autograd on the calling thread): retaining the graph is found at the peak, with the three
+    steps its oldest activations outlived and only forward-pass categories; the same loop with `.item()` claims
+    nothing at any 20th instant."""
+    leaky = _cpu_training(leak=True)
+    assert replay(leaky).check_invariants() == []
+    result = attribute(leaky)
+    (instant,) = result.instants.values()
+    found = kept_across_step(leaky, 0, instant.event_index, result.blocks, PER_FORWARD)
+    assert found is not None and found.steps == 3
+    assert {c for c, _ in found.categories} <= {*PER_FORWARD, "other"}
+    b = result.blocks
+    retained = b[(b["alloc_index"] >= 0) & (b["alloc_index"] < found.step_index)
+                 & (b["category"] != "optimizer_state")]       # what the kept graphs hold (grads were set to None)
+    # all but what the loss computation made (it has not run again in the last, unfinished iteration)
+    assert 0.9 * int(retained["size"].sum()) <= found.bytes <= int(retained["size"].sum())
+    clean = _cpu_training(leak=False)
+    timeline = replay(clean)
+    n = len(timeline[0])
+    for index in range(0, n, 20):
+        blocks = attribute(clean, at=index, timeline=timeline).blocks
+        assert kept_across_step(clean, 0, index, blocks, PER_FORWARD) is None, index

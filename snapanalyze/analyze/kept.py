@@ -11,9 +11,12 @@ while its earlier outputs stayed alive. What keeps them is the program's (a loss
 without `.item()` / `.detach()`, `backward(retain_graph=True)`, outputs stored for logging); the bytes are
 exact, each a live block with its allocation event, and a lower bound (only code that has run again counts).
 Requiring the code to have run again spares tensors that legitimately wait across another optimizer's step (a
-GAN generator's output while the discriminator steps). None when no step precedes `index` inside the span of
-those blocks, or nothing was kept. The cost is bounded by the events since the oldest live forward-pass block
-(their stack ids are looked up as columns; each distinct stack and frame is matched once).
+GAN generator's output while the discriminator steps). A loop variable that still holds the previous
+iteration's tensor while the next forward runs is found too (PyTorch's FAQ: `del` what you no longer need):
+it outlived one step. None when no step precedes `index` inside the span of those blocks, or what was kept is
+below `MIN_SHARE` of the bytes live at `index` (a previous loss scalar is not worth a word). The cost is
+bounded by the events since the oldest live forward-pass block (their stack ids are looked up as columns;
+each distinct stack and frame is matched once).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class KeptAcrossStep:
 
 Frames = tuple[tuple[str, str], ...]          # (path fragment, function)
 OTHER = "other"                              # the category of a block no rule claimed
+MIN_SHARE = 0.01                             # kept bytes worth reporting, as a share of the bytes live
 
 
 @functools.cache
@@ -108,7 +112,7 @@ def kept_across_step(snapshot: Snapshot, device: int, index: int, blocks: pd.Dat
     starts, last = at[pos[new_run]], int(at[pos[-1]])
     again = np.unique(ids[elsewhere & (at > last)])       # code that allocated after the last step
     kept = mine[(mine["alloc_index"].to_numpy() < starts[-1]) & np.isin(mine["stack_id"].to_numpy(), again)]
-    if not len(kept):
+    if not len(kept) or kept["size"].sum() < MIN_SHARE * blocks.loc[blocks["device"] == device, "size"].sum():
         return None
     outlived = len(starts) - np.searchsorted(starts, kept["alloc_index"].to_numpy(), side="right")
     by_category = kept.groupby("category", observed=True)["size"].sum().sort_values(ascending=False, kind="stable")

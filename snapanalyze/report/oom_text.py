@@ -155,7 +155,8 @@ def kept_words(x: Mapping[str, Any], at: str, label: Callable[[str], str] = str)
             f"{fmt_bytes(x['bytes'])} made by forward passes before the training step at event "
             f"{x['step_index']:,} ({made}{site}) are still live {at} although that code has run again since "
             f"(the oldest outlived {fmt_count(x['steps'], 'step')}): a loss or output summed or stored without "
-            ".item() / .detach(), or backward(retain_graph=True), keeps them or their graph")
+            ".item() / .detach(), backward(retain_graph=True), or a variable still holding the previous "
+            "iteration's tensor (del it once used) keeps them or their graph")
 
 
 def _needs(x: Mapping[str, Any]) -> str:
