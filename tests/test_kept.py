@@ -240,10 +240,11 @@ def test_attribute_names_them_at_the_peak_in_the_terminal_and_json(tmp_path: Pat
     assert doc["devices"][0]["kept_across_step"] is None and "keep no forward-pass" not in text
 
 
-def _cpu_training(leak: bool, steps: int = 3) -> Any:
+def _cpu_training(leak: bool, steps: int = 3, keep_outputs: bool = False) -> Any:
     """A real training loop (tiny Llama-shaped model, torch.optim.AdamW, CPU torch) recorded by `CpuTrace`:
     `steps` iterations and the next forward. With `leak`, `backward(retain_graph=True)` and the loss kept
-    keep every iteration's saved activations; without, `loss.item()` is all that is kept."""
+    keep every iteration's saved activations; without, `loss.item()` is all that is kept; `keep_outputs`
+    stores each iteration's logits (detached) for logging."""
     torch = pytest.importorskip("torch")
     from cpu_trace import CpuTrace
     from tinylm import TinyLM
@@ -262,6 +263,8 @@ def _cpu_training(leak: bool, steps: int = 3) -> Any:
             loss = torch.nn.functional.cross_entropy(logits.view(-1, 128), ids.view(-1))
             loss.backward(retain_graph=leak)
             history.append(loss if leak else loss.item())
+            if keep_outputs:
+                history.append(logits.detach())
             optimizer.step()
             optimizer.zero_grad()
         raw = recorder.snapshot()
@@ -291,3 +294,14 @@ def test_a_real_training_loop_that_retains_its_graph_and_one_that_does_not() -> 
     for index in range(0, n, 20):
         blocks = attribute(clean, at=index, timeline=timeline).blocks
         assert kept_across_step(clean, 0, index, blocks, PER_FORWARD) is None, index
+
+
+def test_outputs_kept_for_logging_in_a_real_loop() -> None:
+    """Each iteration's logits stored (detached) for logging: the earlier iterations' logits whose lm_head has
+    run again are found, whole blocks of the logits' size (4 × 64 × 128 float32)."""
+    snapshot = _cpu_training(leak=False, keep_outputs=True)
+    result = attribute(snapshot)
+    (instant,) = result.instants.values()
+    found = kept_across_step(snapshot, 0, instant.event_index, result.blocks, PER_FORWARD)
+    assert found is not None and found.blocks >= 2 and found.bytes == found.blocks * 4 * 64 * 128 * 4
+    assert found.site.endswith("tinylm.py:54:forward")            # TinyLM.forward's lm_head line
