@@ -305,3 +305,14 @@ def test_outputs_kept_for_logging_in_a_real_loop() -> None:
     found = kept_across_step(snapshot, 0, instant.event_index, result.blocks, PER_FORWARD)
     assert found is not None and found.blocks >= 2 and found.bytes == found.blocks * 4 * 64 * 128 * 4
     assert found.site.endswith("tinylm.py:54:forward")            # TinyLM.forward's lm_head line
+
+
+def test_the_notebook_shows_them_as_the_terminal_does() -> None:
+    """An Attribution in Jupyter renders the command's typed result: the kept tensors' line included."""
+    from snapanalyze.report.notebook import attribution_html
+
+    snapshot, _, _ = leaky_loop(TRAINING[0], leak=True, oom=False)
+    page = attribution_html(attribute(snapshot)).replace("\u00a0", " ")
+    assert "<b>Kept across training steps:</b> keep no forward-pass tensors across training steps" in page
+    clean, _, _ = leaky_loop(TRAINING[0], leak=False, oom=False)
+    assert "Kept across training steps" not in attribution_html(attribute(clean))

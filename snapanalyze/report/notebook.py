@@ -4,8 +4,9 @@ Contract: `snapshot_html`, `timeline_html` and `attribution_html` return a small
 line and one table, rendered from `templates/notebook/` with every value escaped) that Jupyter shows for
 the object through its `_repr_html_` (`display.HtmlDisplay`: importing this module registers them). They
 never include plotly.js or a figure (plots are `snapanalyze.plots`
-functions that return Figures), read only what the object already holds — no replay, no attribution — and
-stay small whatever the trace size.
+functions that return Figures), read only what the object already holds — no replay, no attribution (an
+Attribution shows its typed result, `attribution_result`, as the terminal does) — and stay small whatever the
+trace size.
 """
 
 from __future__ import annotations
@@ -60,18 +61,20 @@ def timeline_html(timeline: Timeline) -> str:
 
 
 def attribution_html(attribution: Any, top: int = 1) -> str:
-    """Per device: the instant (label, event, active and reserved bytes), then bytes per category (flagged
-    "inferred" where sizes, lifetimes or layout decided rather than a frame) with the `top` allocation sites of
-    each, and the attribution's notes."""
-    devices = []
-    for device, instant in sorted(attribution.instants.items()):
-        summary = attribution.summary[attribution.summary["device"] == device]
-        devices.append({"instant": instant, "rows": [
-            {"category": r.category, "bytes": int(r.bytes), "share": float(r.share), "blocks": int(r.blocks),
-             "inferred": int(r.inferred_bytes),
-             "sites": list(zip(r.top_frames, r.top_frame_bytes))[:top]} for r in summary.itertuples()]})
-    return str(render("notebook/attribution.html.j2", source=attribution.snapshot.source, devices=devices,
-                      notes=list(attribution.notes)))
+    """The attribute command's typed result (`attribution_result`), as the terminal shows it: per device the
+    instant (label, event, active and reserved bytes), then bytes per category (flagged "inferred" where
+    sizes, lifetimes or layout decided rather than a frame) with the `top` allocation sites of each, the
+    forward-pass tensors kept across training steps, and the attribution's notes."""
+    import dataclasses
+
+    from ..analyze.attribute.compact import attribution_result
+    from .oom_text import kept_words
+
+    result = attribution_result(attribution)
+    kept = {d.device: kept_words(dataclasses.asdict(d.kept), f"at the {d.instant}") if d.kept is not None else ""
+            for d in result.devices}
+    return str(render("notebook/attribution.html.j2", source=result.source, devices=result.devices, top=top,
+                      zip=zip, kept=kept, notes=list(result.notes)))
 
 
 def budget_html(check: Any) -> str:
