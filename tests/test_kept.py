@@ -24,7 +24,7 @@ from snapanalyze.report.run_documents import oom_document
 
 MiB = 1 << 20
 TRAINING = ["cs336-medium-ctx1024-training-t2.11.pickle", "cs336-step-annotations-t2.10.pickle"]
-PER_FORWARD = [c.name for c in load_rules().categories.values() if c.per_forward]
+PER_FORWARD = load_rules().per_forward
 
 
 def _real_stacks(name: str) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:

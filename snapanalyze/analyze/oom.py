@@ -58,11 +58,11 @@ from ..model import (
 )
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import StackView, attribute, explain_stack
+from .attribute.result import AttributionAt
 from .engine import SERVING_ENGINES, Engine, detect_program
 from .kept import KeptAcrossStep, kept_across_step
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
-from .phases import AttributionAt
 from .requests import event_requests
 from .rules import RuleSet, load_rules
 from .spans import open_spans
@@ -324,7 +324,7 @@ def _advice_for_categories(cats: pd.DataFrame, shortfall: int = 0) -> list[Advic
             for _, pick in picks.iterrows()]
 
 
-def _ranked(advice: list[Advice], kept: KeptAcrossStep | None, shortfall: int) -> list[Advice]:
+def _led_by_kept(advice: list[Advice], kept: KeptAcrossStep | None, shortfall: int) -> list[Advice]:
     """The category advice, led, where forward-pass blocks outlived a training step, by freeing them: a leak is
     fixed before anything is tuned, and its bytes are part of the categories the advice after it names."""
     if kept is None:
@@ -407,7 +407,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
             advice.append(Advice("isolate"))
         else:
             verdict = "live_exhaustion"
-            advice.extend(_ranked(_advice_for_categories(cats, shortfall), kept, shortfall))
+            advice.extend(_led_by_kept(_advice_for_categories(cats, shortfall), kept, shortfall))
             advice.append(Advice("free_live", {"bytes": shortfall}))
     return OomVerdict(
         device=device, index=index, time_us=None if pd.isna(row.time_us) else int(row.time_us), stream=stream,
@@ -510,7 +510,7 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
 
     ooms = snapshot.ooms
     rows, cats, live = [], [], []
-    per_forward = [c.name for c in (rules or load_rules()).categories.values() if c.per_forward]
+    per_forward = (rules or load_rules()).per_forward
     for row in ooms.itertuples(index=False):
         c, blocks = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers, attribution_at)
         cats.append(c)

@@ -216,6 +216,8 @@ def peaks_of(timeline: Timeline, top: int = 5, device: int | None = None,
              host: Timeline | None = None) -> Peaks:
     """Each device's (or one device's) window, baseline and top peaks; `host`: the replay of the file's
     pinned host memory, described apart (its device named "host")."""
+    if top < 1:
+        raise ValueError("top must be at least 1")
     return Peaks(timeline.snapshot.source, _devices_of(timeline, top, device),
                  _devices_of(host, top, None, "host") if host is not None else None,
                  tuple(timeline.check_invariants()))
@@ -223,8 +225,6 @@ def peaks_of(timeline: Timeline, top: int = 5, device: int | None = None,
 
 def _devices_of(timeline: Timeline, top: int, device: int | None,
                 name: str | None = None) -> tuple[DevicePeaks, ...]:
-    if top < 1:
-        raise ValueError("top must be at least 1")
     out = []
     for d in [device] if device is not None else sorted(timeline.devices):
         dt = timeline[d]

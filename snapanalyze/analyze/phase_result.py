@@ -8,7 +8,7 @@ Its `to_json()` is the `phases --format json` document; the terminal renders the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import pandas as pd
@@ -46,12 +46,7 @@ class PhaseRow:
     attrs: Mapping[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) \
-                else value
-        return out
+        return asdict(self)                       # the fields are the document's keys, in its order
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ depth, attrs. `phase_table` columns: PHASE_COLUMNS.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -38,12 +38,12 @@ from ..errors import UsageError
 from ..model import ANNOTATE, Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, attribute
+from .attribute.result import AttributionAt
 from .rules import RuleSet, load_rules
 from .spans import annotation_spans
 
 PHASE_SPAN_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
 SPAN_COLUMNS = ["phase", "occurrence", "label", "kind", "source", "device", "start_us", "end_us", "depth", "attrs"]
-AttributionAt = Callable[[int, int], Attribution]      # (device, event index) → its attribution, kept by the caller
 PHASE_COLUMNS = ["device", "phase", "occurrence", "label", "kind", "source", "start_us", "end_us", "clipped", "open",
                  "start_index", "end_index", "before_bytes", "peak_bytes", "peak_index", "peak_time_us",
                  "after_bytes", "transient_bytes", "retained_bytes", "reserved_peak_bytes", "top_categories",

@@ -201,6 +201,11 @@ class RuleSet:
         """Context tag of a category's scope (`context_tag`) -> the tags that end that scope (`not_across`)."""
         return {c.context_tag: frozenset(c.not_across) for c in self.categories.values() if c.context_tag}
 
+    @functools.cached_property
+    def per_forward(self) -> tuple[str, ...]:
+        """The categories a forward pass makes (`Category.per_forward`), for `analyze.kept`."""
+        return tuple(c.name for c in self.categories.values() if c.per_forward)
+
     def with_source(self, source: FrameSources | None) -> RuleSet:
         """These rules bound to a snapshot's frame sources: a RuleSet with its own frame cache, made once per
         map."""

@@ -299,12 +299,11 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
         if details[d]:
             index = details[d][0].event_index
             maps.setdefault((d, index), segment_map(snapshot, timeline, d, index))
-    per_forward = [c.name for c in rules.categories.values() if c.per_forward]
     kept = {}
     for d in devices:
         if details[d]:
             index = details[d][0].event_index
-            found = kept_across_step(snapshot, d, index, cache.at(d, index).blocks, per_forward)
+            found = kept_across_step(snapshot, d, index, cache.at(d, index).blocks, rules.per_forward)
             if found is not None:
                 kept[d] = found
     outside = None

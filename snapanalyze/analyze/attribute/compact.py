@@ -76,13 +76,9 @@ class DeviceAttribution:
                      "reserved_bytes": self.reserved_bytes},
             "transient_bytes": self.transient_bytes, "request": self.request,
             "kept_across_step": dataclasses.asdict(self.kept) if self.kept is not None else None,
-            "categories": [{"category": c.category, "bytes": c.bytes, "share": c.share, "blocks": c.blocks,
-                            "top_frames": list(c.top_frames), "top_frame_bytes": list(c.top_frame_bytes),
-                            "inferred_bytes": c.inferred_bytes} for c in self.categories]}
+            "categories": [dataclasses.asdict(c) for c in self.categories]}     # fields in the document's order
         if self.explain is not None:
-            entry["explain"] = [{"category": e.category, "rule": e.rule, "frame": e.frame, "reason": e.reason,
-                                 "tags": list(e.tags), "inferred": e.inferred, "bytes": e.bytes,
-                                 "blocks": e.blocks, "stacks": e.stacks} for e in self.explain]
+            entry["explain"] = [dataclasses.asdict(e) for e in self.explain]
         return entry
 
 
@@ -103,7 +99,6 @@ class AttributionResult:
 def attribution_result(attribution: Attribution, explain: bool = False, top: int = SUMMARY_TOP) -> AttributionResult:
     """See the module docstring."""
     summaries = attribution.summary if top == SUMMARY_TOP else summarize_blocks(attribution.blocks, top=top)
-    per_forward = [c.name for c in attribution.rules.categories.values() if c.per_forward]
     devices = []
     for device, instant in sorted(attribution.instants.items()):
         summary = summaries[summaries["device"] == device]
@@ -116,7 +111,7 @@ def attribution_result(attribution: Attribution, explain: bool = False, top: int
                                            int(r.inferred_bytes)) for r in summary.itertuples()),
             explain=rule_firings(attribution, device) if explain else None,
             kept=kept_across_step(attribution.snapshot, device, instant.event_index, attribution.blocks,
-                                  per_forward)))
+                                  attribution.rules.per_forward)))
     return AttributionResult(str(attribution.snapshot.source), tuple(devices), tuple(attribution.notes),
                              tuple(attribution.rules.sources))
 

@@ -16,6 +16,7 @@ first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those fl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -79,6 +80,8 @@ class Attribution(HtmlDisplay):
         return summarize_blocks(self.blocks)
 
 
+
+AttributionAt = Callable[[int, int], Attribution]     # (device, event index) → its attribution, kept by a caller
 
 SUMMARY_TOP = 3     # allocation sites per category in `Attribution.summary`
 
