@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import BadInputError
+from ..gcpause import gc_paused
 from ..model import (
     ACTIONS,
     ALLOC,
@@ -51,7 +52,6 @@ from ..model import (
     TraceDetails,
 )
 from ..stacks import StackInterner, clean_text
-from .safe_pickle import gc_paused
 
 if TYPE_CHECKING:
     import pandas as pd

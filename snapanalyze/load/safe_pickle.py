@@ -26,7 +26,6 @@ the object graph is acyclic and millions of containers would otherwise trigger n
 
 from __future__ import annotations
 
-import gc
 import gzip
 import io
 import json
@@ -47,6 +46,7 @@ from typing import IO, Any, NamedTuple
 import numpy as np
 
 from ..errors import BadInputError, UnsafePickleError
+from ..gcpause import gc_paused
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -183,22 +183,6 @@ class _Guard(io.RawIOBase):
         if n:
             self._seen(memoryview(buffer)[:n])
         return n or 0
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building large acyclic structures. On the way out, what was
-    built moves straight to the oldest generation (`gc.freeze` then `gc.unfreeze`, two list splices), so the
-    first allocations after the pause do not walk millions of young objects through the younger generations."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.freeze()
-            gc.unfreeze()
-            gc.enable()
 
 
 def _on_big_stack(work: Callable[[], Any]) -> Any:

@@ -1,11 +1,11 @@
 """The caching allocator's state machine: pools of free blocks, segments cut into blocks, malloc and free.
 
-Contract: `Allocator(settings, cuda)` starts empty; `place_segment` and `place_block` rebuild a starting
-state; `malloc(size, stream, pool)` returns the Block it hands out or None (out of memory), `free(addr)`
-returns a block to its pool, `release_cached()` is `empty_cache()`. Every segment it reserves or returns is
-appended to `events` as a SegmentEvent, the order the real allocator records them in. `cuda` decides whether
-a segment of n bytes can be had from the driver and at which address (a `Driver`): the replay takes the
-trace's answers, a what-if the device's capacity.
+Contract: `Allocator(settings, cuda)` starts empty; `place_segments` rebuilds a starting state; `malloc(size,
+stream, pool)` returns the Block it hands out or None (out of memory), `free(addr)` returns a block to its
+pool, `release_cached()` is `empty_cache()`. Every segment it reserves or returns is appended to `events` as a
+SegmentEvent, the order the real allocator records them in. `cuda` decides whether a segment of n bytes can be
+had from the driver and at which address (a `Driver`): the replay takes the trace's answers, a what-if the
+device's capacity.
 
 Follows c10/cuda/CUDACachingAllocator.cpp (see `settings` for the versions read): free blocks per pool in a
 set ordered by (stream, size, address) (`BlockComparatorSize`, the same from 2.0 to today); `get_free_block`
@@ -177,12 +177,8 @@ class Pool:
             bisect.insort(self.unmapped, (b.segment.stream, b.addr))
             self.holes[b.addr] = b
 
-    def add_unsorted(self, b: Block) -> None:
-        """`insert` without keeping the order: call `sort` once after adding many (a starting state)."""
-        self.blocks[b.addr] = b
-        b.gc_base = self.calls
-
     def sort(self) -> None:
+        """Order `blocks` once after adding many to it directly (a starting state)."""
         self.keys = SortedKeys.of([(b.segment.stream, b.size, b.addr) for b in self.blocks.values()])
 
     def remove(self, b: Block) -> None:
@@ -245,41 +241,38 @@ class Allocator:
     def _pool_of(self, b: Block) -> Pool:
         return self.pool(b.segment.pool, b.segment.small)
 
-    def place_segment(self, addr: int, size: int, stream: int, pool: str, small: bool, expandable: bool = False,
-                      blocks: Sequence[tuple[int, int, int]] = ()) -> Segment:
-        """A segment that exists at the start, cut into `blocks` (offset, size, requested bytes; 0 requested:
-        free), which must tile it in offset order (none: one free block). An expandable one is taken as
-        mapped from `addr` to `addr + size`, with no range beyond."""
-        seg = self._place(addr, size, stream, pool, small, expandable, blocks)
-        self.pool(pool, small).sort()
-        return seg
-
-    def place_segments(self, segments: Sequence[tuple[int, int, int, str, bool, bool, Sequence[tuple[int, int, int]]]]
-                       ) -> None:
-        """`place_segment` for many (addr, size, stream, pool, small, expandable, blocks), each pool sorted once."""
-        for seg in segments:
-            self._place(*seg)
+    def place_segments(self, segments: Sequence[tuple[int, int, int, str, bool, bool]], first: Sequence[int],
+                       blocks: tuple[Sequence[int], Sequence[int], Sequence[int]]) -> None:
+        """The segments that exist at the start, each (addr, size, stream, pool, small, expandable), segment j cut
+        into the blocks `first[j]` to `first[j + 1]` of `blocks` (columns offset, size, requested bytes; 0
+        requested: free), which tile it in offset order (none: one free block); each pool is sorted once. An
+        expandable segment is taken as mapped from `addr` to `addr + size`, with no range beyond."""
+        offsets, sizes, requests = blocks
+        allocated = self.allocated
+        for j, (addr, size, stream, pool, small, expandable) in enumerate(segments):
+            seg = self.segments[addr] = Segment(addr, size, stream, pool, small, expandable)
+            self.reserved += size
+            free = self.pool(pool, small).blocks
+            lo, hi = first[j], first[j + 1]
+            if lo == hi:
+                free[addr] = Block(seg, addr, size)
+                continue
+            prev: Block | None = None
+            for k in range(lo, hi):
+                b = Block(seg, addr + offsets[k], sizes[k])
+                if prev is not None:
+                    b.prev, prev.next = prev, b
+                prev = b
+                requested = requests[k]
+                if requested:
+                    b.allocated, b.requested = True, requested
+                    allocated[b.addr] = b
+                    self.allocated_bytes += b.size
+                    self.requested_bytes += requested
+                else:
+                    free[b.addr] = b
         for p in self.pools.values():
             p.sort()
-
-    def _place(self, addr: int, size: int, stream: int, pool: str, small: bool, expandable: bool,
-               blocks: Sequence[tuple[int, int, int]]) -> Segment:
-        seg = Segment(addr, size, stream, pool, small, expandable)
-        self.segments[addr] = seg
-        self.reserved += size
-        p = self.pool(pool, small)
-        prev: Block | None = None
-        for offset, length, requested in blocks or ((0, size, 0),):
-            b = Block(seg, addr + offset, length)
-            b.prev = prev
-            if prev is not None:
-                prev.next = b
-            prev = b
-            if requested:
-                self._hand_out(b, requested)
-            else:
-                p.add_unsorted(b)
-        return seg
 
     # -- malloc ----------------------------------------------------------------------------------------------
 

@@ -22,14 +22,12 @@ The result carries codes, never sentences: `Divergence.kind` is one of DIVERGENC
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from ...gcpause import gc_paused
 from ...model import (
     ALLOC,
     FREE_COMPLETED,
@@ -148,8 +146,9 @@ class _TraceDriver(Driver):
 
     def step(self, recorded: Sequence[SegmentEvent], refuse: bool, freed: int = 0) -> None:
         self.refuse, self.freed = refuse, freed
-        self.grow = [e for e in recorded if e.action in ("segment_alloc", "segment_map")]
-        self.frees = sum(e.action in ("segment_free", "segment_unmap") for e in recorded)
+        if recorded or self.grow or self.frees:
+            self.grow = [e for e in recorded if e.action in ("segment_alloc", "segment_map")]
+            self.frees = sum(e.action in ("segment_free", "segment_unmap") for e in recorded)
 
     def _refused(self) -> bool:
         return self.refuse or self.freed < self.frees
@@ -204,51 +203,65 @@ class _CapacityDriver(Driver):
         return addr
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class StartState:
-    """One device's segments at the window's start, each cut into its blocks (offset, size, requested; 0:
-    free), and whether the snapshot pins that state down exactly (no block changed after it)."""
+    """One device's segments at the window's start, each (address, size, stream, pool, small, expandable),
+    segment j cut into the blocks `first[j]` to `first[j + 1]` of `blocks` (columns offset, size, requested;
+    0: free), and whether the snapshot pins that state down exactly (no block changed after it)."""
 
-    segments: tuple[tuple[int, int, int, str, bool, bool, tuple[tuple[int, int, int], ...]], ...]
+    segments: tuple[tuple[int, int, int, str, bool, bool], ...]
+    first: tuple[int, ...]
+    blocks: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
     exact: bool
 
 
 def start_state(snapshot: Snapshot, timeline: Timeline, device: int) -> StartState:
-    """The state at the window's start (see the module docstring)."""
+    """The state at the window's start (see the module docstring). Columnar: a large-pool gap of at most
+    1 MiB right after a live block (and any such gap right after it) joins that block."""
     m = segment_map(snapshot, timeline, device, -1)
     cols = snapshot.segment_columns
     on = cols["device"] == device
-    expandable = set(cols["address"][on & cols["is_expandable"].astype(bool)].astype(np.uint64).tolist())
-    segs = list(zip(*(_column(m.segments, c) for c in ("address", "size", "stream", "pool", "segment_type"))))
-    splits_any = {addr for addr, _, _, _, kind in segs if kind == "small" or addr in expandable}
-    layout: dict[int, list[tuple[int, int, int]]] = {}
-    for seg, offset, size, state, requested in zip(*(_column(m.pieces, c) for c in
-                                                    ("segment_address", "offset", "size", "state", "requested"))):
-        pieces = layout.setdefault(seg, [])
-        live = state != "inactive"
-        if not live and pieces and pieces[-1][2] and size <= SMALL_SIZE and seg not in splits_any:
-            # a large-pool block's unsplit remainder: a free gap of ≤ 1 MiB right after a live block (a free
-            # large-pool block is never that small; small pools and expandable segments split any remainder)
-            last = pieces[-1]
-            pieces[-1] = (last[0], last[1] + size, last[2])
-            continue
-        pieces.append((offset, size, max(requested, 1) if live else 0))
-    return StartState(tuple((addr, size, stream, pool, kind == "small", addr in expandable, tuple(layout.get(addr, ())))
-                            for addr, size, stream, pool, kind in segs), bool(m.exact))
+    segs = m.segments
+    addr = segs["address"].to_numpy(dtype=np.uint64)
+    expandable = np.isin(addr, cols["address"][on & cols["is_expandable"].astype(bool)].astype(np.uint64))
+    small = segs["segment_type"].astype(str).to_numpy() == "small"
+    pieces = m.pieces
+    by_addr = np.argsort(addr, kind="stable")
+    owner_addr = pieces["segment_address"].to_numpy(dtype=np.uint64)
+    at = np.minimum(np.searchsorted(addr[by_addr], owner_addr), max(len(addr) - 1, 0))
+    known = addr[by_addr][at] == owner_addr if len(addr) else np.zeros(len(owner_addr), dtype=bool)
+    row = by_addr[at][known]                              # each piece's segment (pieces of no segment dropped)
+    order = np.argsort(row, kind="stable")                # by segment, each segment's in the map's order
+    row = row[order]
+    offset, size, requested = (pieces[c].to_numpy(dtype=np.int64)[known][order]
+                               for c in ("offset", "size", "requested"))
+    live = (pieces["state"].astype(str).to_numpy() != "inactive")[known][order]
+    # a free large-pool block is never ≤ 1 MiB: such a gap right after a live block is its unsplit remainder
+    # (small pools and expandable segments split any remainder)
+    joins = ~live & (size <= SMALL_SIZE) & ~(small | expandable)[row]
+    same = np.zeros(len(row), dtype=bool)
+    same[1:] = row[1:] == row[:-1]
+    run_start = joins & ~(np.concatenate(([False], joins[:-1])) & same)
+    after_live = same & np.concatenate(([False], live[:-1]))
+    joined = joins & after_live[np.flatnonzero(run_start)][np.maximum(np.cumsum(run_start) - 1, 0)] \
+        if run_start.any() else np.zeros(len(row), dtype=bool)
+    keep = np.flatnonzero(~joined)
+    sizes = np.add.reduceat(size, keep) if len(keep) else size[keep]
+    first = np.searchsorted(row[keep], np.arange(len(addr) + 1))
+    return StartState(
+        segments=tuple(zip(addr.tolist(), segs["size"].to_numpy(dtype=np.int64).tolist(),
+                           segs["stream"].to_numpy(dtype=np.int64).tolist(), segs["pool"].astype(str).tolist(),
+                           small.tolist(), expandable.tolist())),
+        first=tuple(first.tolist()),
+        blocks=(tuple(offset[keep].tolist()), tuple(sizes.tolist()),
+                tuple(np.where(live, np.maximum(requested, 1), 0)[keep].tolist())),
+        exact=bool(m.exact))
 
 
 def _start(start: StartState, settings: AllocatorSettings, driver: Driver) -> Allocator:
     alloc = Allocator(settings, driver)
-    alloc.place_segments(start.segments)
+    alloc.place_segments(start.segments, start.first, start.blocks)
     return alloc
-
-
-def _column(frame: pd.DataFrame, name: str) -> list[Any]:
-    """A DataFrame column as Python values (ints for numbers, str for the rest)."""
-    col = frame[name]
-    if col.dtype.kind in "iu":
-        return [int(v) for v in col.to_numpy().tolist()]
-    return list(col.astype(str).tolist())
 
 
 def _recorded(t: object, indices: Sequence[int]) -> list[SegmentEvent]:
@@ -256,25 +269,56 @@ def _recorded(t: object, indices: Sequence[int]) -> list[SegmentEvent]:
             for i in indices]
 
 
-def _pools(snapshot: Snapshot, device: int) -> tuple[np.ndarray | None, list[int], list[tuple[int, str]]]:
-    """The pool each event names (torch ≥ 2.12), else the private pools' segments by address (end state)."""
+CHUNK = 1 << 16                                          # events turned into Python values at a time
+
+
+def _events(snapshot: Snapshot, timeline: Timeline, device: int, free_action: int
+            ) -> Iterator[tuple[int, int, int, int, int, str, int]]:
+    """What a simulation reads of one device's trace, oldest first: (index, action, addr, size, stream, pool,
+    reserved after it) of each allocation, OOM, free that takes effect (`free_action`) and segment event, and
+    of any other event right after a segment event (where segments given back before it end: empty_cache()).
+    The pool is the one the event names (torch ≥ 2.12), else the private pool whose segment (end state)
+    holds the address, else the default pool. Columns become Python values a chunk at a time."""
     t = snapshot.trace(device)
-    named = t.pools_of(np.arange(len(t))) if len(t) else None
+    action = t.action
+    segment = np.isin(action, (*GROW, *SHRINK))
+    after_segment = np.zeros_like(segment)
+    after_segment[1:] = segment[:-1]
+    keep = np.flatnonzero(np.isin(action, (ALLOC, OOM, free_action)) | segment | after_segment)
+    names, codes = _pool_codes(snapshot, device, keep)
+    reserved = timeline[device].reserved
+    for lo in range(0, len(keep), CHUNK):
+        sel = keep[lo:lo + CHUNK]
+        yield from zip(sel.tolist(), action[sel].tolist(), t.addr[sel].tolist(), t.size[sel].tolist(),
+                       t.stream[sel].tolist(), [names[c] for c in codes[lo:lo + CHUNK].tolist()],
+                       reserved[sel].tolist())
+
+
+def _pool_codes(snapshot: Snapshot, device: int, indices: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The pool of each event `indices` (see `_events`), as codes into a list of pool names."""
+    t = snapshot.trace(device)
     segs = snapshot.segment_columns
     on = (segs["device"] == device) & (segs["pool_id"].astype(str) != DEFAULT_POOL)
-    spans = sorted(zip(segs["address"][on].astype(np.uint64).tolist(),
-                       (segs["address"][on].astype(np.uint64) + segs["total_size"][on].astype(np.uint64)).tolist(),
-                       segs["pool_id"][on].astype(str).tolist()))
-    return named, [s for s, _, _ in spans], [(e, pool) for _, e, pool in spans]
+    starts = segs["address"][on].astype(np.uint64)
+    order = np.argsort(starts, kind="stable")
+    starts = starts[order]
+    ends = starts + segs["total_size"][on].astype(np.uint64)[order]
+    span_pools = segs["pool_id"][on].astype(str)[order].tolist()
+    names = [DEFAULT_POOL, *span_pools]
+    addr = t.addr[indices].astype(np.uint64)
+    k = np.searchsorted(starts, addr, side="right") - 1
+    inside = (k >= 0) & (addr < ends[np.maximum(k, 0)]) if len(starts) else np.zeros(len(addr), dtype=bool)
+    codes = np.where(inside, k + 1, 0)
+    named = t.pools_of(indices) if len(indices) else None
+    if named is not None:
+        given = (named != "").astype(bool)
+        labels, inverse = np.unique(named[given].astype(str), return_inverse=True)
+        codes[given] = len(names) + inverse
+        names += labels.tolist()
+    return names, codes
 
 
-def _pool_at(addr: int, starts: list[int], ends: list[tuple[int, str]]) -> str:
-    i = bisect.bisect_right(starts, addr) - 1
-    if i >= 0 and addr < ends[i][0]:
-        return ends[i][1]
-    return DEFAULT_POOL
-
-
+@gc_paused()
 def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
                   settings: AllocatorSettings | None = None, start: StartState | None = None) -> DeviceReplay:
     """Replay mode (see the module docstring); `start`: the device's `start_state`, when already made."""
@@ -284,12 +328,10 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
     driver = _TraceDriver(None)
     start = start if start is not None else start_state(snapshot, timeline, device)
     alloc, exact = _start(start, s, driver), start.exact
-    action, addrs, sizes, streams = t.action, t.addr, t.size, t.stream
+    action = t.action
     free_action = FREE_COMPLETED if bool((action == FREE_COMPLETED).any()) else FREE_REQUESTED
-    named, starts, ends = _pools(snapshot, device)
-    is_segment = np.isin(action, (*GROW, *SHRINK))
     n = len(t)
-    segment_events = int(is_segment.sum())
+    segment_events = int(np.isin(action, (*GROW, *SHRINK)).sum())
     allocations = int((action == ALLOC).sum())
     matched = addresses = 0
     reserved_equal = alloc.reserved == dt.reserved_at(-1)
@@ -298,19 +340,15 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
     device_free = t.device_free
     burst: list[int] = []
     divergence: Divergence | None = None
-    i = 0
-    for i in range(n):
-        a = int(action[i])
-        if is_segment[i]:
+    for i, a, addr, size, stream, pool, reserved in _events(snapshot, timeline, device, free_action):
+        if a in SEGMENT_ACTIONS:
             burst.append(i)
             continue
         if a not in (ALLOC, OOM, free_action) and not burst:
             continue
-        recorded = _recorded(t, burst)
+        recorded = _recorded(t, burst) if burst else []
         burst = []
         before = len(alloc.events)
-        addr, size, stream = int(addrs[i]), int(sizes[i]), int(streams[i])
-        pool = (named[i] if named is not None and named[i] else None) or _pool_at(addr, starts, ends)
         kind = None
         placed = None
         gives_back = any(e.action in ("segment_free", "segment_unmap") for e in recorded)
@@ -330,7 +368,7 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
             else:
                 free = device_free.get(i)
                 ooms.append(OomOutcome(index=i, request=s.round_size(size), served=False, reserved=alloc.reserved,
-                                       capacity=dt.reserved_at(i) + free if free is not None else None,
+                                       capacity=reserved + free if free is not None else None,
                                        largest_free=_largest_free(alloc)))
         elif a == free_action:
             if gives_back:
@@ -339,6 +377,17 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
                 kind = "unknown_free"
         else:
             alloc.release_cached(freeable)
+        if not recorded and len(alloc.events) == before:      # no segment event, recorded or simulated
+            if kind is None:
+                addresses += a == ALLOC
+                reserved_equal = reserved_equal and alloc.reserved == reserved
+            if alloc.reserved > peak.reserved:
+                peak.update(alloc, i)
+            if kind is not None:
+                divergence = Divergence(index=i, kind=kind, recorded_addr=addr if kind == "address" else None,
+                                        simulated_addr=placed, size=size)
+                break
+            continue
         simulated = tuple(alloc.events[before:])
         same = _common_prefix(recorded, simulated)
         matched += same
@@ -346,7 +395,7 @@ def replay_device(snapshot: Snapshot, timeline: Timeline, device: int,
             kind = _segment_kind(recorded, simulated)
         if kind is None and a == ALLOC:
             addresses += 1
-        if kind is None and alloc.reserved != dt.reserved_at(i):
+        if kind is None and alloc.reserved != reserved:
             reserved_equal = False
         if alloc.reserved > peak.reserved:
             peak.update(alloc, i)
@@ -420,6 +469,7 @@ def oom_capacity(snapshot: Snapshot, timeline: Timeline, device: int) -> int | N
     return None
 
 
+@gc_paused()
 def predict_device(snapshot: Snapshot, timeline: Timeline, device: int, settings: AllocatorSettings,
                    capacity: int | None, total: int | None = None, start: StartState | None = None) -> Prediction:
     """The trace's requests under `settings` on a device where PyTorch may reserve `capacity` bytes (None:
@@ -427,21 +477,16 @@ def predict_device(snapshot: Snapshot, timeline: Timeline, device: int, settings
     t = snapshot.trace(device)
     driver = _CapacityDriver(capacity, total if total is not None else capacity)
     alloc = _start(start if start is not None else start_state(snapshot, timeline, device), settings, driver)
-    action, addrs, sizes, streams = t.action, t.addr, t.size, t.stream
-    free_action = FREE_COMPLETED if bool((action == FREE_COMPLETED).any()) else FREE_REQUESTED
-    named, starts, ends = _pools(snapshot, device)
-    is_segment = np.isin(action, (*GROW, *SHRINK))
-    gives_back = np.isin(action, SHRINK)
+    free_action = FREE_COMPLETED if bool((t.action == FREE_COMPLETED).any()) else FREE_REQUESTED
     peak = _Peak(alloc)
     ooms: list[OomOutcome] = []
     stop: Divergence | None = None
     burst: list[int] = []
     moved: dict[int, int] = {}                           # blocks live before the window keep their addresses
     n = len(t)
-    for i in range(n):
-        a = int(action[i])
-        if is_segment[i]:
-            if gives_back[i]:
+    for i, a, addr, size, stream, pool, _ in _events(snapshot, timeline, device, free_action):
+        if a in SEGMENT_ACTIONS:
+            if a in SHRINK:
                 burst.append(i)
             continue
         if a not in (ALLOC, OOM, free_action):
@@ -449,11 +494,10 @@ def predict_device(snapshot: Snapshot, timeline: Timeline, device: int, settings
                 alloc.release_cached(_freeable(alloc, _recorded(t, burst)))
                 burst = []
             continue
-        addr, size, stream = int(addrs[i]), int(sizes[i]), int(streams[i])
-        if burst and a == free_action:
-            alloc.release_cached(_freeable(alloc, _recorded(t, burst)))
-        burst = []
-        pool = (named[i] if named is not None and named[i] else None) or _pool_at(addr, starts, ends)
+        if burst:
+            if a == free_action:
+                alloc.release_cached(_freeable(alloc, _recorded(t, burst)))
+            burst = []
         if a == ALLOC:
             block = alloc.malloc(size, stream, pool)
             if block is None:
