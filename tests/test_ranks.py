@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from snapanalyze.analyze.rank_result import ranks_of
 from snapanalyze.analyze.ranks import DIFF_COLUMNS, RANK_COLUMNS, rank_outliers
 from snapanalyze.errors import BadInputError
 from snapanalyze.session import compare_ranks
@@ -57,6 +58,24 @@ def test_rank_1_is_the_outlier_because_of_its_vision_encoder() -> None:
     assert dict(zip(c.differences["category"], c.differences["difference_bytes"])) == want
     assert int(c.differences["difference_bytes"].sum()) == diff
     assert list(c.differences["difference_bytes"]) == sorted(c.differences["difference_bytes"], reverse=True)
+
+
+def test_the_typed_result_carries_the_comparison_and_survives_a_pickle() -> None:
+    """`ranks` renders one frozen result: its rows are the comparison's, plain values (no numpy), picklable,
+    and its JSON is what the expected file says rank by rank."""
+    import pickle
+
+    r = ranks_of(compare_ranks(TP2))
+    assert pickle.loads(pickle.dumps(r)) == r
+    assert [(x.rank, x.outlier) for x in r.ranks] == [(0, False), (1, True)]
+    assert [type(x.active_bytes) for x in r.ranks] == [int, int]
+    doc = json.loads(json.dumps(r.to_json(), allow_nan=False))
+    for row in doc["ranks"]:
+        exp = EXP["ranks"][str(row["rank"])]
+        assert row["peak"]["active_bytes"] == exp["peak"]["active_bytes"]
+        assert row["nvml_used_bytes"] == exp["nvml"]["nvml_used_bytes"]
+    assert [o["rank"] for o in doc["outliers"]] == [1]
+    assert doc["outliers"][0]["categories"][0]["category"] == EXP["outlier"]["category"]
 
 
 def test_missing_rank_snapshot_is_reported(tp2: Path) -> None:

@@ -44,7 +44,7 @@ def ranks(run: str, tag: str | None, rules_file: str | None,
     """One row per rank at its peak: NVML used, memory outside the allocator, top category; the outliers."""
     rules, index = rules_for(rules_file), source_for(source)
     start_early(len(layout.rank_dirs(run)))
-    from ..report.run_documents import ranks_document
+    from ..analyze.rank_result import ranks_of
     from ..report.run_terminal import render_ranks
     from ..session import compare_ranks, open_run
 
@@ -52,12 +52,12 @@ def ranks(run: str, tag: str | None, rules_file: str | None,
         opened = open_run(run, progress.step, frames="allocations", source=index)
         comparison = compare_ranks(opened, tag=tag, rules=rules, threshold=threshold, executor=executor(),
                                    progress=progress.step)
-    doc = ranks_document(comparison)
+    result = ranks_of(comparison)
     if fmt == "json":
-        emit_json(doc)
+        emit_json(result.to_json())
         return
     width = terminal_width()
-    echo_text(render_ranks(doc, width), width)
+    echo_text(render_ranks(result, width), width)
 
 
 @main.command("explain-oom")

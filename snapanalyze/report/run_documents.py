@@ -1,7 +1,7 @@
-"""JSON-ready documents for the run-level analyses: ranks, OOM explanations.
+"""JSON-ready documents for OOM explanations (the ranks' is `analyze.rank_result.Ranks.to_json`).
 
-Contract: each function turns one analysis result (`analyze.ranks.RankComparison`, the `(explanations,
-problems)` of `analyze.oom.explain_path`) into plain dicts of
+Contract: each function turns one analysis result (the `(explanations, problems)` of
+`session.explain_path`) into plain dicts of
 str/int/float/bool/None/list/dict; bytes stay exact integers, times are µs since the Unix epoch. Keys keep
 their meaning once published; new keys may be added. `problems` lists what was missing (reported, not fatal).
 """
@@ -28,42 +28,6 @@ def _record(row: pd.Series | dict[str, Any], keys: list[str]) -> dict[str, Any]:
         else:
             out[k] = _plain(v)
     return out
-
-
-def ranks_document(comparison: Any) -> dict[str, Any]:
-    """`snapanalyze ranks --format json`: one entry per rank (and device) at its peak, outliers, problems."""
-    cats = comparison.categories
-    ranks = []
-    for _, r in comparison.table.iterrows():
-        mine = cats[(cats["rank"] == r["rank"]) & (cats["device"] == r["device"])]
-        ranks.append({
-            "rank": int(r["rank"]), "device": int(r["device"]), "tag": r["tag"], "source": r["source"],
-            "peak": {"event_index": int(r["event_index"]), "time_us": _plain(r["time_us"]),
-                     "duration_us": _plain(r["duration_us"]), "active_bytes": int(r["active_bytes"]),
-                     "reserved_bytes": int(r["reserved_bytes"])},
-            "nvml_used_bytes": _plain(r["nvml_used_bytes"]), "nvml_used_measured": bool(r["nvml_used_measured"]),
-            "outside_bytes": _plain(r["outside_bytes"]),
-            "outside": {"basis": r["outside_basis"], "uncertain": bool(r["outside_uncertain"]),
-                        "note": r["outside_note"]},
-            "top_category": r["top_category"], "top_category_bytes": _plain(r["top_category_bytes"]),
-            "difference_bytes": int(r["difference_bytes"]), "outlier": bool(r["outlier"]),
-            "categories": [{"category": c.category, "bytes": int(c.bytes), "share": round(float(c.share), 6)}
-                           for c in mine.itertuples()],
-        })
-    outliers = []
-    diffs = comparison.differences
-    for _, r in comparison.table[comparison.table["outlier"]].iterrows():
-        mine = diffs[(diffs["rank"] == r["rank"]) & (diffs["device"] == r["device"])]
-        outliers.append({"rank": int(r["rank"]), "device": int(r["device"]),
-                         "difference_bytes": int(r["difference_bytes"]),
-                         "categories": [{"category": d.category, "bytes": int(d.bytes),
-                                         "median_bytes": int(d.median_bytes),
-                                         "difference_bytes": int(d.difference_bytes),
-                                         "share_of_difference": round(float(d.share_of_difference), 6)}
-                                        for d in mine.itertuples()]})
-    return {"run": str(comparison.run), "median_rank": comparison.median_rank,
-            "median_device": comparison.median_device, "ranks": ranks, "outliers": outliers,
-            "problems": list(comparison.problems)}
 
 
 OOM_KEYS = ["device", "index", "time_us", "stream", "request_bytes", "device_free_bytes", "active_bytes",

@@ -1,5 +1,5 @@
-"""Terminal rendering of the run-level results: ranks and OOM explanations (their `run_documents`), phases (the
-typed `Phases`).
+"""Terminal rendering of the run-level results: ranks and phases (the typed `Ranks` and `Phases`), OOM
+explanations (their `run_documents` document).
 
 Contract: each `render_*` takes the JSON-ready document or typed result and returns the text a person reads
 in a terminal;
@@ -17,48 +17,47 @@ from . import text
 
 if TYPE_CHECKING:
     from ..analyze.phase_result import Phases
+    from ..analyze.rank_result import Ranks
 
 
 def _problems(doc: dict[str, Any]) -> list[str]:
     return [f"warning: {p}" for p in doc.get("problems", [])]
 
 
-def render_ranks(doc: dict[str, Any], width: int | None = None) -> str:
-    out = [doc["run"]]
+def render_ranks(result: Ranks, width: int | None = None) -> str:
+    out = [result.run]
     rows = []
-    for r in doc["ranks"]:
-        p = r["peak"]
-        used = units.fmt_bytes(r["nvml_used_bytes"])
-        if r["nvml_used_bytes"] is not None and not r["nvml_used_measured"]:
+    for r in result.ranks:
+        used = units.fmt_bytes(r.nvml_used_bytes)
+        if r.nvml_used_bytes is not None and not r.nvml_used_measured:
             used += " (est.)"
-        rows.append([str(r["rank"]), str(r["device"]), units.fmt_time_us(p["time_us"]),
-                     units.fmt_bytes(p["active_bytes"]), units.fmt_bytes(p["reserved_bytes"]), used,
-                     units.fmt_bytes(r["outside_bytes"]),
-                     f"{r['top_category'] or '–'} {units.fmt_bytes(r['top_category_bytes'])}",
-                     ("+" if r["difference_bytes"] > 0 else "") + units.fmt_bytes(r["difference_bytes"]),
-                     "OUTLIER" if r["outlier"] else ""])
+        rows.append([str(r.rank), str(r.device), units.fmt_time_us(r.time_us),
+                     units.fmt_bytes(r.active_bytes), units.fmt_bytes(r.reserved_bytes), used,
+                     units.fmt_bytes(r.outside_bytes),
+                     f"{r.top_category or '–'} {units.fmt_bytes(r.top_category_bytes)}",
+                     ("+" if r.difference_bytes > 0 else "") + units.fmt_bytes(r.difference_bytes),
+                     "OUTLIER" if r.outlier else ""])
     out.append(text.table(["rank", "dev", "peak time", "active", "reserved", "NVML used", "outside alloc.",
                            "top category", "vs median", ""], rows,
                           right=[True, True, False, True, True, True, True, False, True, False], width=width))
-    if doc["median_rank"] is not None:
-        out.append(f"\nmedian rank: {doc['median_rank']} (device {doc['median_device']})")
-    if doc["outliers"]:
-        for o in doc["outliers"]:
-            sign = "above" if o["difference_bytes"] > 0 else "below"
-            out.append(f"rank {o['rank']} (device {o['device']}) peaks {units.fmt_bytes(abs(o['difference_bytes']))} "
+    if result.median_rank is not None:
+        out.append(f"\nmedian rank: {result.median_rank} (device {result.median_device})")
+    if result.outliers:
+        for o in result.outliers:
+            sign = "above" if o.difference_bytes > 0 else "below"
+            out.append(f"rank {o.rank} (device {o.device}) peaks {units.fmt_bytes(abs(o.difference_bytes))} "
                        f"{sign} the median rank; the difference by category:")
-            out.append(text.table(["category", f"rank {o['rank']}", "median rank", "difference"],
-                                  [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_bytes(c["median_bytes"]),
-                                    ("+" if c["difference_bytes"] > 0 else "") + units.fmt_bytes(c["difference_bytes"])]
-                                   for c in o["categories"]], right=[False, True, True, True], width=width))
-    elif doc["ranks"]:
+            out.append(text.table(["category", f"rank {o.rank}", "median rank", "difference"],
+                                  [[c.category, units.fmt_bytes(c.bytes), units.fmt_bytes(c.median_bytes),
+                                    ("+" if c.difference_bytes > 0 else "") + units.fmt_bytes(c.difference_bytes)]
+                                   for c in o.categories], right=[False, True, True, True], width=width))
+    elif result.ranks:
         out.append("no outlier: every rank peaks within the tolerance of the median rank")
-    notes = [f"rank {r['rank']}: {r['outside']['note']}" for r in doc["ranks"] if r["outside"]["uncertain"]
-             and r["outside"]["note"]]
+    notes = [f"rank {r.rank}: {r.outside_note}" for r in result.ranks if r.outside_uncertain and r.outside_note]
     if notes:
         out.append("\nNVML at the peak:\n  " + "\n  ".join(notes))
     out.append("\nNVML used (est.) = reserved at the peak + memory outside the allocator from the samples around it.")
-    return "\n".join(out + _problems(doc))
+    return "\n".join(out + [f"warning: {p}" for p in result.problems])
 
 
 def _failed_lines(f: dict[str, Any] | None) -> list[str]:
