@@ -14,7 +14,7 @@ from snapanalyze.analyze.oom import OOM_COLUMNS, OomExplanation, explain_oom, re
 from snapanalyze.load.columns import to_snapshot
 from snapanalyze.load.samples import read_run
 from snapanalyze.report import oom_text
-from snapanalyze.report.run_documents import failed_record, no_oom_record, oom_document
+from snapanalyze.report.run_documents import no_oom_record, oom_document
 from snapanalyze.report.run_terminal import _failed_lines, render_oom
 from snapanalyze.session import explain_path
 
@@ -284,7 +284,7 @@ def test_the_failed_allocation_is_named_with_its_code_request_and_stack() -> Non
     record = doc["snapshots"][0]["ooms"][0]["failed_allocation"]
     assert record["size_bytes"] == 512 * MiB and record["request"] == "req=req-2" and record["span"] == "phase:prefill"
     assert record["owner"].endswith("layers/utils.py:105:default_unquantized_gemm") and len(record["frames"]) == 12
-    shown = render_oom(doc).splitlines()
+    shown = render_oom(items, [], "run").splitlines()
     verdict = next(i for i, line in enumerate(shown) if line.startswith("OOM on device"))
     assert shown[verdict + 1].startswith("  failed: 512.00 MiB asked for by vllm/model_executor/layers/utils.py:105")
     assert "    request req=req-2; in span phase:prefill" in shown
@@ -297,7 +297,7 @@ def test_an_oom_entry_without_frames_says_so() -> None:
     b.event("oom", None, 64 * MiB, device_free=0)
     e = explain_oom(to_snapshot(b.build(), "noframes.pickle", "pickle"))
     assert e.verdicts[0].failed is not None and e.verdicts[0].failed.stack is None
-    assert _failed_lines(failed_record(e.verdicts[0].failed)) == [
+    assert _failed_lines(e.verdicts[0].failed) == [
         "  failed: 64.00 MiB (the oom entry records no frames)"]
 
 

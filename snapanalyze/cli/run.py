@@ -79,12 +79,11 @@ def explain_oom(file: str, rank: int | None, tag: str | None, capacity: int | No
     with Progress() as progress:
         progress.step("explaining")
         items, problems = explain_path(file, rank=rank, tag=tag, rules=rules, capacity=capacity, source=index)
-    doc = oom_document(items, problems, file)
     if fmt == "json":
-        emit_json(doc)
+        emit_json(oom_document(items, problems, file))
         return
     width = terminal_width()
-    echo_text(render_oom(doc, width), width)
+    echo_text(render_oom(items, problems, file, width), width)
 
 
 @main.command()

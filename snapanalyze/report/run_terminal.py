@@ -1,8 +1,7 @@
 """Terminal rendering of the run-level results: ranks and phases (the typed `Ranks` and `Phases`), OOM
-explanations (their `run_documents` document).
+explanations (`explain_path`'s `SnapshotOoms`, each verdict an `OomVerdict`).
 
-Contract: each `render_*` takes the JSON-ready document or typed result and returns the text a person reads
-in a terminal;
+Contract: each `render_*` takes the typed result and returns the text a person reads in a terminal;
 estimates are labelled as such, problems (missing ranks, NVML files) close the output as warnings; `width`
 (the terminal's columns, None when piped) fits the tables into it. Nothing here analyses, prints or reads
 files.
@@ -10,18 +9,18 @@ files.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .. import units
-from . import text
+from . import oom_text, text
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..analyze.oom import FailedAllocation, OomVerdict, SnapshotOoms
     from ..analyze.phase_result import Phases
     from ..analyze.rank_result import Ranks
-
-
-def _problems(doc: dict[str, Any]) -> list[str]:
-    return [f"warning: {p}" for p in doc.get("problems", [])]
 
 
 def render_ranks(result: Ranks, width: int | None = None) -> str:
@@ -60,81 +59,89 @@ def render_ranks(result: Ranks, width: int | None = None) -> str:
     return "\n".join(out + [f"warning: {p}" for p in result.problems])
 
 
-def _failed_lines(f: dict[str, Any] | None) -> list[str]:
+def _failed_lines(f: FailedAllocation | None) -> list[str]:
     """The allocation that failed: its bytes, the code that asked (owner, else the deciding frame), what it is,
     the request and span it ran in, and its stack (Python frames, innermost first)."""
     if f is None:
         return []
-    who = f["owner"] or f["frame"]
-    what = (f"{f['category']}{' (inferred)' if f['inferred'] else ''}, rule {f['rule']}" if f["category"] else "")
-    where = "; ".join(x for x in (f"request {f['request']}" if f["request"] else "",
-                                  f"in span {f['span']}" if f["span"] else "") if x)
-    out = [f"  failed: {units.fmt_bytes(f['size_bytes'])} asked for by {who} ({what})" if who else
-           f"  failed: {units.fmt_bytes(f['size_bytes'])} (the oom entry records no frames)"]
+    stack = f.stack
+    who = (stack.owner or stack.frame) if stack is not None else None
+    what = (f"{stack.category}{' (inferred)' if stack.inferred else ''}, rule {stack.rule}"
+            if stack is not None and stack.category else "")
+    where = "; ".join(x for x in (f"request {f.request}" if f.request else "",
+                                  f"in span {f.span}" if f.span else "") if x)
+    out = [f"  failed: {units.fmt_bytes(f.size)} asked for by {who} ({what})" if who else
+           f"  failed: {units.fmt_bytes(f.size)} (the oom entry records no frames)"]
     if where:
         out.append(f"    {where}")
-    if f["frames"]:
+    if stack is not None and stack.frames:
         out.append("    stack, innermost first:")
-        out.extend(f"      {frame}" for frame in f["frames"])
-        if f["more_frames"]:
-            out.append(f"      … {units.fmt_count(f['more_frames'], 'more frame')}")
+        out.extend(f"      {frame}" for frame in stack.frames)
+        if stack.more_frames:
+            out.append(f"      … {units.fmt_count(stack.more_frames, 'more frame')}")
     return out
 
 
-def _oom_block(o: dict[str, Any], width: int | None) -> list[str]:
-    where = f"event {o['index']:,}" + (f", {units.fmt_time_us(o['time_us'])}" if o["time_us"] else "")
-    out = [f"\nOOM on device {o['device']} at {where}: verdict {o['verdict'].replace('_', ' ').upper()}",
-           *_failed_lines(o.get("failed_allocation")), f"  {o['why']}"]
-    est = "" if o["exact"] else " (est.)"
+def _oom_block(o: OomVerdict, categories: pd.DataFrame, engine: str, width: int | None) -> list[str]:
+    where = f"event {o.index:,}" + (f", {units.fmt_time_us(o.time_us)}" if o.time_us else "")
+    out = [f"\nOOM on device {o.device} at {where}: verdict {o.verdict.replace('_', ' ').upper()}",
+           *_failed_lines(o.failed), f"  {oom_text.why(o)}"]
+    est = "" if o.exact else " (est.)"
     rows = [
-        ["request (rounded)", units.fmt_bytes(o["request_bytes"]), f"stream {o['stream']}, {o['segment_type']} pool"],
-        ["device free", units.fmt_bytes(o["device_free_bytes"]), "reported by the driver at the failure"],
-        ["live (active)", units.fmt_bytes(o["active_bytes"]), "Σ requested bytes of live blocks"],
-        ["in blocks" + est, units.fmt_bytes(o["allocated_bytes"]), "Σ sizes of blocks in use"],
-        ["reserved", units.fmt_bytes(o["reserved_bytes"]), "Σ segment sizes"],
-        ["reserved but free" + est, units.fmt_bytes(o["reserved_free_bytes"]),
-         f"in {units.fmt_count(o['free_blocks'], 'free block')}"],
-        ["largest usable free block" + est, units.fmt_bytes(o["largest_free_block_bytes"]),
-         f"largest of any pool/stream: {units.fmt_bytes(o['largest_free_block_any_bytes'])}"],
-        ["capacity", units.fmt_bytes(o["capacity_bytes"]), o["capacity_source"]],
-        ["outside the allocator", units.fmt_bytes(o["outside_bytes"]), o["outside_source"] or "capacity unknown"],
+        ["request (rounded)", units.fmt_bytes(o.request_bytes), f"stream {o.stream}, {o.segment_type} pool"],
+        ["device free", units.fmt_bytes(o.device_free_bytes), "reported by the driver at the failure"],
+        ["live (active)", units.fmt_bytes(o.active_bytes), "Σ requested bytes of live blocks"],
+        ["in blocks" + est, units.fmt_bytes(o.allocated_bytes), "Σ sizes of blocks in use"],
+        ["reserved", units.fmt_bytes(o.reserved_bytes), "Σ segment sizes"],
+        ["reserved but free" + est, units.fmt_bytes(o.reserved_free_bytes),
+         f"in {units.fmt_count(o.free_blocks, 'free block')}"],
+        ["largest usable free block" + est, units.fmt_bytes(o.largest_free_block_bytes),
+         f"largest of any pool/stream: {units.fmt_bytes(o.largest_free_block_any_bytes)}"],
+        ["capacity", units.fmt_bytes(o.capacity_bytes), o.capacity_source],
+        ["outside the allocator", units.fmt_bytes(o.outside_bytes), o.outside_source or "capacity unknown"],
     ]
-    if o["own_outside_bytes"] is not None or o["other_processes_bytes"] is not None:
-        rows.append(["  this process (NVML)", units.fmt_bytes(o["own_outside_bytes"]), "CUDA context, NCCL, libraries"])
-        rows.append(["  other processes (NVML)", units.fmt_bytes(o["other_processes_bytes"]), ""])
+    if o.own_outside_bytes is not None or o.other_processes_bytes is not None:
+        rows.append(["  this process (NVML)", units.fmt_bytes(o.own_outside_bytes), "CUDA context, NCCL, libraries"])
+        rows.append(["  other processes (NVML)", units.fmt_bytes(o.other_processes_bytes), ""])
     out.append(text.table(["at the failure", "bytes", "what it is"], rows, right=[False, True, False], width=width))
-    if not o["exact"]:
-        out.append(f"  (est.): {o['state_source']}")
-    if o["categories"]:
+    if not o.exact:
+        out.append(f"  (est.): {o.state_source}")
+    mine = categories[(categories["device"] == o.device) & (categories["index"] == o.index)]
+    if len(mine):
         out.append("  live at the failure:")
         out.append(text.table(["category", "bytes", "share", "allocated in window"],
-                              [[c["category"], units.fmt_bytes(c["bytes"]), units.fmt_share(c["share"]),
-                                units.fmt_bytes(c["window_bytes"])] for c in o["categories"]],
+                              [[c.category, units.fmt_bytes(int(c.bytes)), units.fmt_share(round(float(c.share), 6)),
+                                units.fmt_bytes(int(c.window_bytes))] for c in mine.itertuples()],
                               right=[False, True, True, True], width=width))
-    if o["advice"]:
+    advice = oom_text.advice(o, engine)
+    if advice:
         out.append("  what would have helped:")
-        out.extend(f"  - {a}" for a in o["advice"])
+        out.extend(f"  - {a}" for a in advice)
     return out
 
 
-def render_oom(doc: dict[str, Any], width: int | None = None) -> str:
-    out = [doc["source"]]
-    for s in doc["snapshots"]:
-        if s["rank"] is not None:
-            out.append(f"\nrank {s['rank']}: {s['path']}")
-        elif s["path"] != doc["source"]:
-            out.append(f"\n{s['path']}")
-        engine = s.get("engine")
-        if s["ooms"] and engine is not None and engine["evidence"] is not None:
-            out.append(f"  program: {engine['label']} (recognised by {engine['evidence']}); advice in its terms")
-        for o in s["ooms"]:
-            out.extend(_oom_block(o, width))
-        for n in s["no_oom"]:
-            out.append(f"  device {n['device']}: {n['message']}")
-        for n in s.get("state_only", []):
-            out.append(f"  device {n['device']}: {n['message']}")
-        out.extend(f"  note: {note}" for note in s["notes"])
-    return "\n".join(out + _problems(doc))
+def render_oom(items: Sequence[SnapshotOoms], problems: Sequence[str], source: str, width: int | None = None) -> str:
+    """`explain-oom` in a terminal: each snapshot's OOMs (`explain_path`'s typed explanations), else its
+    no-OOM statement per device, then the run's problems."""
+    out = [source]
+    for item in items:
+        e = item.explanation
+        path = str(item.path)
+        if item.rank is not None:
+            out.append(f"\nrank {item.rank}: {path}")
+        elif path != source:
+            out.append(f"\n{path}")
+        if e.verdicts and e.engine is not None and e.engine.evidence is not None:
+            out.append(f"  program: {e.engine.label} (recognised by {e.engine.evidence}); advice in its terms")
+        engine = e.engine.name if e.engine is not None else "pytorch"     # advice in the program's own knobs
+        for verdict in e.verdicts:
+            out.extend(_oom_block(verdict, e.categories, engine, width))
+        for n in e.no_oom:
+            out.append(f"  device {n.device}: {oom_text.no_oom_message(n)}")
+        for x in e.state_only:
+            out.append(f"  device {x.device}: {oom_text.state_only_message(x)}")
+        out.extend(f"  note: {note}" for note in e.notes)
+    return "\n".join(out + [f"warning: {p}" for p in problems])
 
 
 def render_phases(result: Phases, width: int | None = None) -> str:
