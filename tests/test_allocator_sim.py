@@ -390,6 +390,33 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "snapanalyze", *args], capture_output=True, text=True, cwd=ROOT)
 
 
+def test_the_starting_state_joins_a_large_blocks_unsplit_remainder_and_nothing_else() -> None:
+    """The state at the window's start, cut into blocks: a free gap of at most 1 MiB right after a live block of
+    a large-pool segment is that block's unsplit remainder (a free large-pool block is never that small), so it
+    joins the block; a small pool's gap stays a free block (it splits any remainder ≥ 512 B), and so does a
+    gap in front of a segment or one larger than 1 MiB."""
+    from conftest import BASE, SnapshotBuilder
+
+    from snapanalyze.analyze.allocator.trace_replay import start_state
+    from snapanalyze.load.columns import to_snapshot
+
+    b = SnapshotBuilder()
+    b.segment(BASE, [(10 * MiB, 10 * MiB, "active_allocated"), (MiB // 2, 0, "inactive"),
+                     (5 * MiB, 5 * MiB, "active_allocated"), (9 * MiB // 2, 0, "inactive")])
+    b.segment(BASE + 64 * MiB, [(MiB, MiB, "active_allocated"), (MiB, MiB, "active_allocated")])
+    b.segment(BASE + 128 * MiB, [(MiB // 2, 0, "inactive"), (39 * MiB // 2, 39 * MiB // 2, "active_allocated")])
+    b.alloc(BASE + 64 * MiB + MiB, MiB)             # allocated in the window: free at its start
+    snap = to_snapshot(b.build(), "start.pickle", "pickle")
+    start = start_state(snap, replay(snap), 0)
+    blocks = {seg[0]: list(zip(*(col[start.first[j]:start.first[j + 1]] for col in start.blocks)))
+              for j, seg in enumerate(start.segments)}
+    assert blocks[BASE] == [(0, 21 * MiB // 2, 10 * MiB), (21 * MiB // 2, 5 * MiB, 5 * MiB),
+                            (31 * MiB // 2, 9 * MiB // 2, 0)]
+    assert blocks[BASE + 64 * MiB] == [(0, MiB, MiB), (MiB, MiB, 0)]
+    assert blocks[BASE + 128 * MiB] == [(0, MiB // 2, 0), (MiB // 2, 39 * MiB // 2, 39 * MiB // 2)]
+    assert [(seg[4], seg[5]) for seg in start.segments] == [(False, False), (True, False), (False, False)]
+
+
 def test_whatif_command_json_carries_replay_and_prediction() -> None:
     r = _cli("whatif", "fixtures/whatif/fragmentation.pickle", "--set", "expandable_segments:True", "--format", "json")
     assert r.returncode == 0, r.stderr

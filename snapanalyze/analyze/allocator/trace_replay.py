@@ -238,13 +238,14 @@ def start_state(snapshot: Snapshot, timeline: Timeline, device: int) -> StartSta
     live = (pieces["state"].astype(str).to_numpy() != "inactive")[known][order]
     # a free large-pool block is never ≤ 1 MiB: such a gap right after a live block is its unsplit remainder
     # (small pools and expandable segments split any remainder)
-    joins = ~live & (size <= SMALL_SIZE) & ~(small | expandable)[row]
-    same = np.zeros(len(row), dtype=bool)
+    joins = ~live & (size <= SMALL_SIZE) & ~(small | expandable)[row]      # could be such a remainder
+    same = np.zeros(len(row), dtype=bool)                                   # the piece before is in its segment
     same[1:] = row[1:] == row[:-1]
+    # runs of such pieces in one segment: a run joins the block before it when that block is live
     run_start = joins & ~(np.concatenate(([False], joins[:-1])) & same)
     after_live = same & np.concatenate(([False], live[:-1]))
-    joined = joins & after_live[np.flatnonzero(run_start)][np.maximum(np.cumsum(run_start) - 1, 0)] \
-        if run_start.any() else np.zeros(len(row), dtype=bool)
+    run = np.maximum(np.cumsum(run_start) - 1, 0)                          # each piece's run (for `joins` ones)
+    joined = joins & after_live[np.flatnonzero(run_start)][run] if run_start.any() else np.zeros(len(row), bool)
     keep = np.flatnonzero(~joined)
     sizes = np.add.reduceat(size, keep) if len(keep) else size[keep]
     first = np.searchsorted(row[keep], np.arange(len(addr) + 1))
