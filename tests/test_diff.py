@@ -11,6 +11,7 @@ from conftest import ROOT, SnapshotBuilder, frames_for, write_pickle
 
 from snapanalyze import load
 from snapanalyze.analyze.diff import diff, stack_identity, stack_key
+from snapanalyze.analyze.diff_result import diff_result
 from snapanalyze.analyze.phases import phase_spans, window_bounds, window_peak
 from snapanalyze.errors import UsageError
 from snapanalyze.replay import replay
@@ -115,6 +116,25 @@ def test_the_planted_fix_is_exactly_the_change() -> None:
         assert row.delta_baseline_bytes == 0
     assert list(result.peaks["phase"].fillna("(global)")) == ["(global)", "score"]
     assert not result.identical
+
+
+def test_the_typed_result_carries_the_planted_change_and_survives_a_pickle() -> None:
+    """`diff` renders one frozen result of plain values (what a worker sends back): the changed rows only
+    unless everything is asked for, every stack counted by status, its JSON strict."""
+    import pickle
+
+    expected = json.loads((FIX / "expected.json").read_text())
+    d = diff(load(FIX / "before.pickle"), load(FIX / "after.pickle"))
+    r = diff_result(d)
+    assert pickle.loads(pickle.dumps(r)) == r
+    assert [(s.status, s.delta_bytes) for s in r.stacks] == [("vanished", -expected["planted"]["bytes"])]
+    assert {c.category: c.delta_bytes for c in r.categories} == expected["category_deltas"]
+    assert [p.delta.active_bytes for p in r.peaks] == [expected["peak_delta_bytes"]] * 2
+    assert r.counts.vanished == 1 and sum(vars(r.counts).values()) == len(d.stacks)
+    assert len(diff_result(d, everything=True).stacks) == len(d.stacks) > len(r.stacks)
+    doc = json.loads(json.dumps(r.to_json(), allow_nan=False))
+    assert doc["stacks"][0]["frames"] == list(r.stacks[0].frames) and doc["counts"]["vanished"] == 1
+    assert doc["peaks"][0]["delta"]["active_bytes"] == expected["peak_delta_bytes"]
 
 
 def test_stacks_whose_lines_moved_are_the_same_stack() -> None:

@@ -4,7 +4,7 @@ multi-rank runs (per-rank work: `_diff`, `_check`, see `per_rank`)."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,6 +31,9 @@ from .common import (
 from .parallel import executor, parallel_options
 from .per_rank import Job, Step, diff_plan, each, emit, plan, run_document
 from .progress import Progress
+
+if TYPE_CHECKING:
+    from ..analyze.diff_result import DiffResult
 
 _RANK = click.option("--rank", type=int, default=None, help="Rank in run directories.")
 _TAG = click.option("--tag", default=None, help="Snapshot tag in run directories (default: final).")
@@ -72,9 +75,9 @@ def diff(a: str, b: str, rank: int | None, tag: str | None, phase: str | None, d
 
 
 def _diff(job: Job, step: Step, phase: str | None, device: int | None, rules_file: str | None,
-          source: Any, everything: bool) -> dict[str, Any]:
+          source: Any, everything: bool) -> DiffResult:
     from ..analyze.diff import diff as diff_snapshots
-    from ..report.compare_documents import diff_document
+    from ..analyze.diff_result import diff_result
     from ..session.inputs import open_input
 
     a, b = job.inputs
@@ -87,7 +90,7 @@ def _diff(job: Job, step: Step, phase: str | None, device: int | None, rules_fil
     step("replaying and attributing both")
     result = diff_snapshots(input_a.snapshot, input_b.snapshot, phase=phase, device=device,
                             rules=rules_for(rules_file), markers=(markers_a, markers_b))
-    return diff_document(result, everything=everything)
+    return diff_result(result, everything=everything)
 
 
 @main.command()

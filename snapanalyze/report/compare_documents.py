@@ -1,17 +1,10 @@
-"""JSON-ready documents for the comparison analyses: diff, capacity, check.
+"""JSON-ready documents for the comparison analyses: capacity, check (diff's is `analyze.diff_result`'s).
 
-Contract: `diff_document`, `capacity_document` and `check_document` turn a Diff, a Capacity (with an
-optional contract) and a CheckResult into plain dicts of str/int/float/bool/None/list/dict, in a fixed key
+Contract: `capacity_document` and `check_document` turn a Capacity (with an optional contract) and a
+CheckResult into plain dicts of str/int/float/bool/None/list/dict, in a fixed key
 order, with bytes as exact ints (fits' coefficients are floats: bytes per unit of the driver). Keys keep
 their meaning; new keys may be added. Nothing here analyses anything.
 
-- diff: {"a", "b", "instant", "identical", "peaks": [{device, scope, phase, a: {event_index, active_bytes,
-  baseline_bytes, transient_bytes, reserved_bytes}, b: {…}, delta: {active_bytes, baseline_bytes,
-  transient_bytes, reserved_bytes}}], "categories": [{device, category, a_bytes, b_bytes, delta_bytes,
-  a_baseline_bytes, b_baseline_bytes, a_transient_bytes, b_transient_bytes, a_blocks, b_blocks}],
-  "stacks": [{device, stack, status, category_a, category_b, site, frames, a_bytes, b_bytes, delta_bytes,
-  a_transient_bytes, b_transient_bytes, a_blocks, b_blocks}], "counts": {new, vanished, grew, shrank,
-  same}, "notes"} — categories and stacks list only changed rows unless `everything`.
 - capacity: {"driver", "model", "points": [{label, source, phase, device, shape, x, baseline_bytes,
   peak_bytes, transient_bytes, reserved_bytes, categories: {target: {kind, baseline_bytes, peak_bytes,
   transient_bytes}}}], "fits": [{target, kind, model, intercept_bytes, linear_bytes, quadratic_bytes,
@@ -30,7 +23,6 @@ from typing import Any
 
 from ..analyze.capacity import Capacity, Contract
 from ..analyze.check import CheckResult
-from ..analyze.diff import Diff
 from ..batch_shape import SHAPE_KEYS
 from ..plain import plain
 
@@ -40,42 +32,6 @@ MODEL_TEXT = ("transient bytes = intercept + linear·t + quadratic·q with t = b
 
 def _plain(value: Any) -> Any:
     return plain(value, nan_as_none=True)
-
-
-def _side(row: Any, s: str) -> dict[str, Any]:
-    return {"event_index": int(getattr(row, f"event_index_{s}")),
-            "active_bytes": int(getattr(row, f"active_bytes_{s}")),
-            "baseline_bytes": int(getattr(row, f"baseline_bytes_{s}")),
-            "transient_bytes": int(getattr(row, f"transient_bytes_{s}")),
-            "reserved_bytes": int(getattr(row, f"reserved_bytes_{s}"))}
-
-
-def diff_document(d: Diff, everything: bool = False) -> dict[str, Any]:
-    """The `diff --format json` document (see the module docstring)."""
-    cats, stacks = (d.categories, d.stacks) if everything else d.changes()
-    counts = {s: int((d.stacks["status"] == s).sum()) for s in ("new", "vanished", "grew", "shrank", "same")}
-    return {
-        "a": d.a.snapshot.source, "b": d.b.snapshot.source, "instant": d.instant, "identical": d.identical,
-        "peaks": [{"device": int(r.device), "scope": r.scope, "phase": _plain(r.phase), "a": _side(r, "a"),
-                   "b": _side(r, "b"),
-                   "delta": {"active_bytes": int(r.delta_active_bytes), "baseline_bytes": int(r.delta_baseline_bytes),
-                             "transient_bytes": int(r.delta_transient_bytes),
-                             "reserved_bytes": int(r.delta_reserved_bytes)}} for r in d.peaks.itertuples()],
-        "categories": [{"device": int(r.device), "category": r.category, "a_bytes": int(r.bytes_a),
-                        "b_bytes": int(r.bytes_b), "delta_bytes": int(r.delta_bytes),
-                        "a_baseline_bytes": int(r.baseline_bytes_a), "b_baseline_bytes": int(r.baseline_bytes_b),
-                        "a_transient_bytes": int(r.transient_bytes_a), "b_transient_bytes": int(r.transient_bytes_b),
-                        "a_blocks": int(r.blocks_a), "b_blocks": int(r.blocks_b),
-                        "a_inferred_bytes": int(r.inferred_bytes_a), "b_inferred_bytes": int(r.inferred_bytes_b)}
-                       for r in cats.itertuples()],
-        "stacks": [{"device": int(r.device), "stack": r.stack, "status": r.status, "category_a": _plain(r.category_a),
-                    "category_b": _plain(r.category_b), "site": r.site, "frames": list(r.frames),
-                    "a_bytes": int(r.bytes_a), "b_bytes": int(r.bytes_b), "delta_bytes": int(r.delta_bytes),
-                    "a_transient_bytes": int(r.transient_bytes_a), "b_transient_bytes": int(r.transient_bytes_b),
-                    "a_blocks": int(r.blocks_a), "b_blocks": int(r.blocks_b)} for r in stacks.itertuples()],
-        "counts": counts,
-        "notes": list(d.notes),
-    }
 
 
 def _number(value: Any) -> float | None:

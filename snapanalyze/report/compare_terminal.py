@@ -1,16 +1,20 @@
-"""Terminal rendering of the comparison documents (the dicts of `compare_documents`) as plain text.
+"""Terminal rendering of the comparison results as plain text: the typed `DiffResult`, and the capacity and
+check documents (the dicts of `compare_documents`).
 
-Contract: `render_diff`, `render_capacity` and `render_check` take a JSON-ready document and return the text
-a person reads in a terminal (`render_check`: one line per limit, its verdict first; `width`, the
+Contract: `render_diff`, `render_capacity` and `render_check` take the result and return the text a person
+reads in a terminal (`render_check`: one line per limit, its verdict first; `width`, the
 terminal's columns, fits the diff's tables into it); nothing here analyses, prints or reads files.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import units
 from . import text
+
+if TYPE_CHECKING:
+    from ..analyze.diff_result import DiffResult
 
 TOP_CATEGORIES = 6          # columns of the per-category transient table
 # What one unit of each capacity driver is, for coefficients per unit ("bytes/token", "bytes/token²").
@@ -21,46 +25,46 @@ def _signed(n: int | float) -> str:
     return units.fmt_signed_bytes(n)
 
 
-def render_diff(doc: dict[str, Any], top: int = 15, width: int | None = None) -> str:
-    out = [f"A: {doc['a']}", f"B: {doc['b']}", f"compared at the {doc['instant']} of each"]
+def render_diff(d: DiffResult, top: int = 15, width: int | None = None) -> str:
+    out = [f"A: {d.a}", f"B: {d.b}", f"compared at the {d.instant} of each"]
     rows = []
-    for p in doc["peaks"]:
-        rows.append([str(p["device"]), p["phase"] or "(global)", units.fmt_bytes(p["a"]["active_bytes"]),
-                     units.fmt_bytes(p["b"]["active_bytes"]), _signed(p["delta"]["active_bytes"]),
-                     _signed(p["delta"]["baseline_bytes"]), _signed(p["delta"]["transient_bytes"]),
-                     _signed(p["delta"]["reserved_bytes"])])
+    for p in d.peaks:
+        rows.append([str(p.device), p.phase or "(global)", units.fmt_bytes(p.a.active_bytes),
+                     units.fmt_bytes(p.b.active_bytes), _signed(p.delta.active_bytes),
+                     _signed(p.delta.baseline_bytes), _signed(p.delta.transient_bytes),
+                     _signed(p.delta.reserved_bytes)])
     out.append("\npeaks (B − A):")
     out.append(text.table(["device", "phase", "peak A", "peak B", "Δ peak", "Δ baseline", "Δ transient",
                            "Δ reserved"], rows, right=[True, False] + [True] * 6, width=width))
-    if doc["identical"]:
+    if d.identical:
         out.append("\nno difference: every category and every stack holds the same bytes at the peak")
     else:
-        if doc["categories"]:
+        if d.categories:
             out.append("\ncategories that changed at the peak (baseline = allocated before the window):")
             out.append(text.table(
                 ["device", "category", "A", "B", "Δ", "Δ baseline", "Δ transient", "inferred (A / B)"],
-                [[str(c["device"]), c["category"], units.fmt_bytes(c["a_bytes"]), units.fmt_bytes(c["b_bytes"]),
-                  _signed(c["delta_bytes"]), _signed(c["b_baseline_bytes"] - c["a_baseline_bytes"]),
-                  _signed(c["b_transient_bytes"] - c["a_transient_bytes"]),
-                  f"{text.inferred_share(c['a_inferred_bytes'], c['a_bytes']) or '–'} / "
-                  f"{text.inferred_share(c['b_inferred_bytes'], c['b_bytes']) or '–'}"]
-                 for c in doc["categories"]],
+                [[str(c.device), c.category, units.fmt_bytes(c.a_bytes), units.fmt_bytes(c.b_bytes),
+                  _signed(c.delta_bytes), _signed(c.b_baseline_bytes - c.a_baseline_bytes),
+                  _signed(c.b_transient_bytes - c.a_transient_bytes),
+                  f"{text.inferred_share(c.a_inferred_bytes, c.a_bytes) or '–'} / "
+                  f"{text.inferred_share(c.b_inferred_bytes, c.b_bytes) or '–'}"]
+                 for c in d.categories],
                 right=[True, False] + [True] * 6, width=width))
-            if any(c["a_inferred_bytes"] or c["b_inferred_bytes"] for c in doc["categories"]):
+            if any(c.a_inferred_bytes or c.b_inferred_bytes for c in d.categories):
                 out.append(f"{text.INFERRED_LEGEND} (attribute --explain shows the arithmetic)")
-        counts = doc["counts"]
-        out.append(f"\nstacks at the peak: {counts['new']} new, {counts['vanished']} vanished, {counts['grew']} grew, "
-                   f"{counts['shrank']} shrank, {counts['same']} unchanged (frames compared without line numbers)")
-        shown = doc["stacks"][:top]
+        n = d.counts
+        out.append(f"\nstacks at the peak: {n.new} new, {n.vanished} vanished, {n.grew} grew, "
+                   f"{n.shrank} shrank, {n.same} unchanged (frames compared without line numbers)")
+        shown = d.stacks[:top]
         if shown:
             out.append(text.table(
                 ["status", "Δ", "A", "B", "category", "site"],
-                [[s["status"], _signed(s["delta_bytes"]), units.fmt_bytes(s["a_bytes"]), units.fmt_bytes(s["b_bytes"]),
-                  s["category_b"] or s["category_a"] or "", s["site"]] for s in shown],
+                [[s.status, _signed(s.delta_bytes), units.fmt_bytes(s.a_bytes), units.fmt_bytes(s.b_bytes),
+                  s.category_b or s.category_a or "", s.site] for s in shown],
                 right=[False, True, True, True, False, False], width=width))
-            if len(doc["stacks"]) > top:
-                out.append(f"… {len(doc['stacks']) - top} more (--top, or --format json)")
-    for note in doc["notes"]:
+            if len(d.stacks) > top:
+                out.append(f"… {len(d.stacks) - top} more (--top, or --format json)")
+    for note in d.notes:
         out.append(f"note: {note}")
     return "\n".join(out)
 

@@ -1,12 +1,12 @@
 """Compared with the baseline (`--compare`): this input against the baseline, peak by aligned peak — the
-categories and the stacks that changed (`diff_document`, the largest changes first) and bytes per category
+categories and the stacks that changed (`diff_result`, the largest changes first) and bytes per category
 side by side per device."""
 
 from __future__ import annotations
 
 from ... import plots
+from ...analyze.diff_result import diff_result
 from ...units import fmt_bytes
-from ..compare_documents import diff_document
 from ..context import Report
 from ..templating import render
 from .phrases import _join, _signed
@@ -17,14 +17,14 @@ MAX_DIFF_STACKS = 15          # changed stacks listed per diff (the largest chan
 
 def diff_section(report: Report) -> Section | None:
     """This input against the baseline (`--compare`): aligned peaks, the categories and stacks that changed
-    (`diff_document`), and bytes per category side by side."""
+    (`diff_result`), and bytes per category side by side."""
     if not report.diffs:
         return None
     views = {(view.rank.rank if view.rank is not None else None): view for view in report.views}
     parts, figures, verdict = [], [], []
     for item in report.diffs:
         view = views.get(item.rank, report.views[0])
-        doc = diff_document(item.diff)
+        doc = diff_result(item.diff).to_json()
         label = view.redactor.label
         baseline = report.redactor.path(item.baseline)
         peaks = [{"device": p["device"], "phase": p["phase"], "a": p["a"]["active_bytes"], "b": p["b"]["active_bytes"],

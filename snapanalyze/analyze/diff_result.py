@@ -1,0 +1,143 @@
+"""The `diff` command's typed result: aligned peaks, the categories and stacks that changed, as plain values.
+
+Contract: `diff_result(d, everything=False)` turns a `diff.Diff` (two attributions and DataFrames) into a
+frozen, picklable `DiffResult` small enough to send back from a worker: the aligned peaks (A, B and B − A),
+the categories and stacks whose bytes changed (all of them with `everything`), the stacks counted by status,
+and the notes. Its fields are the JSON's keys, so `to_json()` is the document `diff --format json` prints;
+the terminal renders the object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..plain import plain
+from .diff import Diff
+
+STATUSES = ("new", "vanished", "grew", "shrank", "same")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's peak (A or B)."""
+
+    event_index: int
+    active_bytes: int
+    baseline_bytes: int
+    transient_bytes: int
+    reserved_bytes: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    """B − A at an aligned peak."""
+
+    active_bytes: int
+    baseline_bytes: int
+    transient_bytes: int
+    reserved_bytes: int
+
+
+@dataclass(frozen=True)
+class PeakDiff:
+    device: int
+    scope: str
+    phase: str | None
+    a: Side
+    b: Side
+    delta: Delta
+
+
+@dataclass(frozen=True)
+class CategoryDiff:
+    device: int
+    category: str
+    a_bytes: int
+    b_bytes: int
+    delta_bytes: int
+    a_baseline_bytes: int
+    b_baseline_bytes: int
+    a_transient_bytes: int
+    b_transient_bytes: int
+    a_blocks: int
+    b_blocks: int
+    a_inferred_bytes: int
+    b_inferred_bytes: int
+
+
+@dataclass(frozen=True)
+class StackDiff:
+    device: int
+    stack: str
+    status: str                     # one of STATUSES
+    category_a: str | None
+    category_b: str | None
+    site: str
+    frames: tuple[str, ...]
+    a_bytes: int
+    b_bytes: int
+    delta_bytes: int
+    a_transient_bytes: int
+    b_transient_bytes: int
+    a_blocks: int
+    b_blocks: int
+
+
+@dataclass(frozen=True)
+class StackCounts:
+    new: int
+    vanished: int
+    grew: int
+    shrank: int
+    same: int
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """The `diff` command's result (see the module docstring)."""
+
+    a: str
+    b: str
+    instant: str
+    identical: bool
+    peaks: tuple[PeakDiff, ...]
+    categories: tuple[CategoryDiff, ...]
+    stacks: tuple[StackDiff, ...]
+    counts: StackCounts
+    notes: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        for s in doc["stacks"]:
+            s["frames"] = list(s["frames"])
+        for key in ("peaks", "categories", "stacks", "notes"):
+            doc[key] = list(doc[key])
+        return doc
+
+
+def _side(row: Any, s: str) -> Side:
+    return Side(*(int(getattr(row, f"{name}_{s}")) for name in
+                  ("event_index", "active_bytes", "baseline_bytes", "transient_bytes", "reserved_bytes")))
+
+
+def diff_result(d: Diff, everything: bool = False) -> DiffResult:
+    """The typed result of a diff (see the module docstring)."""
+    cats, stacks = (d.categories, d.stacks) if everything else d.changes()
+    return DiffResult(
+        a=d.a.snapshot.source, b=d.b.snapshot.source, instant=d.instant, identical=d.identical,
+        peaks=tuple(PeakDiff(int(r.device), r.scope, plain(r.phase, nan_as_none=True), _side(r, "a"), _side(r, "b"),
+                             Delta(int(r.delta_active_bytes), int(r.delta_baseline_bytes),
+                                   int(r.delta_transient_bytes), int(r.delta_reserved_bytes)))
+                    for r in d.peaks.itertuples()),
+        categories=tuple(CategoryDiff(int(r.device), r.category, int(r.bytes_a), int(r.bytes_b), int(r.delta_bytes),
+                                      int(r.baseline_bytes_a), int(r.baseline_bytes_b), int(r.transient_bytes_a),
+                                      int(r.transient_bytes_b), int(r.blocks_a), int(r.blocks_b),
+                                      int(r.inferred_bytes_a), int(r.inferred_bytes_b)) for r in cats.itertuples()),
+        stacks=tuple(StackDiff(int(r.device), r.stack, r.status, plain(r.category_a, nan_as_none=True),
+                               plain(r.category_b, nan_as_none=True), r.site, tuple(r.frames), int(r.bytes_a),
+                               int(r.bytes_b), int(r.delta_bytes), int(r.transient_bytes_a),
+                               int(r.transient_bytes_b), int(r.blocks_a), int(r.blocks_b))
+                     for r in stacks.itertuples()),
+        counts=StackCounts(*(int((d.stacks["status"] == s).sum()) for s in STATUSES)),
+        notes=tuple(d.notes))
