@@ -14,13 +14,13 @@ from conftest import ROOT
 from snapanalyze import load
 from snapanalyze.analyze.attribute import attribute
 from snapanalyze.analyze.capacity import Fit, capacity_contract, fit_bytes, fit_capacity
+from snapanalyze.analyze.capacity_result import capacity_result
 from snapanalyze.analyze.sweep import CATEGORY_COLUMNS, Sweep, category_levels, label_window, measure_sweep
 from snapanalyze.batch_shape import shape_from_filename
 from snapanalyze.errors import BadInputError, UsageError
 from snapanalyze.load.shapes import read_manifest
 from snapanalyze.plots_capacity import capacity_figure
 from snapanalyze.replay import replay
-from snapanalyze.report.compare_documents import capacity_document
 from snapanalyze.report.compare_terminal import render_capacity
 from snapanalyze.session import capacity, sweep_points
 
@@ -412,7 +412,7 @@ def test_threshold_contract_answers_stop_at_twice_the_measured_shapes(threshold)
     bounded = {lim.concurrency: lim.max_x for lim in answered if lim.bounded}
     assert bounded[2] == 8192 and bounded[64] == 256              # 2 × 8192 tokens across the sequences
     assert not answered[0].bounded and 8192 < answered[0].max_x < 16384   # the budget binds first at 1
-    text = render_capacity(capacity_document(threshold, contract))
+    text = render_capacity(capacity_result(threshold, contract))
     assert "8,192 (bound: 2× measured)" in text and "15,8" in text and "(extrapolated)" in text
     assert "answers stop at 2× the largest measured shape (tokens 8192" in text
 
@@ -429,10 +429,11 @@ def test_a_two_shape_sweep_is_insufficient_data_even_with_a_zero_residual() -> N
     assert contract.margin == 0.0 and any(n.startswith("insufficient data") for n in contract.notes)
     r = contract.reserve                                           # the measured shape still sizes the reserve
     assert r.predicted_bytes is None and r.measured_bytes == 128 * 2048 ** 2 == r.reserve_bytes and r.fits
-    doc = capacity_document(cap, contract)
+    result = capacity_result(cap, contract)
+    doc = result.to_json()
     json.dumps(doc, allow_nan=False)                               # no NaN / Infinity in the JSON
     assert doc["fits"][0]["quadratic_bytes"] is None and doc["fits"][0]["model"] == "insufficient"
-    text = render_capacity(doc)
+    text = render_capacity(result)
     assert "insufficient data" in text and "0.0%" not in text.split("jumps")[0].split("fits")[-1]
     assert capacity_contract(cap, transient_budget_bytes=1 << 30, target_x=1536).reserve.reserve_bytes is None
 
@@ -472,7 +473,7 @@ def test_fits_spell_their_units_per_token() -> None:
     cap = fit_capacity(_tokens_sweep({L: 331 * L * L for L in (1024, 2048, 4096)},
                                      {"attention": {L: 331 * L * L for L in (1024, 2048, 4096)},
                                       "kv_cache": {L: 32768 * L for L in (1024, 2048, 4096)}}))
-    text = render_capacity(capacity_document(cap))
+    text = render_capacity(capacity_result(cap))
     assert "331 bytes/token²" in text and "32.00 KiB/token" in text
     assert "/tokens" not in text and " B/" not in text
 
@@ -498,20 +499,24 @@ def test_a_transient_that_never_reaches_the_budget_stops_at_the_bound() -> None:
     assert cap.fit().model == "constant"
     [lim] = capacity_contract(cap, budget_bytes=80 << 30, concurrency=(1,)).limits
     assert (lim.max_x, lim.unbounded, lim.bounded, lim.extrapolated) == (8192, True, True, True)
-    text = render_capacity(capacity_document(cap, capacity_contract(cap, budget_bytes=80 << 30, concurrency=(1,))))
+    text = render_capacity(capacity_result(cap, capacity_contract(cap, budget_bytes=80 << 30, concurrency=(1,))))
     assert "8,192 (bound: 2× measured, model never reaches the budget)" in text
 
 
 def test_the_bound_is_worded_one_way_in_every_output() -> None:
     """A contract's answer capped at 2× the measured shapes reads "bound: 2× measured" in the capacity table, the
     budget's terminal and JSON explanations alike: the wording comes from one place, and no renderer spells it."""
+    import dataclasses
+
     import snapanalyze
+    from snapanalyze.analyze.capacity import ContractLimit
     from snapanalyze.report import compare_terminal, text
 
     assert text.bound_label() == "bound: 2× measured"
-    capped = {"insufficient": False, "max_x": 8192, "bounded": True, "unbounded": False, "extrapolated": False}
+    capped = ContractLimit(concurrency=1, max_x=8192, max_total=8192, predicted_bytes=1 << 30, extrapolated=False,
+                           unbounded=False, bounded=True)
     assert compare_terminal._limit(capped, "tokens") == "8,192 (bound: 2× measured)"
-    assert compare_terminal._limit({**capped, "max_x": None}, "tokens") == \
+    assert compare_terminal._limit(dataclasses.replace(capped, max_x=None), "tokens") == \
         "beyond the measured tokens (bound: 2× measured)"
     report = Path(snapanalyze.__file__).parent / "report"
     assert [p.name for p in sorted(report.rglob("*.py")) if p.name != "text.py" and "2×" in p.read_text()] == []

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..analyze.capacity import DEFAULT_CONCURRENCY, DRIVER_ORDER, capacity_contract, fit_capacity
+from ..analyze.capacity_result import capacity_result
 from ..analyze.check import parse_limits
 from ..errors import UsageError
-from ..report.compare_documents import capacity_document
 from ..report.compare_terminal import render_capacity, render_check, render_diff, render_engine_check
 from ..session import measure_sweep_inputs
 from . import main
@@ -138,12 +138,12 @@ def capacity(inputs: tuple[str, ...], shape_from: str, budget: int | None, trans
     contract = None
     if budget is not None or transient_budget is not None:
         contract = capacity_contract(cap, budget, transient_budget, margin, concurrency or DEFAULT_CONCURRENCY, target)
-    doc = capacity_document(cap, contract)
+    result = capacity_result(cap, contract)
     if fmt == "json":
-        emit_json(doc)
+        emit_json(result.to_json())
         return
     width = terminal_width()
-    echo_text(render_capacity(doc, width), width)
+    echo_text(render_capacity(result, width), width)
 
 
 def _sized(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
-"""Terminal rendering of the comparison results as plain text: the typed `DiffResult`, and the capacity and
-check documents (the dicts of `compare_documents`).
+"""Terminal rendering of the comparison results as plain text: the typed `DiffResult` and `CapacityResult`,
+and the check documents (the dicts of `compare_documents`).
 
 Contract: `render_diff`, `render_capacity` and `render_check` take the result and return the text a person
 reads in a terminal (`render_check`: one line per limit, its verdict first; `width`, the
@@ -14,6 +14,8 @@ from .. import units
 from . import text
 
 if TYPE_CHECKING:
+    from ..analyze.capacity import ContractLimit
+    from ..analyze.capacity_result import CapacityResult
     from ..analyze.diff_result import DiffResult
 
 TOP_CATEGORIES = 6          # columns of the per-category transient table
@@ -79,16 +81,16 @@ def _per(unit: str, value: float | None) -> str:
     return f"{size}/{unit}"
 
 
-def _limit(lim: dict[str, Any], driver: str) -> str:
+def _limit(lim: ContractLimit, driver: str) -> str:
     """One contract answer: the number and what it rests on (extrapolated, bounded), or why there is none."""
-    if lim["insufficient"]:
+    if lim.insufficient:
         return "insufficient data"
-    if lim["max_x"] is None:
-        return f"beyond the measured {driver} ({text.bound_label()})" if lim["bounded"] else "none fits"
-    if lim["bounded"]:
-        return f"{lim['max_x']:,} ({text.bound_label()}" + (", model never reaches the budget)" if lim["unbounded"]
-                                                            else ")")
-    return f"{lim['max_x']:,}" + (" (extrapolated)" if lim["extrapolated"] else "")
+    if lim.max_x is None:
+        return f"beyond the measured {driver} ({text.bound_label()})" if lim.bounded else "none fits"
+    if lim.bounded:
+        return f"{lim.max_x:,} ({text.bound_label()}" + (", model never reaches the budget)" if lim.unbounded
+                                                         else ")")
+    return f"{lim.max_x:,}" + (" (extrapolated)" if lim.extrapolated else "")
 
 
 def _short_labels(labels: list[str]) -> list[str]:
@@ -113,100 +115,102 @@ def _short_labels(labels: list[str]) -> list[str]:
     return short if all(short) and len(set(short)) == len(short) else labels
 
 
-def _fits_lines(doc: dict[str, Any], unit: str) -> list[str]:
+def _fits_lines(c: CapacityResult, unit: str) -> list[str]:
     """The fits as one sentence each (for terminals too narrow for the fits table)."""
     out = []
-    for f in doc["fits"]:
-        span = f"{doc['driver']} {f['from_x']:g}–{f['to_x']:g}, {f['points']} shapes"
-        if f["model"] in ("insufficient", "none"):
-            out.append(f"  {f['target']}: insufficient data ({span})")
+    for f in c.fits:
+        span = f"{c.driver} {f.from_x:g}–{f.to_x:g}, {f.points} shapes"
+        if f.model in ("insufficient", "none"):
+            out.append(f"  {f.target}: insufficient data ({span})")
             continue
-        terms = [units.fmt_bytes(f["intercept_bytes"])] if f["intercept_bytes"] else []
-        terms += [f"{_per(unit, f['linear_bytes'])} · t"] if f["linear_bytes"] else []
-        terms += [f"{_per(unit + '²', f['quadratic_bytes'])} · q"] if f["quadratic_bytes"] else []
-        out.append(f"  {f['target']}: {f['model']}, {' + '.join(terms) or '0'}; max residual "
-                   f"{100 * f['max_rel_residual']:.1f}% ({span})")
+        terms = [units.fmt_bytes(f.intercept_bytes)] if f.intercept_bytes else []
+        terms += [f"{_per(unit, f.linear_bytes)} · t"] if f.linear_bytes else []
+        terms += [f"{_per(unit + '²', f.quadratic_bytes)} · q"] if f.quadratic_bytes else []
+        out.append(f"  {f.target}: {f.model}, {' + '.join(terms) or '0'}; max residual "
+                   f"{100 * (f.max_rel_residual or 0.0):.1f}% ({span})")
     return out
 
 
-def render_capacity(doc: dict[str, Any], width: int | None = None) -> str:
-    driver = doc["driver"]
-    out = [f"sweep of {len(doc['points'])} shapes; the transient follows {driver} (x = {driver} per sequence)"]
-    keys = [k for k in ("tokens", "batch", "chunk", "images") if any(k in p["shape"] for p in doc["points"])]
-    rows = [[p["label"], *[str(p["shape"].get(k, "–")) for k in keys], units.fmt_bytes(p["baseline_bytes"]),
-             units.fmt_bytes(p["peak_bytes"]), units.fmt_bytes(p["transient_bytes"]),
-             units.fmt_bytes(p["reserved_bytes"])] for p in doc["points"]]
+def render_capacity(c: CapacityResult, width: int | None = None) -> str:
+    driver = c.driver
+    points = c.points
+    shapes = [dict(p.shape) for p in points]
+    targets = [dict(p.categories) for p in points]
+    out = [f"sweep of {len(points)} shapes; the transient follows {driver} (x = {driver} per sequence)"]
+    keys = [k for k in ("tokens", "batch", "chunk", "images") if any(k in shape for shape in shapes)]
+    rows = [[p.label, *[str(shape.get(k, "–")) for k in keys], units.fmt_bytes(p.baseline_bytes),
+             units.fmt_bytes(p.peak_bytes), units.fmt_bytes(p.transient_bytes),
+             units.fmt_bytes(p.reserved_bytes)] for p, shape in zip(points, shapes)]
     out.append(text.table(["shape", *keys, "baseline", "peak", "transient", "reserved"], rows,
                           right=[False] + [True] * (len(keys) + 4), width=width))
-    cats = sorted({c for p in doc["points"] for c, v in p["categories"].items() if v["transient_bytes"]},
-                  key=lambda c: (-max(p["categories"].get(c, {}).get("transient_bytes", 0) for p in doc["points"]), c))
+    cats = sorted({name for t in targets for name, v in t.items() if v.transient_bytes},
+                  key=lambda name: (-max(t[name].transient_bytes if name in t else 0 for t in targets), name))
     hidden = cats[TOP_CATEGORIES:]
     cats = cats[:TOP_CATEGORIES]
     if cats:
         out.append("\ntransient per category (high-water of bytes allocated in the window; families marked *):")
-        labels = [p["label"] for p in doc["points"]]
+        labels = [p.label for p in points]
         if width is not None:                    # the shape table above maps them back
             labels = _short_labels(labels)
-        rows = [[lb, *[units.fmt_bytes(p["categories"][c]["transient_bytes"]) if c in p["categories"] else "–"
-                       for c in cats]] for lb, p in zip(labels, doc["points"])]
-        heads = [c + ("*" if any(p["categories"].get(c, {}).get("kind") == "family" for p in doc["points"]) else "")
-                 for c in cats]
+        rows = [[lb, *[units.fmt_bytes(t[name].transient_bytes) if name in t else "–" for name in cats]]
+                for lb, t in zip(labels, targets)]
+        heads = [name + ("*" if any(name in t and t[name].kind == "family" for t in targets) else "")
+                 for name in cats]
         out.append(text.table(["shape", *heads], rows, right=[False] + [True] * len(cats), width=width))
         if hidden:
             out.append(f"… and {', '.join(hidden)} (--format json has every category)")
-    out.append(f"\nfits ({doc['model']}):")
+    out.append(f"\nfits ({c.model}):")
     unit = DRIVER_UNIT.get(driver, driver)
-    rows = [[f["target"], "insufficient data" if f["model"] == "insufficient" else f["model"],
-             units.fmt_bytes(f["intercept_bytes"]), _per(unit, f["linear_bytes"]),
-             _per(f"{unit}²", f["quadratic_bytes"]),
-             "–" if f["max_rel_residual"] is None else f"{100 * f['max_rel_residual']:.1f}%", str(f["points"]),
-             f"{f['from_x']:g}–{f['to_x']:g}"] for f in doc["fits"]]
+    rows = [[f.target, "insufficient data" if f.model == "insufficient" else f.model,
+             units.fmt_bytes(f.intercept_bytes), _per(unit, f.linear_bytes), _per(f"{unit}²", f.quadratic_bytes),
+             "–" if f.max_rel_residual is None else f"{100 * f.max_rel_residual:.1f}%", str(f.points),
+             f"{f.from_x:g}–{f.to_x:g}"] for f in c.fits]
     fits = text.table(["target", "model", "intercept", "linear", "quadratic", "max rel. residual", "points",
                        f"{driver} range"], rows, right=[False, False, True, True, True, True, True, False])
     if width is not None and max(map(len, fits.split("\n"))) > width:
-        out.extend(_fits_lines(doc, unit))
+        out.extend(_fits_lines(c, unit))
     else:
         out.append(fits)
-    if doc["jumps"]:
+    if c.jumps:
         out.append("\njumps (a shape crossed a threshold: more than the shapes before predict):")
-        for j in doc["jumps"]:
-            out.append(f"  {driver} {j['from_x']:g} → {j['to_x']:g}: {j['category']} {j['how']} "
-                       f"({units.fmt_bytes(j['bytes_before'])} → {units.fmt_bytes(j['bytes_after'])}, predicted "
-                       f"{units.fmt_bytes(j['predicted_bytes'])}); total transient "
-                       f"{units.fmt_bytes(j['total_before'])} → "
-                       f"{units.fmt_bytes(j['total_after'])}")
+        for j in c.jumps:
+            out.append(f"  {driver} {j.from_x:g} → {j.to_x:g}: {j.category} {j.how} "
+                       f"({units.fmt_bytes(j.bytes_before)} → {units.fmt_bytes(j.bytes_after)}, predicted "
+                       f"{units.fmt_bytes(j.predicted_bytes)}); total transient "
+                       f"{units.fmt_bytes(j.total_before)} → "
+                       f"{units.fmt_bytes(j.total_after)}")
     else:
         out.append("\nno jumps: every category grows as the shapes before it predict")
-    c = doc["contract"]
-    if c:
-        budget = (f"budget {units.fmt_bytes(c['budget_bytes'])}" if c["budget_bytes"] is not None
+    k = c.contract
+    if k:
+        budget = (f"budget {units.fmt_bytes(k.budget_bytes)}" if k.budget_bytes is not None
                   else "a transient budget")
-        room = c["transient_budget_bytes"]
-        out.append(f"\ncontract for {budget}: baseline (weights, KV, buffers) {units.fmt_bytes(c['baseline_bytes'])}, "
+        room = k.transient_budget_bytes
+        out.append(f"\ncontract for {budget}: baseline (weights, KV, buffers) {units.fmt_bytes(k.baseline_bytes)}, "
                    + (f"transient may use {units.fmt_bytes(room)} " if room > 0 else
                       f"over the budget by {units.fmt_bytes(-room)} before any transient ")
-                   + ("(no model to add a margin to)" if c["limits"] and all(lim["insufficient"] for lim in c["limits"])
-                      else f"(models get a {100 * c['margin']:.1f}% margin)"))
+                   + ("(no model to add a margin to)" if k.limits and all(lim.insufficient for lim in k.limits)
+                      else f"(models get a {100 * k.margin:.1f}% margin)"))
         rows = []
-        for lim in c["limits"]:
-            total = f"{lim['max_total']:,}" if lim["max_total"] is not None else "–"
-            rows.append([str(lim["concurrency"]), _limit(lim, driver), total,
-                         units.fmt_bytes(lim["predicted_bytes"])])
+        for lim in k.limits:
+            total = f"{lim.max_total:,}" if lim.max_total is not None else "–"
+            rows.append([str(lim.concurrency), _limit(lim, driver), total, units.fmt_bytes(lim.predicted_bytes)])
         if rows:
             out.append(text.table(["concurrency", f"max {driver}", f"{driver} × concurrency", "modelled transient"],
                                   rows, right=[True, True, True, True], width=width))
-        r = c["reserve"]
-        shape = f"{driver} {r['x']:g}" + ("" if r["multiplier"] == 1 else f" × {r['multiplier']:g}")
-        if r["reserve_bytes"] is None:
+        r = k.reserve
+        shape = f"{driver} {r.x:g}" + ("" if r.multiplier == 1 else f" × {r.multiplier:g}")
+        if r.reserve_bytes is None:
             out.append(f"  reserve for {shape}: insufficient data (not measured, and too few shapes to model it)")
         else:
-            out.append(f"  hold back {units.fmt_bytes(r['reserve_bytes'])} of workspace beside the baseline for {shape}"
-                       + (" (extrapolated)" if r["extrapolated"] else "")
-                       + (f": fits, {units.fmt_bytes(r['headroom_bytes'])} to spare" if r["fits"] else
-                          f": does NOT fit, short by {units.fmt_bytes(-r['headroom_bytes'])}"))
-        for note in c["notes"]:
+            headroom = r.headroom_bytes or 0
+            out.append(f"  hold back {units.fmt_bytes(r.reserve_bytes)} of workspace beside the baseline for {shape}"
+                       + (" (extrapolated)" if r.extrapolated else "")
+                       + (f": fits, {units.fmt_bytes(headroom)} to spare" if r.fits else
+                          f": does NOT fit, short by {units.fmt_bytes(-headroom)}"))
+        for note in k.notes:
             out.append(f"  note: {note}")
-    for note in doc["notes"]:
+    for note in c.notes:
         out.append(f"note: {note}")
     return "\n".join(out)
 
