@@ -248,7 +248,6 @@ class Allocator:
         requested: free), which tile it in offset order (none: one free block); each pool is sorted once. An
         expandable segment is taken as mapped from `addr` to `addr + size`, with no range beyond."""
         offsets, sizes, requests = blocks
-        allocated = self.allocated
         for j, (addr, size, stream, pool, small, expandable) in enumerate(segments):
             seg = self.segments[addr] = Segment(addr, size, stream, pool, small, expandable)
             self.reserved += size
@@ -263,12 +262,8 @@ class Allocator:
                 if prev is not None:
                     b.prev, prev.next = prev, b
                 prev = b
-                requested = requests[k]
-                if requested:
-                    b.allocated, b.requested = True, requested
-                    allocated[b.addr] = b
-                    self.allocated_bytes += b.size
-                    self.requested_bytes += requested
+                if requests[k]:
+                    self._hand_out(b, requests[k])
                 else:
                     free[b.addr] = b
         for p in self.pools.values():
