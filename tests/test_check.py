@@ -55,6 +55,27 @@ def test_budget_is_checked_against_the_peak() -> None:
     assert "exceed the budget" in message and "by 1 B" in message and str(REAL) in message
 
 
+def test_the_typed_report_is_what_the_terminal_and_json_show() -> None:
+    """`check` renders one frozen report per snapshot (what a worker sends back): plain values, picklable, its
+    JSON strict; the terminal's verdict line follows the report."""
+    import json
+    import pickle
+
+    from snapanalyze.analyze.check_result import check_report
+    from snapanalyze.report.compare_terminal import render_check
+
+    over = check_report(check(load(REAL), budget=PEAK - 1))
+    assert pickle.loads(pickle.dumps(over)) == over and not over.passed
+    (row,) = over.checks
+    assert (row.actual_bytes, row.limit_bytes, row.headroom_bytes, row.ok) == (PEAK, PEAK - 1, -1, False)
+    doc = json.loads(json.dumps(over.to_json(), allow_nan=False))
+    assert doc["checks"][0]["headroom_bytes"] == -1 and doc["failures"] == list(over.failures)
+    shown = render_check([(None, over)], over.source).splitlines()
+    assert shown[1].startswith("FAIL  peak active") and shown[-1] == "FAILED: 1 of 1 limit exceeded"
+    by_rank = render_check([(3, over)], "run", engine_fits=True).splitlines()
+    assert by_rank[-1] == "FAILED: 1 of 1 limit exceeded (rank 3)" and "(rank 3, device 0)" in by_rank[1]
+
+
 def test_reserved_metric_uses_the_highest_reserved_bytes() -> None:
     snap = load(REAL)
     highest = int(replay(snap)[0].reserved.max())

@@ -33,6 +33,7 @@ from .per_rank import Job, Step, diff_plan, each, emit, plan, run_document
 from .progress import Progress
 
 if TYPE_CHECKING:
+    from ..analyze.check_result import CheckReport
     from ..analyze.diff_result import DiffResult
 
 _RANK = click.option("--rank", type=int, default=None, help="Rank in run directories.")
@@ -212,30 +213,33 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
                              device=device, rules_file=rules_file, source=index, phase=phase)
     with Progress() as progress:
         p, results = each(p, work, progress)
-    doc = results[0]
-    if p.multi:
-        run = run_document(p, results)
-        doc = {"run": run["run"], "metric": metric, "passed": all(r["passed"] for r in results),
-               "ranks": run["ranks"],
-               "failures": [f"rank {j.rank}: {f}" for j, r in zip(p.jobs, results) for f in r["failures"]],
-               "problems": run["problems"]}
-    if engine is not None:
-        doc = {**doc, "passed": doc["passed"] and engine["fits"], "engine_budget": engine}
+    passed = all(r.passed for r in results) and (engine is None or engine["fits"])
     if fmt == "json":
+        doc = results[0].to_json()
+        if p.multi:
+            run = run_document(p, results)
+            doc = {"run": run["run"], "metric": metric, "passed": all(r.passed for r in results),
+                   "ranks": run["ranks"],
+                   "failures": [f"rank {j.rank}: {f}" for j, r in zip(p.jobs, results) for f in r.failures],
+                   "problems": run["problems"]}
+        if engine is not None:
+            doc = {**doc, "passed": passed, "engine_budget": engine}
         emit_json(doc)
     else:
-        width = terminal_width()
-        echo_text(render_check(doc), width)
+        ranks = [j.rank if p.multi else None for j in p.jobs]
+        echo_text(render_check(list(zip(ranks, results)), p.path if p.multi else results[0].source,
+                               None if engine is None else engine["fits"], p.problems if p.multi else ()),
+                  terminal_width())
     p.finish()
-    if not doc["passed"]:
+    if not passed:
         click.get_current_context().exit(1)
 
 
 def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max_transient: int | None,
            metric: str, device: int | None, rules_file: str | None, source: Any,
-           phase: str | None = None) -> dict[str, Any]:
+           phase: str | None = None) -> CheckReport:
     from ..analyze.check import check as check_limits
-    from ..report.compare_documents import check_document
+    from ..analyze.check_result import check_report
     from ..session.inputs import open_input
 
     t = job.target
@@ -245,4 +249,4 @@ def _check(job: Job, step: Step, budget: int | None, limits: dict[str, int], max
     result = check_limits(given.snapshot, budget=budget, max_category=limits, max_transient=max_transient,
                           metric=metric, rules=rules_for(rules_file), device=device, phase=phase,
                           markers=given.markers if phase is not None else None)
-    return check_document(result)
+    return check_report(result)

@@ -1,5 +1,5 @@
-"""Terminal rendering of the comparison results as plain text: the typed `DiffResult` and `CapacityResult`,
-and the check documents (the dicts of `compare_documents`).
+"""Terminal rendering of the comparison results as plain text: the typed `DiffResult`, `CapacityResult` and
+`CheckReport`s, and an engine check (the budget's document).
 
 Contract: `render_diff`, `render_capacity` and `render_check` take the result and return the text a person
 reads in a terminal (`render_check`: one line per limit, its verdict first; `width`, the
@@ -8,6 +8,7 @@ terminal's columns, fits the diff's tables into it); nothing here analyses, prin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import units
@@ -16,6 +17,7 @@ from . import text
 if TYPE_CHECKING:
     from ..analyze.capacity import ContractLimit
     from ..analyze.capacity_result import CapacityResult
+    from ..analyze.check_result import CheckReport, CheckRow
     from ..analyze.diff_result import DiffResult
 
 TOP_CATEGORIES = 6          # columns of the per-category transient table
@@ -215,26 +217,27 @@ def render_capacity(c: CapacityResult, width: int | None = None) -> str:
     return "\n".join(out)
 
 
-def render_check(doc: dict[str, Any]) -> str:
-    """One line per limit, its verdict first (FAIL, or ok), then the verdict of the whole check. A run's
-    document (`ranks`) names the rank of each line."""
-    out = [doc.get("run") or doc["source"]]
-    parts = doc["ranks"] if "ranks" in doc else [doc]
-    for part in parts:
-        for r in part["checks"]:
-            out.append(_check_line(r, part.get("rank")))
-    failed = [r for part in parts for r in part["checks"] if not r["ok"]]
-    total = sum(len(part["checks"]) for part in parts)
+def render_check(reports: Sequence[tuple[int | None, CheckReport]], title: str, engine_fits: bool | None = None,
+                 problems: Sequence[str] = ()) -> str:
+    """One line per limit, its verdict first (FAIL, or ok), then the verdict of the whole check: `reports` are
+    (rank — None for a lone snapshot —, its CheckReport); `engine_fits` the serving engine's budget's verdict
+    when one was checked too."""
+    out = [title]
+    for rank, report in reports:
+        for r in report.checks:
+            out.append(_check_line(r, rank))
+    failed = [r for _, report in reports for r in report.checks if not r.ok]
+    total = sum(len(report.checks) for _, report in reports)
     if failed:
-        ranks = sorted({part["rank"] for part in parts if "rank" in part and any(not r["ok"] for r in part["checks"])})
+        ranks = sorted({rank for rank, report in reports if rank is not None and not report.passed})
         where = f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})" if ranks else ""
         out.append(f"FAILED: {len(failed)} of {total} limit{'s' if total > 1 else ''} exceeded{where}")
-    elif doc.get("engine_budget", {}).get("fits", True):
+    elif engine_fits is None or engine_fits:
         out.append(f"passed: {'all ' if total > 1 else ''}{total} limit{'s' if total > 1 else ''} held")
     else:
         out.append(f"FAILED: the serving engine's budget (above); {'all ' if total > 1 else ''}{total} "
                    f"other limit{'s' if total > 1 else ''} held")
-    out.extend(f"warning: {p}" for p in doc.get("problems", []))
+    out.extend(f"warning: {p}" for p in problems)
     return "\n".join(out)
 
 
@@ -260,15 +263,14 @@ def render_engine_check(doc: dict[str, Any]) -> str:
 _LIMIT_NAMES = {"budget": "budget", "transient": "max transient", "category": "max"}
 
 
-def _check_line(r: dict[str, Any], rank: int | None) -> str:
+def _check_line(r: CheckRow, rank: int | None) -> str:
     """`FAIL  peak active 59.41 GiB > budget 56.00 GiB by 3.41 GiB (rank 1, device 0)`."""
-    subject = {"category": f"category {r['subject']}", "transient": f"transient ({r['subject']})"}.get(
-        r["check"], r["subject"].removesuffix(" bytes"))
-    where = ", ".join(([f"rank {rank}"] if rank is not None else []) + [f"device {r['device']}"])
-    actual, limit = units.fmt_bytes(r["actual_bytes"]), units.fmt_bytes(r["limit_bytes"])
-    if r["ok"]:
-        return (f"ok    {subject} {actual} ≤ {_LIMIT_NAMES[r['check']]} {limit}, "
-                f"{units.fmt_bytes(r['headroom_bytes'])} to spare ({where})")
-    return (f"FAIL  {subject} {actual} > {_LIMIT_NAMES[r['check']]} {limit} by "
-            f"{units.fmt_bytes(-r['headroom_bytes'])} ({where})")
-
+    subject = {"category": f"category {r.subject}", "transient": f"transient ({r.subject})"}.get(
+        r.check, r.subject.removesuffix(" bytes"))
+    where = ", ".join(([f"rank {rank}"] if rank is not None else []) + [f"device {r.device}"])
+    actual, limit = units.fmt_bytes(r.actual_bytes), units.fmt_bytes(r.limit_bytes)
+    if r.ok:
+        return (f"ok    {subject} {actual} ≤ {_LIMIT_NAMES[r.check]} {limit}, "
+                f"{units.fmt_bytes(r.headroom_bytes)} to spare ({where})")
+    return (f"FAIL  {subject} {actual} > {_LIMIT_NAMES[r.check]} {limit} by "
+            f"{units.fmt_bytes(-r.headroom_bytes)} ({where})")
