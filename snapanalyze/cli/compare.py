@@ -213,12 +213,13 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
                              device=device, rules_file=rules_file, source=index, phase=phase)
     with Progress() as progress:
         p, results = each(p, work, progress)
-    passed = all(r.passed for r in results) and (engine is None or engine["fits"])
+    limits_held = all(r.passed for r in results)
+    passed = limits_held and (engine is None or engine["fits"])
     if fmt == "json":
         doc = results[0].to_json()
         if p.multi:
             run = run_document(p, results)
-            doc = {"run": run["run"], "metric": metric, "passed": all(r.passed for r in results),
+            doc = {"run": run["run"], "metric": metric, "passed": limits_held,
                    "ranks": run["ranks"],
                    "failures": [f"rank {j.rank}: {f}" for j, r in zip(p.jobs, results) for f in r.failures],
                    "problems": run["problems"]}
