@@ -68,6 +68,18 @@ def cases() -> list[tuple[str, list[str]]]:
             out.append((f"budget-{fmt}-{engine}", ["budget", *map(str, sorted(d.glob("*.pickle"))), "--format", fmt,
                                                    "--shape-from", str(d / "manifest.csv"),
                                                    *(["--engine-log", str(logs[0])] if logs else [])]))
+        out.append((f"budget-explain-{engine}", ["budget", *map(str, sorted(d.glob("*.pickle"))), "--explain",
+                                                 "--shape-from", str(d / "manifest.csv"), "--engine-log",
+                                                 str(logs[0]), "--total", "80GiB"]))
+        last = str(sorted(d.glob("*.pickle"))[-1])
+        for fmt in ("table", "json"):
+            out.append((f"check-engine-{fmt}-{engine}", ["check", last, "--engine-log", str(logs[0]), "--total",
+                                                         "80GiB", "--format", fmt]))
+            out.append((f"check-engine-budget-{fmt}-{engine}", ["check", last, "--engine-log", str(logs[0]),
+                                                                "--total", "80GiB", "--budget", "1GiB",
+                                                                "--format", fmt]))
+        out.append((f"report-engine-{engine}", ["report", last, "--engine-log", str(logs[0]), "--capacity", "80GiB",
+                                                "-o", "{tmp}/r.html"]))
     out.append(("report-compare-logits", ["report", str(sw / "logits_float_fix/after.pickle"), "--compare",
                                           str(sw / "logits_float_fix/before.pickle"), "-o", "{tmp}/r.html"]))
     return out
