@@ -261,6 +261,33 @@ def test_the_python_api_and_the_notebook_give_the_same_check() -> None:
     assert doc["shapes"][0]["over_device_bytes"] == check.shapes[0].over_device_bytes
 
 
+def test_every_target_renders_the_one_typed_check() -> None:
+    """The terminal, the engine check and the JSON are made from the `BudgetCheck` the API returns, which a
+    worker can hand back (it pickles)."""
+    import pickle
+
+    from snapanalyze.cli.budget import engine_config_of
+    from snapanalyze.cli.common import terminal_width
+    from snapanalyze.report.budget_documents import budget_document
+    from snapanalyze.report.budget_terminal import render_budget, render_engine_check
+    from snapanalyze.session import budget_of
+
+    inputs = [str(p) for p in sorted(VLLM.glob("*.pickle"))]
+    config = engine_config_of(str(VLLM / "vllm.log"), None, {"total": 80 * GiB})     # as `--total 80GiB` gives it
+    check = budget_of(config, inputs, shape_from=str(VLLM / "manifest.csv"))
+    assert pickle.loads(pickle.dumps(check)) == check
+    cli = run("budget", *inputs, "--shape-from", str(VLLM / "manifest.csv"), "--engine-log", str(VLLM / "vllm.log"),
+              "--total", "80GiB", "--explain")
+    assert cli.exit_code == 0, cli.output
+    assert cli.output.rstrip("\n") == render_budget(check, explain=True, width=terminal_width())
+    doc = json.loads(run("budget", *inputs, "--shape-from", str(VLLM / "manifest.csv"), "--engine-log",
+                         str(VLLM / "vllm.log"), "--total", "80GiB", "--format", "json").output)
+    assert {k: v for k, v in doc.items() if k != "warnings"} == json.loads(json.dumps(budget_document(check)))
+    assert doc["fits"] is False and [s["verdict"] for s in doc["shapes"]] == [s.verdict for s in check.shapes]
+    lines = render_engine_check(check).splitlines()
+    assert [line.split()[0] for line in lines] == ["ok" if s.verdict == "fits" else "FAIL" for s in check.shapes]
+
+
 def test_a_vision_shape_recorded_from_engine_start_counts_weights_and_kv_as_steady() -> None:
     """tp2_vision_encoder records from start-up (window baseline 0): the steady state is the weights and the
     KV pool live at the peak, and rank 1's forward pass is its vision encoder's images."""

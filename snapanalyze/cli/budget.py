@@ -78,10 +78,10 @@ def measure_budget(config: EngineConfig, inputs: list[str], shape_from: str, ran
 
 
 def budget_of_input(path: str, engine_log: str, total: int | None, rank: int | None, tag: str | None,
-                    rules_file: str | None, device: int | None, source: Any) -> dict[str, Any]:
-    """The budget document of one snapshot or run, shape aside (`check --engine-log`, `report --engine-log`)."""
+                    rules_file: str | None, device: int | None, source: Any) -> BudgetCheck:
+    """The budget check of one snapshot or run, shape aside (`check --engine-log`, `report --engine-log`)."""
     config = engine_config_of(engine_log, None, {"total": total})
-    return budget_document(measure_budget(config, [path], "none", rank, tag, rules_file, device, None, source))
+    return measure_budget(config, [path], "none", rank, tag, rules_file, device, None, source)
 
 
 @main.command()
@@ -112,9 +112,8 @@ def budget(inputs: tuple[str, ...], engine_log: str | None, engine: str | None, 
     rules_for(rules_file)
     check = measure_budget(config, list(inputs), shape_from, rank, tag, rules_file, device, driver,
                            source_for(source))
-    doc = budget_document(check)
     if fmt == "json":
-        emit_json(doc)
+        emit_json(budget_document(check))
         return
     width = terminal_width()
-    echo_text(render_budget(doc, explain, width), width)
+    echo_text(render_budget(check, explain, width), width)

@@ -12,7 +12,9 @@ from ..analyze.capacity import DEFAULT_CONCURRENCY, DRIVER_ORDER, capacity_contr
 from ..analyze.capacity_result import capacity_result
 from ..analyze.check import parse_limits
 from ..errors import UsageError
-from ..report.compare_terminal import render_capacity, render_check, render_diff, render_engine_check
+from ..report.budget_documents import budget_document
+from ..report.budget_terminal import render_engine_check
+from ..report.compare_terminal import render_capacity, render_check, render_diff
 from ..session import measure_sweep_inputs
 from . import main
 from .common import (
@@ -204,8 +206,9 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
             echo_text(render_engine_check(engine), terminal_width())
         if budget is None and not limits and max_transient is None:    # the engine's budget is the only limit
             if fmt == "json":
-                emit_json({"source": file, "engine_log": engine_log, "passed": engine["fits"], "budget": engine})
-            if not engine["fits"]:
+                emit_json({"source": file, "engine_log": engine_log, "passed": not engine.exceeds,
+                           "budget": budget_document(engine)})
+            if engine.exceeds:
                 click.get_current_context().exit(1)
             return
     p = plan(file, rank, tag)
@@ -214,7 +217,7 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
     with Progress() as progress:
         p, results = each(p, work, progress)
     limits_held = all(r.passed for r in results)
-    passed = limits_held and (engine is None or engine["fits"])
+    passed = limits_held and (engine is None or not engine.exceeds)
     if fmt == "json":
         doc = results[0].to_json()
         if p.multi:
@@ -224,12 +227,12 @@ def check(file: str, rank: int | None, tag: str | None, budget: int | None, maxi
                    "failures": [f"rank {j.rank}: {f}" for j, r in zip(p.jobs, results) for f in r.failures],
                    "problems": run["problems"]}
         if engine is not None:
-            doc = {**doc, "passed": passed, "engine_budget": engine}
+            doc = {**doc, "passed": passed, "engine_budget": budget_document(engine)}
         emit_json(doc)
     else:
         ranks = [j.rank if p.multi else None for j in p.jobs]
         echo_text(render_check(list(zip(ranks, results)), p.path if p.multi else results[0].source,
-                               None if engine is None else engine["fits"], p.problems if p.multi else ()),
+                               None if engine is None else not engine.exceeds, p.problems if p.multi else ()),
                   terminal_width())
     p.finish()
     if not passed:

@@ -1,5 +1,5 @@
 """Terminal rendering of the comparison results as plain text: the typed `DiffResult`, `CapacityResult` and
-`CheckReport`s, and an engine check (the budget's document).
+`CheckReport`s (an engine check is `budget_terminal.render_engine_check`).
 
 Contract: `render_diff`, `render_capacity` and `render_check` take the result and return the text a person
 reads in a terminal (`render_check`: one line per limit, its verdict first; `width`, the
@@ -9,7 +9,7 @@ terminal's columns, fits the diff's tables into it); nothing here analyses, prin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import units
 from . import text
@@ -238,25 +238,6 @@ def render_check(reports: Sequence[tuple[int | None, CheckReport]], title: str, 
         out.append(f"FAILED: the serving engine's budget (above); {'all ' if total > 1 else ''}{total} "
                    f"other limit{'s' if total > 1 else ''} held")
     out.extend(f"warning: {p}" for p in problems)
-    return "\n".join(out)
-
-
-def render_engine_check(doc: dict[str, Any]) -> str:
-    """One line per measured input against the engine's budget (`budget_document`), FAIL or ok first."""
-    out = []
-    for s in doc["shapes"]:
-        if s["verdict"] == "exceeds_device":
-            cap = units.fmt_bytes(doc["budget"]["capacity"]["bytes"])
-            out.append(f"FAIL  {s['label']}: peak reserved {units.fmt_bytes(s['reserved_bytes'])} > the {cap} the "
-                       f"allocator may hold on the device, by {units.fmt_bytes(s['over_device_bytes'])} (an OOM)")
-        elif s["verdict"] == "exceeds_budget":
-            out.append(f"FAIL  {s['label']}: forward pass {units.fmt_bytes(s['activation_bytes'])} exceeds the "
-                       f"engine's budget by {units.fmt_bytes(s['over_budget_bytes'])}")
-        elif s["verdict"] == "unknown":
-            out.append(f"FAIL  {s['label']}: not checked: the budget lacks {', '.join(doc['budget']['missing'])}")
-        else:
-            out.append(f"ok    {s['label']}: forward pass {units.fmt_bytes(s['activation_bytes'])} and peak reserved "
-                       f"{units.fmt_bytes(s['reserved_bytes'])} fit the {doc['engine']} budget")
     return "\n".join(out)
 
 

@@ -43,6 +43,7 @@ import pandas as pd
 
 from .. import layout
 from ..analyze.attribute import Attribution
+from ..analyze.budget import BudgetCheck
 from ..analyze.diff import Diff, diff
 from ..analyze.kept import KeptAcrossStep, kept_across_step
 from ..analyze.oom import OomExplanation, explain_oom
@@ -206,6 +207,7 @@ class Report:
     diffs: tuple[BaselineDiff, ...] = ()       # against the baseline (--compare)
     problems: tuple[str, ...] = ()             # what the baseline comparison could not do
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    budget: BudgetCheck | None = None          # the engine's budget against this input (--engine-log)
 
     @property
     def rules(self) -> RuleSet:

@@ -31,6 +31,7 @@ import plotly.offline
 from markupsafe import Markup
 
 from .. import __version__
+from ..analyze.budget import BudgetCheck
 from ..analyze.rules import RuleSet, load_rules
 from ..model import Snapshot
 from ..replay import Timeline
@@ -134,19 +135,19 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
                       redact_paths: bool = False, sections: Sequence[SectionFunction] = DEFAULT_SECTIONS,
                       progress: Progress | None = None, capacity: int | None = None,
                       source: SourceRoots = None, executor: Executor | None = None,
-                      budget: Mapping[str, Any] | None = None) -> str:
+                      budget: BudgetCheck | None = None) -> str:
     """The HTML report of a snapshot file or a run directory (every rank, or `rank`), optionally with the
     diff against the baseline `compare`: `build_path_context(...)` then `render_report(...)`; `executor`
     measures a large run's ranks for the comparison (`context.build_run_context`); `source`: the program's
     checkout, each snapshot's frames resolved with it as it loads (`load`); `budget`: the `budget` command's
-    document for this input (`report --engine-log`), shown in its own section."""
+    check of this input (`report --engine-log`), shown in its own section."""
     rules = rules or load_rules()
     options = ReportOptions(top=top, at=tuple(at), samples=samples, device=device, redact_paths=redact_paths,
                             capacity=capacity)
     report = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, options=options,
                                 progress=progress, executor=executor, source=source)
     if budget is not None:
-        report = dataclasses.replace(report, inputs={**report.inputs, "budget": budget})
+        report = dataclasses.replace(report, budget=budget)
     return render_report(report, sections, progress)
 
 

@@ -79,10 +79,9 @@ def attribution_html(attribution: Any, top: int = 1) -> str:
 
 def budget_html(check: Any) -> str:
     """A `BudgetCheck` as the report's budget section shows it."""
-    from .budget_documents import budget_document
     from .sections.budget import budget_body
 
-    return str(budget_body(budget_document(check), check.budget.source))
+    return str(budget_body(check, check.budget.source))
 
 
 register("Snapshot", snapshot_html)
