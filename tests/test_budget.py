@@ -122,6 +122,8 @@ def test_vllm_shapes_against_the_budget_its_log_states() -> None:
     non_torch = _printed(log, "non-torch forward increase", "non-torch forward increase memory: ") * GiB
     capacity = exp["total_bytes"] - non_torch
     doc = _budget("--shape-from", str(VLLM / "manifest.csv"), "--engine-log", str(log), "--total", "80GiB")
+    ratio = next(p for p in doc["budget"]["parts"] if p["name"] == "utilization")
+    assert doc["budget"]["ratio"] == 0.95 and ratio["bytes"] is None and ratio["source"] == "log"   # a share, not bytes
     shapes = {s["label"]: s for s in doc["shapes"]}
     for name, f in exp["files"].items():
         s = shapes[name]
@@ -161,6 +163,8 @@ def test_sglang_reserve_that_a_16k_chunk_exceeds() -> None:
     free = float(next(x for x in lines if "Memory pool end" in x).split("avail mem=")[1].split(" GB")[0]) * GiB
     capacity = weights + kv + free              # what the allocator holds or can still get
     doc = _budget("--shape-from", str(SGLANG / "manifest.csv"), "--engine-log", str(log), "--total", "80GiB")
+    ratio = next(p for p in doc["budget"]["parts"] if p["name"] == "mem_fraction_static")
+    assert doc["budget"]["ratio"] == 0.98 and ratio["bytes"] is None and ratio["precision_bytes"] == 0
     shapes = {s["label"]: s for s in doc["shapes"]}
     for name, f in exp["files"].items():
         assert shapes[name]["over_device_bytes"] == pytest.approx(f["peak_reserved_bytes"] - capacity, abs=1)

@@ -161,6 +161,12 @@ def _part(name: str, figure: Figure | None, missing: str = "") -> Part:
     return Part(name, int(round(figure.value)), figure.source, figure.detail, int(math.ceil(figure.precision)))
 
 
+def _ratio(name: str, figure: Figure) -> Part:
+    """A share of the device (gpu_memory_utilization, mem_fraction_static): no bytes of its own; its value is
+    `Budget.ratio`, the part says where it came from."""
+    return Part(name, None, figure.source, figure.detail)
+
+
 def _derived(name: str, value: float, formula: str, precision: float) -> Part:
     return Part(name, int(round(value)), "derived", formula, int(math.ceil(precision)))
 
@@ -185,7 +191,7 @@ def _vllm(config: EngineConfig) -> Budget:
     notes = ["graph_actual_unknown"] if actual.bytes is None and estimate.bytes else []
     util_fig = f.get("utilization")
     util = util_fig.value if util_fig else VLLM_DEFAULT_UTILIZATION
-    util_part = _part("utilization", util_fig) if util_fig else Part(
+    util_part = _ratio("utilization", util_fig) if util_fig else Part(
         "utilization", None, "default", f"vLLM's default gpu_memory_utilization {VLLM_DEFAULT_UTILIZATION}")
     applied_fig = f.get("cuda_graph_estimate_applied")
     version = _version(config.version)
@@ -262,7 +268,7 @@ def _sglang(config: EngineConfig) -> Budget:
                            "total − weights − KV − CUDA graphs − free (CUDA context, NCCL, library workspaces)",
                            total.precision + weights.precision + kv.precision + graphs.precision + free.precision)
     mfs_fig = f.get("mem_fraction_static")
-    mfs = _part("mem_fraction_static", mfs_fig) if mfs_fig else Part(
+    mfs = _ratio("mem_fraction_static", mfs_fig) if mfs_fig else Part(
         "mem_fraction_static", None, "missing", "the log's server_args line states it")
     tokens = f.get("kv_cache_tokens")
     per_token = kv.bytes / tokens.value if tokens and tokens.value > 0 and kv.bytes else None
