@@ -35,10 +35,11 @@ _EXPORTS = {
     ".analyze.peaks": ("find_peaks",),
     ".analyze.phases": ("attribute_phase", "phase_table"),
     ".analyze.ranks": ("RankComparison",),
-    ".analyze.rules": ("RuleSet", "load_rules"),
+    ".analyze.rules": ("RuleSet",),
     ".analyze.summary": ("summarize",),
     ".load.samples": ("RunSamples", "read_run"),
-    ".session": ("Run", "open_run", "compare_ranks", "explain_path", "sweep_points", "capacity", "budget"),
+    ".session": ("Run", "open_run", "compare_ranks", "explain_path", "sweep_points", "capacity", "budget",
+                 "load_rules"),
     ".analyze.budget": ("BudgetCheck", "check_budget", "engine_budget"),
     ".analyze.whatif": ("WhatIf", "whatif"),
     ".load.engine_log": ("read_engine_log",),
@@ -58,12 +59,12 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors
     from .analyze.peaks import find_peaks
     from .analyze.phases import attribute_phase, phase_table
     from .analyze.ranks import RankComparison
-    from .analyze.rules import RuleSet, load_rules
+    from .analyze.rules import RuleSet
     from .analyze.summary import summarize
     from .analyze.sweep import Sweep, measure_sweep
     from .load.engine_log import read_engine_log
     from .load.samples import RunSamples, read_run
-    from .session import Run, budget, capacity, compare_ranks, explain_path, open_run, sweep_points
+    from .session import Run, budget, capacity, compare_ranks, explain_path, load_rules, open_run, sweep_points
 
 __all__ = [
     "load", "replay", "find_peaks", "attribute", "label_lifetimes", "top_sites", "load_rules", "summarize",

@@ -45,7 +45,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .analyze.attribute import Attribution
-from .analyze.rules import load_rules
+from .analyze.rules import shipped_rules
 from .analyze.segment_map import SegmentMap
 from .replay import DeviceTimeline, Timeline
 from .stacks import is_python_frame, short_path
@@ -86,7 +86,7 @@ def escape(text: str) -> str:
 @functools.cache
 def _shipped_colors() -> dict[str, str]:
     """A stable colour per shipped category: its `color` in analyze/categories.toml."""
-    return {c.name: c.color for c in load_rules().categories.values() if c.color}
+    return {c.name: c.color for c in shipped_rules().categories.values() if c.color}
 
 
 def category_color(category: str, known: Sequence[str] = ()) -> str:

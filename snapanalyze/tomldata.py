@@ -2,9 +2,10 @@
 their shape checked, with an error that names the file and what is wrong.
 
 Contract: `parse(text, where)` returns the document or raises RulesError ("<where>: not valid TOML (…)");
-`read_shipped(package, name)` parses a file shipped in a package. The checks are `keys` (no key outside the
-allowed ones), `text` (a non-empty string), `texts` (a list of strings) and `table` (a table), each raising
-RulesError naming where.
+`read_shipped(package, name)` parses a file shipped in a package, `read_shipped_folder(package, folder)`
+every ``*.toml`` of a folder shipped in it (as ``(folder/name, document)``, by name). The checks are `keys`
+(no key outside the allowed ones), `text` (a non-empty string), `texts` (a list of strings) and `table` (a
+table), each raising RulesError naming where.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ def parse(text: str, where: str) -> dict[str, Any]:
 
 def read_shipped(package: str, name: str) -> dict[str, Any]:
     return parse(resources.files(package).joinpath(name).read_text(), name)
+
+
+def read_shipped_folder(package: str, folder: str) -> list[tuple[str, dict[str, Any]]]:
+    found = [ref for ref in resources.files(package).joinpath(folder).iterdir()
+             if ref.name.endswith(".toml") and ref.is_file()]
+    return [(f"{folder}/{ref.name}", parse(ref.read_text(), f"{folder}/{ref.name}"))
+            for ref in sorted(found, key=lambda r: r.name)]
 
 
 def keys(item: dict[str, Any], allowed: Iterable[str], where: str) -> None:

@@ -17,7 +17,7 @@ from snapanalyze.analyze.attribute import STAGES
 from snapanalyze.analyze.attribute.frames import FRAME_STAGES
 from snapanalyze.analyze.attribute.shapes import shape_logits, shape_scores, vocab_hints
 from snapanalyze.analyze.rules import STAGES as NAMED_STAGES
-from snapanalyze.analyze.rules import load_rules
+from snapanalyze.session import load_rules
 
 REAL = Path(__file__).parent.parent / "fixtures" / "real"
 SCENARIOS = Path(__file__).parent.parent / "fixtures" / "scenarios"

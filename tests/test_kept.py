@@ -16,11 +16,11 @@ from conftest import BASE, REAL_DIR, SnapshotBuilder, read_fixture_raw
 from snapanalyze import attribute, load
 from snapanalyze.analyze.kept import kept_across_step
 from snapanalyze.analyze.oom import explain_oom
-from snapanalyze.analyze.rules import load_rules
 from snapanalyze.load.columns import to_snapshot
 from snapanalyze.replay import replay
 from snapanalyze.report import oom_text
 from snapanalyze.report.run_documents import oom_document
+from snapanalyze.session import load_rules
 
 MiB = 1 << 20
 TRAINING = ["cs336-medium-ctx1024-training-t2.11.pickle", "cs336-step-annotations-t2.10.pickle"]

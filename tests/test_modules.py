@@ -12,11 +12,11 @@ from tinylm import TinyLM, torch
 
 from snapanalyze import attribute, load
 from snapanalyze.analyze.modules import ModuleIndex
-from snapanalyze.analyze.rules import load_rules
 from snapanalyze.collect import markers, modules
 from snapanalyze.collect.markers import MarkerLog
 from snapanalyze.collect.testing import FakeClock
 from snapanalyze.load.samples import _markers_frame
+from snapanalyze.session import load_rules
 
 T0 = 1_770_000_000_000_000
 MiB = 1 << 20

@@ -62,8 +62,12 @@ def test_peaks_on_a_converted_run_never_imports_pandas(tmp_path: Path) -> None:
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["pandas"]
 
 
+READERS = {"open", "read_text", "read_bytes", "iterdir", "glob", "rglob"}     # what reads a file or a folder
+
+
 def _reads_files(path: Path, root: Path) -> bool:
-    """Whether a module imports the loader (`snapanalyze.load`, relative or absolute) or calls `open`."""
+    """Whether a module imports the loader (`snapanalyze.load`, relative or absolute), calls `open` or reads
+    the file system through a path's methods (`READERS`)."""
     package = ["snapanalyze", *path.relative_to(root).parent.parts]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -74,6 +78,8 @@ def _reads_files(path: Path, root: Path) -> bool:
             return True
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
             return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in READERS:
+            return True                           # Path(...).read_text(), a resource's .open(), …
     return False
 
 
@@ -83,6 +89,7 @@ def test_analyses_read_data_and_import_no_loader() -> None:
     neutral values (`model.RunSamples`, `batch_shape`). No analysis module imports `load` or opens a file."""
     root = Path(snapanalyze.__file__).parent
     assert _reads_files(root / "session" / "inputs.py", root)  # control: the check sees a loader import
+    assert _reads_files(root / "tomldata.py", root)             # and a packaged file's .read_text()
     assert [str(p.relative_to(root)) for p in sorted((root / "analyze").rglob("*.py")) if _reads_files(p, root)] == []
 
 

@@ -21,14 +21,13 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from snapanalyze.analyze.rules import load_rules
 from snapanalyze.cli import main
 from snapanalyze.errors import BadInputError, InputWarning
 from snapanalyze.load.safe_pickle import Limits, limits_in_effect, limits_now
 from snapanalyze.model import Snapshot
 from snapanalyze.parallel import bar, map_ranks, open_executor
 from snapanalyze.replay import Timeline
-from snapanalyze.session import compare_ranks, measure_task, open_run, rank_task
+from snapanalyze.session import compare_ranks, load_rules, measure_task, open_run, rank_task
 
 RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
 FIXTURES = sorted(p for p in RUNS.iterdir() if p.is_dir())

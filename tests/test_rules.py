@@ -8,10 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from snapanalyze import RulesError, load_rules
+from snapanalyze.cli import main
 
 EXAMPLES = Path(__file__).parent / "data" / "rule_examples.csv"
+REAL_SNAPSHOT = Path(__file__).parent.parent / "fixtures" / "real" / "cs336-forward-bf16-t2.6.pickle"
 
 
 def _examples() -> list[dict[str, str]]:
@@ -119,6 +122,15 @@ def test_missing_rules_file_is_a_clear_error(tmp_path):
         load_rules(tmp_path / "absent.toml")
 
 
+def test_a_rules_file_that_is_not_text_is_a_clear_error(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'[[rules]]\nname = "caf\xe9"\n')
+    with pytest.raises(RulesError, match=r"latin1\.toml: not UTF-8 text \(byte 21\)"):
+        load_rules(path)
+    result = CliRunner().invoke(main, ["attribute", str(REAL_SNAPSHOT), "--rules", str(path)])
+    assert result.exit_code == 2 and "not UTF-8 text" in result.stderr and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("text, problem", [
     ('[[plumbing]]\nname = "x"\nreason = "r"\nclass = "A"\n', "plumbing matches on 'file' and 'function' only"),
     ('[[rules]]\nname = "x"\ncategory = "mlp"\nreason = "r"\ncode = "a"\nwhere = "outer"\n', "'where' must be"),
@@ -175,13 +187,14 @@ def test_shipped_packs_are_discovered_in_the_order_they_declare(tmp_path, monkey
     from importlib import resources
 
     import snapanalyze.analyze.rules as rules_module
+    import snapanalyze.tomldata as tomldata
     shipped = Path(str(resources.files("snapanalyze.analyze")))
     copy = tmp_path / "analyze"
     shutil.copytree(shipped, copy, ignore=shutil.ignore_patterns("*.py", "__pycache__", "attribute"))
     (copy / "rulepacks" / "early.toml").write_text(
         '[pack]\nname = "early"\norder = 5\n'
         '[[rules]]\nname = "early.rope"\ncategory = "attention"\nreason = "rotary cache"\nfunction = "^rope$"\n')
-    monkeypatch.setattr(rules_module.resources, "files", lambda _: copy)
+    monkeypatch.setattr(tomldata.resources, "files", lambda _: copy)
     found = rules_module._build_rules(None)
     assert found.sources[0] == "rulepacks/early.toml" and found.rules[0].name == "early.rope"
     (copy / "rulepacks" / "late.toml").write_text('[pack]\nname = "late"\n')

@@ -11,7 +11,8 @@ import pandas as pd
 from conftest import BASE, SnapshotBuilder, write_pickle
 
 from snapanalyze import attribute, load
-from snapanalyze.analyze.rules import HEURISTICS, load_rules
+from snapanalyze.analyze.rules import HEURISTICS
+from snapanalyze.session import load_rules
 
 MiB = 1 << 20
 SP = "/opt/conda/lib/python3.11/site-packages/"

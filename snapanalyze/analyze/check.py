@@ -31,7 +31,7 @@ from ..units import parse_bytes  # noqa: F401  (part of this module's API)
 from .attribute import attribute
 from .peaks import global_peak_index
 from .phases import phase_instant
-from .rules import RuleSet, load_rules
+from .rules import RuleSet, shipped_rules
 from .sweep import category_levels, label_window
 
 ROW_COLUMNS = ["device", "check", "subject", "limit_bytes", "actual_bytes", "headroom_bytes", "ok", "at_peak_bytes",
@@ -91,7 +91,7 @@ def check(snapshot: Snapshot, budget: int | None = None, max_category: dict[str,
         raise UsageError("check: give at least one limit (--budget, --max category=size, --max-transient)")
     if metric not in ("active", "reserved"):
         raise UsageError(f"check: metric must be 'active' or 'reserved', got {metric!r}")
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     unknown = sorted(set(max_category or {}) - set(rules.categories))
     if unknown:
         raise UsageError(f"check: unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} "

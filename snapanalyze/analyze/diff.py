@@ -43,7 +43,7 @@ from ..stacks import is_python_frame, short_path
 from .attribute import Attribution, attribute
 from .peaks import global_peak_index
 from .phases import find_phase, phase_table, window_peak
-from .rules import RuleSet, load_rules
+from .rules import RuleSet, shipped_rules
 
 PEAK_COLUMNS = ["device", "scope", "phase", "event_index_a", "event_index_b", "active_bytes_a", "active_bytes_b",
                 "baseline_bytes_a", "baseline_bytes_b", "transient_bytes_a", "transient_bytes_b",
@@ -196,7 +196,7 @@ def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None 
     """Compare `b` against `a` at the global peak (or the peak of `phase`) of each shared device (each
     snapshot's frames resolved with the source it carries: see `attribute`); `markers`: each side's run
     markers (their phases and requests)."""
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     ta, tb = replay(a), replay(b)
     shared = sorted(set(ta.devices) & set(tb.devices))
     if device is not None:

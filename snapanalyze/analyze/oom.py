@@ -64,7 +64,7 @@ from .kept import KeptAcrossStep, kept_across_step
 from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
 from .requests import event_requests
-from .rules import RuleSet, load_rules
+from .rules import RuleSet, shipped_rules
 from .spans import open_spans
 
 MiB = 1 << 20
@@ -115,7 +115,7 @@ def failed_allocation(snapshot: Snapshot, device: int, index: int, rules: RuleSe
     request = str(event_requests(trace, at, markers).names[0] or "")
     span = str(open_spans(snapshot, device, trace.time_us[at])[0]) if trace.time_us is not None else ""
     return FailedAllocation(int(trace.size[index]),
-                            explain_stack(snapshot, stack_id, rules or load_rules()) if stack_id >= 0 else None,
+                            explain_stack(snapshot, stack_id, rules or shipped_rules()) if stack_id >= 0 else None,
                             request, span)
 
 
@@ -510,7 +510,7 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
 
     ooms = snapshot.ooms
     rows, cats, live = [], [], []
-    per_forward = (rules or load_rules()).per_forward
+    per_forward = (rules or shipped_rules()).per_forward
     for row in ooms.itertuples(index=False):
         c, blocks = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers, attribution_at)
         cats.append(c)

@@ -39,7 +39,7 @@ from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, attribute
 from .peaks import find_peaks
-from .rules import RuleSet, load_rules
+from .rules import RuleSet, shipped_rules
 
 COLUMNS = ["device", "event_index", "time_us", "category", "bytes", "inferred_bytes"]
 RESOLUTION = 1e-3        # of the window's width: a gap narrower than this (under a pixel of a chart) is not split
@@ -135,7 +135,7 @@ class InstantAttributions:
                  markers: pd.DataFrame | None = None) -> None:
         self.snapshot, self.markers = snapshot, markers
         self.timeline = timeline if timeline is not None else replay(snapshot)
-        self.rules = rules if rules is not None else load_rules()
+        self.rules = rules if rules is not None else shipped_rules()
         self._cache: dict[tuple[int, int], Attribution] = {}
 
     def at(self, device: int, index: int) -> Attribution:

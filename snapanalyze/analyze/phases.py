@@ -39,7 +39,7 @@ from ..model import ANNOTATE, Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import Attribution, attribute
 from .attribute.result import AttributionAt
-from .rules import RuleSet, load_rules
+from .rules import RuleSet, shipped_rules
 from .spans import annotation_spans
 
 PHASE_SPAN_COLUMNS = ["phase", "name", "occurrence", "start_us", "end_us"]
@@ -241,7 +241,7 @@ def phase_table(snapshot: Snapshot, timeline: Timeline | None = None, markers: p
     the caller keeps attributions (`over_time.InstantAttributions.at`, made with the same rules and markers),
     the phases' peaks are taken from it rather than attributed again."""
     timeline = timeline or replay(snapshot)
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     table = spans(snapshot, markers)
     if kinds is not None:
         table = table[table["kind"].isin(list(kinds))]

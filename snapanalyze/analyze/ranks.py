@@ -30,7 +30,7 @@ from ..replay import Timeline
 from .attribute import attribute
 from .outside import outside_at_peaks
 from .peaks import find_peaks
-from .rules import RuleSet, load_rules
+from .rules import RuleSet, shipped_rules
 
 RANK_COLUMNS = ["rank", "device", "tag", "source", "event_index", "time_us", "duration_us", "active_bytes",
                 "reserved_bytes", "nvml_used_bytes", "nvml_used_measured", "outside_bytes", "outside_basis",
@@ -114,7 +114,7 @@ class RankMeasure:
 
 def measure_rank(entry: RankInput, rules: RuleSet | None = None) -> RankMeasure:
     """One rank's rows at each device's peak and the categories there (see the module docstring)."""
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     snapshot, timeline = entry.snapshot, entry.timeline
     devices = [d for d in sorted(timeline.devices) if len(timeline[d])] or sorted(timeline.devices)
     if not devices:
@@ -172,6 +172,6 @@ def compare_ranks(ranks: Iterable[RankInput], rules: RuleSet | None = None, thre
                   samples: RunSamples | None = None) -> RankComparison:
     """One row per rank (and device) at its peak; outliers against the median rank (see the docstring).
     `problems` (what choosing the snapshots found) are kept; `run` and `samples` name what they came from."""
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     return combine_ranks((measure_rank(entry, rules) for entry in ranks), threshold, min_bytes, problems, run,
                          samples)

@@ -1,9 +1,10 @@
 """Attribution rules as data: categories, frame rules and plumbing patterns, loaded from TOML.
 
-Contract: `load_rules(user_file=None)` returns a RuleSet built from `categories.toml` and the
+Contract: `shipped_rules()` returns the RuleSet built from `categories.toml` and the
 shipped rule packs (every `rulepacks/*.toml`, in the `order` its `[pack]` table declares; a pack's `scope`
 names a file pattern of `scopes.toml` that its [[rules]] must also match) and the call-tree roles (`roles.toml`, see
-`calltree`), with a user's TOML file layered on top: its `[[categories]]` are added (or redefine a shipped
+`calltree`); `rules_from_toml(text, where)` the same with a user's TOML file (its text, and the name its
+errors give; `session.load_rules` reads it) layered on top: its `[[categories]]` are added (or redefine a shipped
 one's precedence/owner), its `[[rules]]` are consulted before the shipped ones, its `[[plumbing]]` and
 `[[passthrough]]` are added, and `disable = [names]` switches shipped rules, roles, backward-node rules,
 heuristics (`HEURISTICS`) and whole stages of attribution (`STAGES`) off.
@@ -31,8 +32,6 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from .. import tomldata
@@ -72,6 +71,7 @@ HEURISTICS = {
     "shape.attention_scores": "B·H·L² × 2 or 4 bytes under user attention code is materialised scores",
     "shape.scores_backward": "a backward block of the size of live attention scores is their gradient",
 }
+_PACKAGE = "snapanalyze.analyze"   # where categories.toml, scopes.toml, roles.toml and rulepacks/ ship
 OWNERS = ("outermost", "innermost")
 SOURCE_KEYS = ("qualname", "class", "code", "call")
 Frame = tuple[str, int, str]
@@ -435,54 +435,45 @@ def _pack(doc: dict[str, Any], where: str, default: str, scopes: dict[str, re.Pa
     return Pack(name, order, scopes[scope] if scope is not None else None)
 
 
-def load_rules(user_file: str | Path | None = None) -> RuleSet:
-    """The shipped categories and packs, with `user_file` (TOML) layered on top (see module docstring).
-
-    Without a file the shipped set is parsed once per process and the same RuleSet returned each time
-    (treat it as read-only), so repeated attributions share their per-stack decisions."""
-    return _shipped_rules() if user_file is None else _build_rules(user_file)
-
-
 @functools.cache
-def _shipped_rules() -> RuleSet:
+def shipped_rules() -> RuleSet:
+    """The shipped categories and packs (module docstring), parsed once per process: the same RuleSet each
+    time (treat it as read-only), so repeated attributions share their per-stack decisions."""
     return _build_rules(None)
 
 
-def _build_rules(user_file: str | Path | None) -> RuleSet:
-    base = resources.files("snapanalyze.analyze")
+def rules_from_toml(text: str, where: str) -> RuleSet:
+    """The shipped rules with a user's TOML file layered on top (module docstring); `where` names the file in
+    every RulesError."""
+    return _build_rules((text, where))
+
+
+def _build_rules(user_toml: tuple[str, str] | None) -> RuleSet:
     categories: dict[str, Category] = {}
-    _categories(tomldata.parse(base.joinpath("categories.toml").read_text(), "categories.toml"),
-                "categories.toml", categories, shipped=True)
+    _categories(tomldata.read_shipped(_PACKAGE, "categories.toml"), "categories.toml", categories, shipped=True)
     shipped: list[Rule] = []
     plumbing: list[Rule] = []
     passthrough: list[Rule] = []
     module_rules: list[ModuleRule] = []
     sources = []
-    scopes = _scopes(tomldata.parse(base.joinpath("scopes.toml").read_text(), "scopes.toml"), "scopes.toml")
+    scopes = _scopes(tomldata.read_shipped(_PACKAGE, "scopes.toml"), "scopes.toml")
     packs = []
-    for ref in base.joinpath("rulepacks").iterdir():          # every shipped pack, in the order it declares
-        if ref.name.endswith(".toml") and ref.is_file():
-            where = f"rulepacks/{ref.name}"
-            doc = tomldata.parse(ref.read_text(), where)
-            if "order" not in doc.get("pack", {}):
-                raise RulesError(f"{where}: a shipped pack declares its [pack] order")
-            packs.append((_pack(doc, where, ref.name[:-5], scopes), where, doc))
+    for where, doc in tomldata.read_shipped_folder(_PACKAGE, "rulepacks"):   # every shipped pack, in its order
+        if "order" not in doc.get("pack", {}):
+            raise RulesError(f"{where}: a shipped pack declares its [pack] order")
+        packs.append((_pack(doc, where, where.removeprefix("rulepacks/")[:-5], scopes), where, doc))
     for pack, where, doc in sorted(packs, key=lambda p: (p[0].order, p[0].name)):
         shipped += _rules_of(doc, where, pack.name, categories, "rules", pack.scope)
         plumbing += _rules_of(doc, where, pack.name, categories, "plumbing")
         passthrough += _rules_of(doc, where, pack.name, categories, "passthrough")
         module_rules += _module_rules_of(doc, where, pack.name, categories)
         sources.append(where)
-    role_data = parse_roles(tomldata.parse(base.joinpath("roles.toml").read_text(), "roles.toml"), "roles.toml",
+    role_data = parse_roles(tomldata.read_shipped(_PACKAGE, "roles.toml"), "roles.toml",
                             list(categories), _compile)
     user: list[Rule] = []
     disabled: frozenset[str] = frozenset()
-    if user_file is not None:
-        where = str(user_file)
-        try:
-            text = Path(user_file).read_text()
-        except OSError as exc:
-            raise RulesError(f"{where}: cannot read the rules file ({exc.strerror or exc})") from None
+    if user_toml is not None:
+        text, where = user_toml
         doc = tomldata.parse(text, where)
         unknown = set(doc) - {"categories", "rules", "plumbing", "passthrough", "modules", "disable", "pack"}
         if unknown:

@@ -37,7 +37,7 @@ from ..replay import DeviceTimeline, Timeline, replay
 from .attribute import attribute, label_lifetimes
 from .outside import join_samples, outside_at_instant
 from .phases import phase_spans, window_bounds, window_peak
-from .rules import RuleSet, load_rules
+from .rules import RuleSet, shipped_rules
 
 # Families of categories whose bytes are one thing under different labels (materialised attention scores
 # are `attention` or `fallback_kernel` depending on which signal decided); jumps and fits consider the sum.
@@ -221,7 +221,7 @@ class MeasuredPoint:
 def measure_points(points: Sequence[SweepPoint], rules: RuleSet | None = None, device: int | None = None
                    ) -> list[MeasuredPoint]:
     """Each point measured (see the module docstring), in order; points of one snapshot share its replay."""
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     replays: dict[int, Timeline] = {}
     labels: dict[tuple[int, int, int, int], pd.DataFrame] = {}
     family_of = {c: fam for fam, members in FAMILIES.items() for c in members}

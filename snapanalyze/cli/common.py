@@ -101,7 +101,7 @@ def rules_for(rules_file: str | None) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def _rules(rules_file: str | None, stamp: int | None) -> Any:
-    from ..analyze.rules import load_rules
+    from ..session.inputs import load_rules
     return load_rules(rules_file)
 
 

@@ -53,7 +53,7 @@ from ..analyze.over_time import InstantAttributions, categories_over_time
 from ..analyze.peaks import find_peaks
 from ..analyze.phases import PHASE_COLUMNS, phase_table
 from ..analyze.ranks import RankComparison
-from ..analyze.rules import RuleSet, load_rules
+from ..analyze.rules import RuleSet, shipped_rules
 from ..analyze.segment_map import SegmentMap, segment_map
 from ..errors import BadInputError, UsageError
 from ..model import RunSamples, Snapshot
@@ -252,7 +252,7 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
     if timeline is None:
         step("replaying")
         timeline = replay(snapshot)
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     if device is not None and device not in timeline.devices:
         raise UsageError(f"{snapshot.source}: no device {device} (devices: {sorted(timeline.devices)})")
     devices = [device] if device is not None else sorted(timeline.devices)
@@ -370,7 +370,7 @@ def build_run_context(run: Run, rank: int | None = None, tag: str | None = None,
     `executor`: where the comparison measures the ranks when there are more than are detailed (each is then
     read in a worker, and only the detailed ones here); with no more, each rank is read once, here."""
     step = progress or (lambda _: None)
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     samples = run.samples
     if snapshot_path is not None:
         chosen, problems = [run.file(snapshot_path)], list(samples.problems)
@@ -412,7 +412,7 @@ def build_path_context(path: str | Path, rank: int | None = None, tag: str | Non
     `executor` to `build_run_context`; `source` (the program's checkout) to each load."""
     source = source_index(source)
     step = progress or (lambda _: None)
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     inputs = {"path": str(path), "rank": rank, "tag": tag, "compare": None if compare is None else str(compare)}
     inside = layout.rank_dir_of(path)
     if is_run_path(path):

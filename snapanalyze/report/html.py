@@ -32,7 +32,7 @@ from markupsafe import Markup
 
 from .. import __version__
 from ..analyze.budget import BudgetCheck
-from ..analyze.rules import RuleSet, load_rules
+from ..analyze.rules import RuleSet, shipped_rules
 from ..model import Snapshot
 from ..replay import Timeline
 from ..session.inputs import SourceRoots
@@ -122,7 +122,7 @@ def build_report(snapshot: Snapshot, timeline: Timeline | None = None, rules: Ru
                  sections: Sequence[SectionFunction] = DEFAULT_SECTIONS, progress: Progress | None = None) -> str:
     """The HTML report of one snapshot: `build_context(...)` then `render_report(...)` (its frames resolved
     with the source it carries: see `attribute`)."""
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     options = ReportOptions(top=top, at=tuple(at), samples=samples, device=device, redact_paths=redact_paths)
     report = build_context(snapshot, timeline=timeline, rules=rules, options=options, inputs=inputs,
                            progress=progress)
@@ -141,7 +141,7 @@ def build_path_report(path: str | Path, rank: int | None = None, tag: str | None
     measures a large run's ranks for the comparison (`context.build_run_context`); `source`: the program's
     checkout, each snapshot's frames resolved with it as it loads (`load`); `budget`: the `budget` command's
     check of this input (`report --engine-log`), shown in its own section."""
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     options = ReportOptions(top=top, at=tuple(at), samples=samples, device=device, redact_paths=redact_paths,
                             capacity=capacity)
     report = build_path_context(path, rank=rank, tag=tag, compare=compare, rules=rules, options=options,

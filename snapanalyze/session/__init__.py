@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from .. import lazy
 
 _EXPORTS = {
-    ".inputs": ("Input", "open_input", "RunRanks", "run_ranks", "source_index", "engine_config", "reading_limits"),
+    ".inputs": ("Input", "open_input", "RunRanks", "run_ranks", "source_index", "engine_config", "reading_limits",
+                "load_rules"),
     ".convert": ("convert_plan",),
     ".runs": ("Run", "RankData", "open_run", "is_run_path", "RankTask", "LoadedRank", "rank_task", "measure_task",
               "compare_ranks", "Converted", "peak_table", "convert_file", "explain_path", "SweepInput",
@@ -25,7 +26,16 @@ __getattr__, __dir__ = lazy.exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors
     from .convert import convert_plan
-    from .inputs import Input, RunRanks, engine_config, open_input, reading_limits, run_ranks, source_index
+    from .inputs import (
+        Input,
+        RunRanks,
+        engine_config,
+        load_rules,
+        open_input,
+        reading_limits,
+        run_ranks,
+        source_index,
+    )
     from .runs import (
         Converted,
         LoadedRank,
@@ -54,7 +64,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors
 __all__ = [
     "Converted", "Input", "LoadedRank", "RankData", "RankTask", "Run", "RunRanks", "SweepInput", "budget",
     "budget_of", "capacity", "compare_ranks", "convert_file", "convert_plan", "engine_config", "explain_path",
-    "input_points", "is_run_path", "measure_input", "measure_sweep_inputs", "measure_task", "open_input",
+    "input_points", "is_run_path", "load_rules", "measure_input", "measure_sweep_inputs", "measure_task", "open_input",
     "open_run", "peak_table", "rank_task", "reading_limits", "run_ranks", "source_index", "sweep_inputs",
     "sweep_points",
 ]

@@ -9,8 +9,9 @@ empty outside a run) are read on first use, so a command that never reads them n
 by `load.samples.choose_snapshots`: the tag asked for, else ``final``, else a rank's only one) with the ranks
 it skipped as problems, or None when `path` names one snapshot. `source_index(dirs, environment)` is
 --source / --env-source resolved (`load.source.SourceIndex`); `engine_config(log, engine, figures, given_as)`
-an engine's budget figures from its log and options (`load.engine_log`). This module imports only the loader
-(no pandas at import), so that the fast commands stay fast.
+an engine's budget figures from its log and options (`load.engine_log`); `load_rules(user_file)` the rules
+with a user's --rules file read here (`analyze.rules.rules_from_toml`; the shipped set without one). This
+module imports only the loader (no pandas at import), so that the fast commands stay fast.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import layout
-from ..errors import BadInputError
+from ..errors import BadInputError, RulesError
 from ..load import Limits, SourceIndex, SourceRoots, load
 from ..load.runs import resolve
 from ..load.safe_pickle import limits_in_effect
@@ -33,6 +34,7 @@ from ..model import Snapshot
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ..analyze.rules import RuleSet
     from ..engine_config import EngineConfig
 
 
@@ -107,6 +109,24 @@ def engine_config(log: str | Path | None, engine: str | None, figures: Mapping[s
     """An engine's budget figures: its start-up log's lines, then the figures given as options."""
     from ..load.engine_log import engine_config as from_log
     return from_log(log, engine, figures, given_as)
+
+
+def load_rules(user_file: str | Path | None = None) -> RuleSet:
+    """The shipped categories and rule packs with the user's TOML file `user_file` layered on top (the
+    shipped set, shared, without one); a file that cannot be read, or is not UTF-8 text, is a RulesError
+    naming it, as a malformed one is."""
+    from ..analyze.rules import rules_from_toml, shipped_rules
+
+    if user_file is None:
+        return shipped_rules()
+    where = str(user_file)
+    try:
+        text = Path(user_file).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise RulesError(f"{where}: cannot read the rules file ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise RulesError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    return rules_from_toml(text, where)
 
 
 def reading_limits(max_memory_bytes: int) -> AbstractContextManager[None]:

@@ -33,7 +33,7 @@ from ..analyze import ranks as rank_analysis
 from ..analyze.budget import BudgetCheck, check_budget, engine_budget
 from ..analyze.capacity import Capacity, fit_capacity
 from ..analyze.oom import SnapshotOoms, explain_oom
-from ..analyze.rules import RuleSet, load_rules
+from ..analyze.rules import RuleSet, shipped_rules
 from ..analyze.sweep import (
     MeasuredPoint,
     Sweep,
@@ -221,7 +221,7 @@ def compare_ranks(run: str | Path | Run, tag: str | None = None, rules: RuleSet 
     if not chosen:
         raise BadInputError(opened.given, "no rank has a snapshot to compare: "
                             + ("; ".join(problems) if problems else NO_SNAPSHOTS))
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
 
     def here(data: RankData) -> rank_analysis.RankMeasure:
         try:
@@ -446,7 +446,7 @@ def measure_sweep_inputs(inputs: Sequence[str], shape_from: str = "filename", ra
     are then `MeasuredPoint`s. An input that cannot be read or placed fails the sweep once the others are
     done, with every such input named."""
     items = sweep_inputs(inputs, shape_from, rank, tag, source)
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     work = functools.partial(measure_input, rules=rules, device=device)
     measured: list[MeasuredPoint] = []
     failed = []

@@ -33,7 +33,7 @@ from ...replay import Timeline, replay
 from ...units import fmt_count
 from ..engine import SERVING_ENGINES, detect_engine
 from ..requests import RequestIndex
-from ..rules import RuleSet, load_rules
+from ..rules import RuleSet, shipped_rules
 from .frames import Decider
 from .instant import choose_instant, time_us_of
 from .label import STAGES, label
@@ -62,7 +62,7 @@ def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None 
     """Attribute the live bytes at `at` on each device (or one); see the module docstring. `markers` (a
     run's, `load.samples.markers_for`) lets request marker spans name requests the metadata does not; the
     source the snapshot carries (`load(path, source=...)`) resolves frames to their classes."""
-    rules = rules or load_rules()
+    rules = rules or shipped_rules()
     timeline = timeline or replay(snapshot)
     devices = [device] if device is not None else sorted(timeline.devices)
     for d in devices:
@@ -153,5 +153,5 @@ def label_lifetimes(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame,
     of a window) with the same rules, signals and heuristics as `attribute`, one row each in their order
     (columns as `Attribution.blocks`). Context signals (the main request, size hints) are taken over the
     given set together, so a label can differ from `attribute` at one instant in rare cases."""
-    return label(snapshot, device, lifetimes, Decider.for_snapshot(snapshot, rules or load_rules()), markers,
+    return label(snapshot, device, lifetimes, Decider.for_snapshot(snapshot, rules or shipped_rules()), markers,
                  window=lifetimes)[0]
