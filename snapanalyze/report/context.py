@@ -8,7 +8,8 @@ OOM entry and a bounded number of sampled instants (`analyze.over_time`; each in
 trace (`analyze.phases.phase_table`), explains its OOM entries (`analyze.oom.explain_oom`), lays out the
 segment map (`analyze.segment_map`) at each OOM entry (with its failed request) and at each device's main
 instant, finds forward-pass tensors kept across training steps at each main instant (`analyze.kept`), and
-returns an immutable `RankView`. Given a
+returns an immutable `RankView` (whose `engine`, the program detected from those attributions, is found on
+first use and kept). Given a
 `RankInfo` (the rank of a run the snapshot came from) it also uses that rank's markers, NVML samples and
 capacity, and reads the memory outside the allocator at each peak (`analyze.outside`). A `Report` holds
 the views a report shows and what belongs to the whole report; section functions (`report.sections`) read
@@ -36,6 +37,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ from .. import layout
 from ..analyze.attribute import Attribution
 from ..analyze.budget import BudgetCheck
 from ..analyze.diff import Diff, diff
+from ..analyze.engine import Engine, detect_program
 from ..analyze.kept import KeptAcrossStep, kept_across_step
 from ..analyze.oom import OomExplanation, explain_oom
 from ..analyze.outside import join_samples, outside_at_peaks
@@ -195,6 +198,23 @@ class RankView:
     def source(self) -> str:
         """The snapshot's path, redacted for sharing."""
         return self.redactor.path(self.snapshot.source)
+
+    @cached_property
+    def engine(self) -> Engine:
+        """The program this snapshot ran (`analyze.engine.detect_program` over the blocks live at the verdict's
+        instants: each device's main instant and its OOM entries; else over everything it allocated), found
+        once, from the view's own attributions."""
+        parts = []
+        for device in self.devices:
+            indices = [self.main(device).event_index] if self.details.get(device) else []
+            if self.oom is not None:
+                indices += [int(i) for i in self.oom.ooms.loc[self.oom.ooms["device"] == device, "index"]]
+            for index in dict.fromkeys(indices):
+                blocks = self.attribution(device, index).blocks
+                parts.append(blocks.loc[blocks["device"] == device, ["stack_id", "category", "size"]])
+        blocks = (pd.concat(parts, ignore_index=True) if parts
+                  else pd.DataFrame({"stack_id": pd.Series(dtype="int64"), "category": [], "size": []}))
+        return detect_program(self.snapshot, blocks)
 
 
 @dataclass(frozen=True, eq=False)

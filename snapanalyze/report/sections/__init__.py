@@ -41,12 +41,12 @@ from .rules import rules_section
 from .section import ORDER, VERDICT_FIRST, FigureSpec, Section, SectionFunction
 from .timelines import MAX_PHASE_ROWS, timelines_section
 from .verdict import peak_sentences, verdict_section
-from .view import category_rows, engine_of, segment_rows
+from .view import category_rows, segment_rows
 
 __all__ = [
     "DEFAULT_SECTIONS", "INFERRED_NOTE", "MAX_DIFF_STACKS", "MAX_PHASE_ROWS", "OOM_REASONS", "ORDER", "VERDICT_FIRST",
     "VERDICT_NAMES", "WHAT_OUTSIDE", "FigureSpec", "Section", "SectionFunction", "categories_section",
-    "category_rows", "diff_section", "engine_of", "facts_section", "instants_section", "oom_section",
+    "category_rows", "diff_section", "facts_section", "instants_section", "oom_section",
     "outside_section", "peak_sentences", "phase_at", "ranks_section", "rules_section", "segment_rows",
     "timelines_section", "verdict_section", "when_in_window", "budget_section",
 ]

@@ -16,7 +16,7 @@ from ..context import Report
 from ..templating import render
 from .phrases import VERDICT_NAMES, _capital, phase_at, when_in_window
 from .section import ORDER, FigureSpec, Section
-from .view import _plain_row, category_rows, engine_of, segment_rows
+from .view import _plain_row, category_rows, segment_rows
 
 
 def _oom_numbers(o: dict[str, Any]) -> list[dict[str, Any]]:
@@ -70,7 +70,7 @@ def oom_section(report: Report) -> Section | None:
         for (_, row), oom in zip(view.oom.ooms.iterrows(), view.oom.verdicts):
             o = _plain_row(row)
             device, index = int(o["device"]), int(o["index"])
-            why, advice = oom_text.why(oom), oom_text.advice(oom, engine_of(view).name, view.redactor.label)
+            why, advice = oom_text.why(oom), oom_text.advice(oom, view.engine.name, view.redactor.label)
             if device not in view.devices:
                 continue
             when = when_in_window(view, device, index)

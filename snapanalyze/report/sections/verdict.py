@@ -32,7 +32,7 @@ from .phrases import (
     when_in_window,
 )
 from .section import ORDER, Section
-from .view import category_rows, engine_of
+from .view import category_rows
 
 
 def peak_sentences(view: RankView, instant: DetailInstant) -> list[str]:
@@ -244,7 +244,7 @@ def verdict_section(report: Report) -> Section | None:
     an allocation failed (where, when, the request, why, what was live), else the highest peak (how much,
     where, when, the category that made the difference: against the median rank for a run's outlier) —
     then one short line per device of each rank (when there are several, or an OOM to set beside its peak),
-    refusals and warnings, the program (`engine_of`) and what would help in its words (`oom_text`). Its
+    refusals and warnings, the program (`RankView.engine`) and what would help in its words (`oom_text`). Its
     `verdict` sentences — each device's peak in full, and once whether anything was live when the window
     began — are folded below with the other sections' (see `html.render_report`)."""
     ooms = _ooms(report)
@@ -273,7 +273,7 @@ def verdict_section(report: Report) -> Section | None:
         lines.append((headroom, False))
     lines += [(text, False) for v in report.views for text in _refusals(v)]
     lines += [(text, True) for v in report.views for text in _warnings(v)]
-    engine = engine_of(view) if pairs else None
+    engine = view.engine if pairs else None
     advice: list[str] = []
     title = ""
     if engine is not None and ooms:

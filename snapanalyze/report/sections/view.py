@@ -1,17 +1,15 @@
 """What the sections read from a `RankView`, shared by several of them: the attribution summary of an instant
 as template rows (`category_rows`), a device's window, a phase's name and a detail instant's anchor, the
-program of a view (`engine_of`, found once per view), the segment map laid out at an instant
+segment map laid out at an instant
 (`segment_rows`) and a table row as plain values (`_plain_row`). No wording here (see `phrases`)."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import pandas as pd
 
 from ... import plots
-from ...analyze.engine import Engine, detect_program
 from ..context import RankView
 from .section import FigureSpec
 
@@ -56,29 +54,6 @@ def _instant_anchor(view: RankView, device: int, index: int) -> str | None:
         if instant.event_index == index:
             return f"instant-{view.key(device)}-{instant.slug}"
     return None
-
-
-_ENGINES: weakref.WeakKeyDictionary[RankView, Engine] = weakref.WeakKeyDictionary()
-
-
-def engine_of(view: RankView) -> Engine:
-    """The program of a view (`analyze.engine.detect_program` over the blocks live at its verdict's instants:
-    each device's main instant and its OOM entries; else over everything it allocated), found once per
-    view."""
-    found = _ENGINES.get(view)
-    if found is None:
-        parts = []
-        for device in view.devices:
-            indices = [view.main(device).event_index] if view.details.get(device) else []
-            if view.oom is not None:
-                indices += [int(i) for i in view.oom.ooms.loc[view.oom.ooms["device"] == device, "index"]]
-            for index in dict.fromkeys(indices):
-                blocks = view.attribution(device, index).blocks
-                parts.append(blocks.loc[blocks["device"] == device, ["stack_id", "category", "size"]])
-        blocks = (pd.concat(parts, ignore_index=True) if parts
-                  else pd.DataFrame({"stack_id": pd.Series(dtype="int64"), "category": [], "size": []}))
-        found = _ENGINES[view] = detect_program(view.snapshot, blocks)
-    return found
 
 
 def segment_rows(view: RankView, device: int, index: int, fig_id: str) -> dict[str, Any] | None:
