@@ -43,6 +43,10 @@ def cases() -> list[tuple[str, list[str]]]:
             if src.is_dir():
                 out.append((f"attribute-source-{fmt}-{name}",
                             ["attribute", str(f), "--format", fmt, "--source", str(src)]))
+        if src.is_dir():
+            out.append((f"report-source-redacted-{name}", ["report", str(f), "--source", str(src), "--redact-paths",
+                                                           "-o", "{tmp}/r.html"]))
+        out.append((f"report-redacted-{name}", ["report", str(f), "--redact-paths", "-o", "{tmp}/r.html"]))
         out.append((f"attribute-csv-{name}", ["attribute", str(f), "--format", "csv"]))
         out.append((f"attribute-explain-{name}", ["attribute", str(f), "--explain"]))
         out.append((f"report-{name}", ["report", str(f), "-o", "{tmp}/r.html"]))
@@ -82,6 +86,9 @@ def cases() -> list[tuple[str, list[str]]]:
                                                 "-o", "{tmp}/r.html"]))
     out.append(("report-compare-logits", ["report", str(sw / "logits_float_fix/after.pickle"), "--compare",
                                           str(sw / "logits_float_fix/before.pickle"), "-o", "{tmp}/r.html"]))
+    out.append(("report-compare-logits-redacted", ["report", str(sw / "logits_float_fix/after.pickle"), "--compare",
+                                                   str(sw / "logits_float_fix/before.pickle"), "--redact-paths",
+                                                   "-o", "{tmp}/r.html"]))
     return out
 
 
