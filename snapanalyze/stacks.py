@@ -15,6 +15,7 @@ MAX_STACK_DEPTH innermost frames.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from itertools import compress, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
@@ -72,14 +73,16 @@ def short_path(filename: str) -> str:
     return "/".join(parts[-3:]) if len(parts) > 3 else filename
 
 
-def frame_site(frame: Frame | None, qualname: str = "") -> str:
-    """"file:line:function" for a Python frame (the function as `qualname` when the source named it), the
-    name without its argument list for a native one, "" for none."""
+def frame_site(frame: Frame | None, qualname: str = "", path: Callable[[str], str] = short_path) -> str:
+    """"file:line:function" for a Python frame (the file as `path` shows it, by default without its install
+    prefix; the function as `qualname` when the source named it), the name without its argument list for a
+    native one, "" for none. The one place a frame becomes a label: a redacted label is the same label with
+    the redacting `path`."""
     if frame is None:
         return ""
     filename, line, name = frame
     if is_python_frame(filename):
-        return f"{short_path(filename)}:{line}:{qualname or name}"
+        return f"{path(filename)}:{line}:{qualname or name}"
     return name.split("(", 1)[0] or name
 
 

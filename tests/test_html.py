@@ -223,6 +223,28 @@ def test_one_file_gets_one_redaction_when_the_source_names_its_classes() -> None
     assert re.search(r"\[[0-9a-f]{8}\]/model\.py:\d+:\w+\.\w+", page)         # a Class.method label, redacted
 
 
+def test_every_label_of_a_snapshot_is_redacted_as_its_frame_is() -> None:
+    """A label and its redaction are made from the frame by one function (`stacks.frame_site`), with the
+    function's name and with the qualified name the source gives it."""
+    from snapanalyze.report.redact import Redactor, redact_path
+    from snapanalyze.stacks import frame_site, is_python_frame
+    stem = "cs336-medium-ctx1024-training-t2.11"
+    real = SCENARIOS.parent / "real"
+    snap = load(real / f"{stem}.pickle", source=real / "source" / stem)
+    assert snap.sources is not None
+    named = {f: src.qualname for f, src in snap.sources.found.items() if src.qualname not in ("", "<module>")}
+    assert any("." in q for q in named.values())                               # Class.method labels exist
+    redactor = Redactor(snap, enabled=True)
+    python = [f for f in snap.interner.frames if is_python_frame(f[0])]
+    for frame in python:
+        for qualname in ("", named.get(frame, "")):
+            redacted = redactor.label(frame_site(frame, qualname))
+            assert redacted == frame_site(frame, qualname, redact_path), frame
+            if "-packages/" not in frame[0] and "/lib/python" not in frame[0]:
+                assert re.match(r"\[[0-9a-f]{8}\]/[^/]+:\d+:", redacted), redacted    # no directory left
+    assert Redactor(snap).label(frame_site(python[0])) == frame_site(python[0])  # disabled: unchanged
+
+
 # -- the extension point ------------------------------------------------------------------------------------
 
 def _ranks_section(context: Report) -> Section | None:

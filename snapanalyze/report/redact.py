@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..model import Snapshot
-from ..stacks import is_python_frame, short_path
+from ..stacks import frame_site, is_python_frame, short_path
 
 _PACKAGE_ROOT = re.compile(r"^(?:.*/)?(?:site-packages|dist-packages|lib/python\d+(?:\.\d+)?)/")
 
@@ -54,21 +54,26 @@ class Redactor:
     def label(self, label: str) -> str:
         """An attribution frame label (`short/path.py:line:function`, the function as `Class.method` where the
         source named it, or a C++ symbol) with its path redacted as the frame's full path is: one file gets one
-        redaction whichever label names it."""
+        redaction whichever label names it. The snapshot's labels are made again from its frames, by
+        `stacks.frame_site` with the redacting path (with the function's name and with the qualified name the
+        snapshot's source gives it); a label of another snapshot is redacted by its path part."""
         if not self.enabled or not label:
             return label
         frames = self.snapshot.interner.frames
-        for filename, line, name in frames[self._seen:]:
-            if is_python_frame(filename):
-                short, redacted = short_path(filename), redact_path(filename)
-                self._labels[f"{short}:{line}:{name}"] = f"{redacted}:{line}:{name}"
-                self._paths.setdefault(short, set()).add(redacted)
+        sources = self.snapshot.sources.found if self.snapshot.sources is not None else {}
+        for frame in frames[self._seen:]:
+            if is_python_frame(frame[0]):
+                source = sources.get(frame)
+                named = source.qualname if source is not None and source.qualname != "<module>" else ""
+                for qualname in dict.fromkeys(("", named)):
+                    self._labels[frame_site(frame, qualname)] = frame_site(frame, qualname, redact_path)
+                self._paths.setdefault(short_path(frame[0]), set()).add(redact_path(frame[0]))
         self._seen = len(frames)
         found = self._labels.get(label)
         if found is not None:
             return found
         parts = label.rsplit(":", 2)
         if len(parts) == 3 and parts[1].isdigit() and len(self._paths.get(parts[0], ())) == 1:
-            return f"{next(iter(self._paths[parts[0]]))}:{parts[1]}:{parts[2]}"   # a qualified name's label
+            return f"{next(iter(self._paths[parts[0]]))}:{parts[1]}:{parts[2]}"   # another snapshot's, same file
         head, sep, _ = label.partition(":")         # not a label of this snapshot: redact its path part
         return redact_path(head) + label[len(head):] if sep and "/" in head else label
