@@ -4,6 +4,7 @@ files extend and override the packs, and malformed files fail with a clear Rules
 from __future__ import annotations
 
 import csv
+import json
 import re
 from pathlib import Path
 
@@ -239,3 +240,28 @@ def test_the_advice_table_is_checked(doc, problem):
     assert {e["name"] for e in engine_specs()} <= set(shipped)       # every engine has advice of its own
     with pytest.raises(RulesError, match=re.escape(problem)):
         check_advice(doc, "advice.toml")
+
+
+def test_which_categories_are_state_that_lives_across_steps_is_data(tmp_path):
+    """`persistent` in categories.toml (not a Python tuple): the shipped state categories, and a user's own
+    category marked so keeps its frames' decision against a block-level signal (here: another request's
+    tensors, which otherwise become concurrent_request)."""
+    assert load_rules().persistent == {"weights", "kv_cache", "graph_capture", "gradients", "optimizer_state"}
+    scenario = Path(__file__).parent.parent / "fixtures" / "scenarios" / "concurrent_requests.pickle"
+    rules = tmp_path / "mine.toml"
+    found = {}
+    for persistent in ("false", "true"):
+        rules.write_text(f'[[categories]]\nname = "my_scores"\npersistent = {persistent}\n'
+                         '[[rules]]\nname = "mine.scores"\ncategory = "my_scores"\nreason = "the scoring cache"\n'
+                         'function = "^score$"\n')
+        assert load_rules(rules).categories["my_scores"].persistent is (persistent == "true")
+        result = CliRunner().invoke(main, ["attribute", str(scenario), "--rules", str(rules), "--format", "json"])
+        assert result.exit_code == 0, result.output
+        found[persistent] = {c["category"]: c["bytes"] for d in json.loads(result.stdout)["devices"]
+                             for c in d["categories"]}
+    moved = found["false"]["concurrent_request"]                   # req=B's scores, from the snapshot's metadata
+    assert moved > 7 << 30 and "concurrent_request" not in found["true"]
+    assert found["true"]["my_scores"] == found["false"].get("my_scores", 0) + moved
+    rules.write_text('[[categories]]\nname = "my_scores"\npersistent = "yes"\n')
+    with pytest.raises(RulesError, match="per_forward and persistent must be true or false"):
+        load_rules(rules)

@@ -93,6 +93,9 @@ class Category:
     # Made by a forward pass and dead once its backward ran (or, without autograd, once the forward ended): a
     # block of it that outlives a training step and whose code has run again since was kept (analyze/kept.py).
     per_forward: bool = False
+    # State that lives across steps (weights, the KV pool, graph pools, gradients, optimizer state): the rest of
+    # a peak rises on top of it, and a frame's decision in it is never overridden by a block-level heuristic.
+    persistent: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,11 @@ class RuleSet:
     def scoped_tags(self) -> dict[str, frozenset[str]]:
         """Context tag of a category's scope (`context_tag`) -> the tags that end that scope (`not_across`)."""
         return {c.context_tag: frozenset(c.not_across) for c in self.categories.values() if c.context_tag}
+
+    @functools.cached_property
+    def persistent(self) -> frozenset[str]:
+        """The categories of state that lives across steps (`Category.persistent`)."""
+        return frozenset(c.name for c in self.categories.values() if c.persistent)
 
     @functools.cached_property
     def per_forward(self) -> tuple[str, ...]:
@@ -359,10 +367,11 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category], ship
             raise RulesError(f"{where}: each [[categories]] entry needs a 'name'")
         name = item["name"]
         unknown = set(item) - {"name", "precedence", "owner", "description", "not_across", "context_tag", "color",
-                               "per_forward"}
+                               "per_forward", "persistent"}
         if unknown:
             raise RulesError(f"{where}: category '{name}': unknown key(s) {sorted(unknown)} (allowed: name, "
-                             "precedence, owner, description, not_across, context_tag, color, per_forward)")
+                             "precedence, owner, description, not_across, context_tag, color, per_forward, "
+                             "persistent)")
         base = into.get(name)
         precedence = item.get("precedence", base.precedence if base else 50)
         owner = item.get("owner", base.owner if base else "innermost")
@@ -382,11 +391,12 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category], ship
         if not isinstance(color, str) or (color and not re.fullmatch(r"#[0-9a-fA-F]{6}", color)):
             raise RulesError(f"{where}: category '{name}': color must be a #rrggbb string")
         per_forward = item.get("per_forward", base.per_forward if base else False)
-        if not isinstance(per_forward, bool):
-            raise RulesError(f"{where}: category '{name}': per_forward must be true or false")
+        persistent = item.get("persistent", base.persistent if base else False)
+        if not isinstance(per_forward, bool) or not isinstance(persistent, bool):
+            raise RulesError(f"{where}: category '{name}': per_forward and persistent must be true or false")
         into[name] = Category(name, precedence, owner, str(item.get("description", base.description
                                                                      if base else "")),
-                              tuple(not_across), context_tag, color, per_forward)
+                              tuple(not_across), context_tag, color, per_forward, persistent)
 
 
 def _rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, Category],

@@ -40,7 +40,6 @@ from .label import STAGES, label
 from .notes import installed_notes, source_notes
 from .result import (
     BLOCK_COLUMNS,
-    PERSISTENT_CATEGORIES,
     SUMMARY_COLUMNS,
     SUMMARY_TOP,
     Attribution,
@@ -51,7 +50,7 @@ from .result import (
 )
 from .stack import StackView, explain_stack
 
-__all__ = ["BLOCK_COLUMNS", "PERSISTENT_CATEGORIES", "STAGES", "SUMMARY_COLUMNS", "SUMMARY_TOP", "Attribution",
+__all__ = ["BLOCK_COLUMNS", "STAGES", "SUMMARY_COLUMNS", "SUMMARY_TOP", "Attribution",
            "Decision", "Instant", "StackView", "attribute", "explain_stack", "label_lifetimes", "summarize_blocks",
            "time_us_of", "top_sites"]
 

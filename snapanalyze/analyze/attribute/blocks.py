@@ -72,7 +72,8 @@ class Blocks:
         event = instant_event(trace, at_index) if at_index is not None else -1
         request, request_why = instant_request(snapshot, device, event, markers, at_time, metadata, sizes)
         return cls(
-            snapshot=snapshot, device=device, decider=decider, markers=markers, window=window, table=Decisions(),
+            snapshot=snapshot, device=device, decider=decider, markers=markers, window=window,
+            table=Decisions(decider.rules.persistent),
             stack=stack, stacks=stacks, by_stack=by_stack.reshape(-1), addr=addr, sizes=sizes, block_row=block_row,
             alloc_index=alloc_index, free_index=live["free_index"].to_numpy(), from_trace=from_trace,
             pools=pools_of(snapshot, device, addr, block_row, alloc_index), metadata=metadata, by_time=by_time,

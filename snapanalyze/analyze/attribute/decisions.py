@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from .result import PERSISTENT_CATEGORIES, Decision
+from .result import Decision
 
 
 class Decisions:
@@ -18,7 +18,8 @@ class Decisions:
     distinct input is broadcast to every block with that input. `columns()`: per-code arrays of the fields
     (and predicates) the block-level steps test, to index by the blocks' codes."""
 
-    def __init__(self) -> None:
+    def __init__(self, persistent: frozenset[str]) -> None:
+        self.persistent = persistent           # `RuleSet.persistent`, for the `lifecycle` predicate
         self.items: list[Decision] = []
         self._code: dict[Decision, int] = {}
 
@@ -42,7 +43,7 @@ class Decisions:
             "inferred": np.array([d.inferred for d in items], dtype=bool),
             "autocast": np.array(["autocast" in d.context for d in items], dtype=bool),
             "user_attention": np.array([user_attention(d) for d in items], dtype=bool),
-            "lifecycle": np.array([d.category in PERSISTENT_CATEGORIES for d in items], dtype=bool),
+            "lifecycle": np.array([d.category in self.persistent for d in items], dtype=bool),
             "plain_other": np.array([d.category == "other" and not d.owner
                                      and not set(d.context) & {"autograd", "optimizer"} for d in items], dtype=bool),
             "backward_other": np.array(["autograd" in d.context and d.category == "other" for d in items],

@@ -33,9 +33,6 @@ BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags
                  "annotation", "span"]
 SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
                    "inferred_bytes"]
-# State that lives across steps (the rest of a peak rises on top of it); frame decisions in these categories
-# are never overridden by request identity or shape heuristics.
-PERSISTENT_CATEGORIES = ("weights", "kv_cache", "graph_capture", "gradients", "optimizer_state")
 
 
 @dataclass(frozen=True)

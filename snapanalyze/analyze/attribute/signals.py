@@ -29,7 +29,7 @@ from ...model import ALLOC
 from ..state import CUBLAS_DEFAULT_WORKSPACE
 from .blocks import Blocks
 from .decisions import Decisions, distinct, user_attention
-from .result import PERSISTENT_CATEGORIES, Decision
+from .result import Decision
 from .shapes import shape_logits, shape_scores, vocab_hints
 
 GATE_UP_GAP = 16   # trace entries between a gate/up output and the activation made from it (read right after)
@@ -49,6 +49,7 @@ class Context:
     copy_sizes: dict[int, int]     # size → live blocks made by an autocast cast, of that size
     in_backward: bool              # the allocation that reached the instant ran in a backward pass
     enabled: Callable[[str], bool]  # `RuleSet.enabled`: the heuristics a rules file kept
+    persistent: frozenset[str]     # `RuleSet.persistent`: categories no block-level signal overrides
 
 
 
@@ -67,19 +68,19 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
                         tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
     # A workspace its frames prove (a backward thread's cuBLAS handle caches one) is never a .grad.
     on = ctx.enabled
-    if d.category not in (*PERSISTENT_CATEGORIES, "workspace") and "autograd" in d.context and not ctx.in_backward \
+    if d.category not in (*ctx.persistent, "workspace") and "autograd" in d.context and not ctx.in_backward \
             and on("lifetime.survived_backward"):
         return Decision("gradients", "lifetime.survived_backward",
                         "allocated by the autograd engine in a backward pass and still live after that backward "
                         "ended: a parameter's .grad (the engine hands a gradient buffer to .grad)", d.frame,
                         tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
-    if d.category not in PERSISTENT_CATEGORIES and ctx.request and request and request != ctx.request:
+    if d.category not in ctx.persistent and ctx.request and request and request != ctx.request:
         how = "by time: its alloc fell inside that request's marker span" if request_by_time else ""
         return Decision("concurrent_request", "signal.request_marker" if request_by_time else "signal.user_metadata",
                         f"allocated by {request!r}{f' ({how})' if how else ''}; {ctx.request_why} is "
                         f"{ctx.request!r}", d.frame,
                         tuple(x for x in (request, d.category, *d.tags) if x != "other"), inferred=request_by_time)
-    if d.category not in PERSISTENT_CATEGORIES and "autocast" in d.context and size * 2 in ctx.weight_sizes \
+    if d.category not in ctx.persistent and "autocast" in d.context and size * 2 in ctx.weight_sizes \
             and ctx.copy_sizes.get(size, 0) <= ctx.weight_sizes[size * 2] and on("shape.autocast_weight_copy"):
         n, m = ctx.weight_sizes[size * 2], ctx.copy_sizes.get(size, 0)
         return Decision("weights", "shape.autocast_weight_copy",
@@ -189,6 +190,7 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
         mlp_outputs=_indices_by_size(sizes, alloc_index, (categories == "mlp") & (sizes >= (1 << 20))),
         weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
         in_backward="autograd" in b.decider.decide(instant_stack).context, enabled=b.decider.rules.enabled,
+        persistent=b.decider.rules.persistent,
     )
     code = signals_by_key(table, code, sizes, b.pools, b.metadata, b.by_time, b.origin, b.stack, b.free_index,
                           alloc_index, ctx)

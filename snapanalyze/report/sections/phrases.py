@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import plots
-from ...analyze.attribute import PERSISTENT_CATEGORIES as PERSISTENT
 from ...units import fmt_bytes, fmt_duration_us, fmt_signed_bytes
 from ..context import RankView
 from .view import _phase_label, _window, category_rows
 
-# PERSISTENT: categories an engine holds for its whole life; the verdict names the others (what the step put on top).
+# `RuleSet.persistent`: categories held across steps; the verdict names the others (what the step put on top).
 
 VERDICT_NAMES = {"fragmentation": "fragmentation", "live_exhaustion": "live memory exhaustion",
                  "outside_pressure": "pressure from outside the allocator", "unexplained": "unexplained"}
@@ -144,11 +143,11 @@ class _Live:
 
 def _live(view: RankView, device: int, index: int, top: int = 1, rest: bool = True, owners: bool = False) -> _Live:
     """`_Live` at `index` of `device`: the `top` categories that rose (then, with `rest`, the others as
-    "N more"), on top of the categories that stay (PERSISTENT); with `owners`, the code that made most of a
+    "N more"), on top of the categories that stay (`RuleSet.persistent`); with `owners`, the code that made most of a
     category named `other` or inferred."""
     rows = [r for r in category_rows(view, device, index) if r["bytes"] > 0]
-    transient = [r for r in rows if r["category"] not in PERSISTENT]
-    persistent = [r for r in rows if r["category"] in PERSISTENT]
+    transient = [r for r in rows if r["category"] not in view.rules.persistent]
+    persistent = [r for r in rows if r["category"] in view.rules.persistent]
     named = transient if rest and len(transient) <= top + 1 else transient[:top]
     others = transient[len(named):] if rest else []
     parts = [_flagged(r, owners) for r in named]

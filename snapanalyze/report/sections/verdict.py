@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from ...analyze.attribute import PERSISTENT_CATEGORIES as PERSISTENT
 from ...analyze.engine import Engine
 from ...units import fmt_bytes, fmt_share
 from .. import oom_text
@@ -52,8 +51,8 @@ def peak_sentences(view: RankView, instant: DetailInstant) -> list[str]:
         first = (f"At {instant.label} on {where}, {fmt_bytes(active)} were active ({fmt_bytes(reserved)} "
                  f"reserved), {when}.")
     rows = category_rows(view, device, index)
-    transient = [r for r in rows if r["category"] not in PERSISTENT and r["bytes"] > 0]
-    persistent = [r for r in rows if r["category"] in PERSISTENT and r["bytes"] > 0]
+    transient = [r for r in rows if r["category"] not in view.rules.persistent and r["bytes"] > 0]
+    persistent = [r for r in rows if r["category"] in view.rules.persistent and r["bytes"] > 0]
     sentences = [first]
     named = [_category_phrase(r["category"], r["bytes"], r["inferred"]) for r in transient[:3]]
     if len(transient) > 3:
