@@ -263,5 +263,5 @@ def test_which_categories_are_state_that_lives_across_steps_is_data(tmp_path):
     assert moved > 7 << 30 and "concurrent_request" not in found["true"]
     assert found["true"]["my_scores"] == found["false"].get("my_scores", 0) + moved
     rules.write_text('[[categories]]\nname = "my_scores"\npersistent = "yes"\n')
-    with pytest.raises(RulesError, match="per_forward and persistent must be true or false"):
+    with pytest.raises(RulesError, match="category 'my_scores': persistent must be true or false"):
         load_rules(rules)

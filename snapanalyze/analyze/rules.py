@@ -392,8 +392,9 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category], ship
             raise RulesError(f"{where}: category '{name}': color must be a #rrggbb string")
         per_forward = item.get("per_forward", base.per_forward if base else False)
         persistent = item.get("persistent", base.persistent if base else False)
-        if not isinstance(per_forward, bool) or not isinstance(persistent, bool):
-            raise RulesError(f"{where}: category '{name}': per_forward and persistent must be true or false")
+        for key, value in (("per_forward", per_forward), ("persistent", persistent)):
+            if not isinstance(value, bool):
+                raise RulesError(f"{where}: category '{name}': {key} must be true or false")
         into[name] = Category(name, precedence, owner, str(item.get("description", base.description
                                                                      if base else "")),
                               tuple(not_across), context_tag, color, per_forward, persistent)
