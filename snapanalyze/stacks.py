@@ -1,6 +1,6 @@
 """Intern stack frames: each distinct frame and each distinct stack is stored once and named by an int id;
 and what a frame is: Python or native (`is_python_frame`), its path without the install prefix
-(`short_path`), its one-line label (`frame_site`).
+(`short_path`; a frame's label is `sites.Site.label`).
 
 Contract: `StackInterner.intern(lists)` maps raw frames lists (each innermost first, dicts with filename/
 line/name) to stack ids (-1 for none), equal stacks to one id however they were stored; the loader calls it
@@ -15,7 +15,6 @@ MAX_STACK_DEPTH innermost frames.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from itertools import compress, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
@@ -71,19 +70,6 @@ def short_path(filename: str) -> str:
             return filename[cut + len(marker):]
     parts = filename.split("/")
     return "/".join(parts[-3:]) if len(parts) > 3 else filename
-
-
-def frame_site(frame: Frame | None, qualname: str = "", path: Callable[[str], str] = short_path) -> str:
-    """"file:line:function" for a Python frame (the file as `path` shows it, by default without its install
-    prefix; the function as `qualname` when the source named it), the name without its argument list for a
-    native one, "" for none. The one place a frame becomes a label: a redacted label is the same label with
-    the redacting `path`."""
-    if frame is None:
-        return ""
-    filename, line, name = frame
-    if is_python_frame(filename):
-        return f"{path(filename)}:{line}:{qualname or name}"
-    return name.split("(", 1)[0] or name
 
 
 class _Known:

@@ -133,7 +133,8 @@ def test_the_typed_result_carries_the_planted_change_and_survives_a_pickle() -> 
     assert r.counts.vanished == 1 and sum(vars(r.counts).values()) == len(d.stacks)
     assert len(diff_result(d, everything=True).stacks) == len(d.stacks) > len(r.stacks)
     doc = json.loads(json.dumps(r.to_json(), allow_nan=False))
-    assert doc["stacks"][0]["frames"] == list(r.stacks[0].frames) and doc["counts"]["vanished"] == 1
+    assert doc["stacks"][0]["frames"] == list(r.stacks[0].labels()[1]) == list(d.changes()[1]["frames"][0])
+    assert doc["stacks"][0]["frames"] == [f.label() for f in r.stacks[0].frames] and doc["counts"]["vanished"] == 1
     assert doc["peaks"][0]["delta"]["active_bytes"] == expected["peak_delta_bytes"]
 
 

@@ -44,7 +44,7 @@ def test_an_engine_frame_names_the_engine_with_its_evidence_and_share() -> None:
     assert (engine.name, engine.label) == ("vllm", "vLLM")
     assert (engine.blocks, engine.framed) == (3, 4) and engine.share == pytest.approx(0.75)
     # The frame that the most blocks share (the engine's entry point here), path shortened, with its line.
-    assert engine.evidence == "vllm/v1/engine/core.py:7:run"
+    assert engine.evidence_text() == "vllm/v1/engine/core.py:7:run"
 
 
 def test_a_serving_engine_wins_over_the_model_code_it_runs() -> None:
@@ -68,12 +68,12 @@ def test_training_is_recognised_by_its_frames_or_by_its_state() -> None:
         1: [(SITE + "torch/_tensor.py", "__getitem__"), ("/app/train.py", "main")],
     })
     engine = engine_from_tables(frames, stacks, blocks([0, 1]))
-    assert engine.name == "training" and engine.evidence == "torch/optim/adamw.py:7:_init_group"
+    assert engine.name == "training" and engine.evidence_text() == "torch/optim/adamw.py:7:_init_group"
     # A function filter: torch/_tensor.py only counts in `backward`, not in any tensor method.
     assert engine_from_tables(frames, stacks, blocks([1])).name == "pytorch"
     # No frames at all, but gradients live: a training program all the same, and the evidence says why.
     engine = engine_from_tables(frames, stacks, blocks([-1, -1], ["gradients", "weights"]))
-    assert engine.name == "training" and engine.evidence == "live gradients" and engine.framed == 0
+    assert engine.name == "training" and engine.evidence_text() == "live gradients" and engine.framed == 0
 
 
 def test_windows_paths_match_too() -> None:
@@ -98,4 +98,4 @@ def test_the_fixtures_engines_come_from_their_live_blocks(scenario: str, name: s
     snap = load(SCENARIOS / f"{scenario}.pickle")
     engine = detect_engine(snap, attribute(snap).blocks)
     assert engine.name == name and engine.blocks > 0 and engine.evidence
-    assert engine.evidence.startswith(name + "/")
+    assert str(engine.evidence_text()).startswith(name + "/")

@@ -223,26 +223,54 @@ def test_one_file_gets_one_redaction_when_the_source_names_its_classes() -> None
     assert re.search(r"\[[0-9a-f]{8}\]/model\.py:\d+:\w+\.\w+", page)         # a Class.method label, redacted
 
 
-def test_every_label_of_a_snapshot_is_redacted_as_its_frame_is() -> None:
-    """A label and its redaction are made from the frame by one function (`stacks.frame_site`), with the
-    function's name and with the qualified name the source gives it."""
-    from snapanalyze.report.redact import Redactor, redact_path
-    from snapanalyze.stacks import frame_site, is_python_frame
-    stem = "cs336-medium-ctx1024-training-t2.11"
+def _own_files(snapshot: Any) -> set[str]:
+    """"dir/name.py" of each of the program's own files (outside installed packages), as a leak would show it."""
+    from snapanalyze.stacks import is_python_frame
+    return {"/".join(f[0].split("/")[-2:]) for f in snapshot.interner.frames
+            if is_python_frame(f[0]) and "-packages/" not in f[0] and "/lib/python" not in f[0] and "/" in f[0]}
+
+
+def test_a_redacted_report_names_no_directory_of_the_programs_files_not_even_in_a_reason() -> None:
+    """Reasons name frames too ("freed inside the optimizer step (cs336_basics/optimizer.py:72:step)"): they
+    carry the frame, not its label, so the report redacts them as every other frame it shows."""
     real = SCENARIOS.parent / "real"
-    snap = load(real / f"{stem}.pickle", source=real / "source" / stem)
-    assert snap.sources is not None
-    named = {f: src.qualname for f, src in snap.sources.found.items() if src.qualname not in ("", "<module>")}
-    assert any("." in q for q in named.values())                               # Class.method labels exist
-    redactor = Redactor(snap, enabled=True)
-    python = [f for f in snap.interner.frames if is_python_frame(f[0])]
-    for frame in python:
-        for qualname in ("", named.get(frame, "")):
-            redacted = redactor.label(frame_site(frame, qualname))
-            assert redacted == frame_site(frame, qualname, redact_path), frame
-            if "-packages/" not in frame[0] and "/lib/python" not in frame[0]:
-                assert re.match(r"\[[0-9a-f]{8}\]/[^/]+:\d+:", redacted), redacted    # no directory left
-    assert Redactor(snap).label(frame_site(python[0])) == frame_site(python[0])  # disabled: unchanged
+    snap = load(real / "cs336-step-annotations-t2.10.pickle")
+    own = _own_files(snap)
+    assert len(own) > 5
+    plain = html.unescape(build_report(snap, samples=4))
+    assert "optimizer step (assignment2-systems/cs336_basics/optimizer.py" in plain    # a reason names a frame
+    shared = html.unescape(build_report(snap, samples=4, redact_paths=True))
+    assert not [f for f in own if f in shared]
+    assert re.search(r"freed inside the optimizer step \(\[[0-9a-f]{8}\]/optimizer\.py:\d+:step\)", shared)
+
+
+def test_a_compared_report_redacts_the_baselines_files_as_its_own() -> None:
+    """The diff's stacks name the baseline's frames: each file is redacted from its full path, so one directory
+    gets one hash on the whole page and an installed package keeps its package-relative path."""
+    import collections
+    real = SCENARIOS.parent / "real"
+    page = html.unescape(build_path_report(real / "cs336-forward-bf16-t2.6.pickle",
+                                           compare=real / "cs336-forward-fp32-t2.6.pickle", samples=4,
+                                           redact_paths=True))
+    assert 'id="diff"' in page
+    hashes = collections.defaultdict(set)
+    for digest, name in re.findall(r"\[([0-9a-f]{8})\]/([\w.]+\.py)", page):
+        hashes[name].add(digest)
+    assert "linear.py" in hashes and all(len(found) == 1 for found in hashes.values()), dict(hashes)
+    assert len({next(iter(hashes[n])) for n in ("linear.py", "swiglu.py", "rmsnorm.py")}) == 1     # one directory
+    assert "torch/functional.py:einsum" in page and "[" + "functional.py" not in page
+
+
+def test_the_redactor_labels_sites_and_words_from_their_full_paths() -> None:
+    from snapanalyze.report.redact import Redactor
+    from snapanalyze.sites import Site, words
+    site = Site.of(("/home/alice/proj/model.py", 9, "forward"), "Block.forward")
+    said = words("made in ", site, ", which works for it")
+    hidden = redact_path("/home/alice/proj/model.py")
+    assert Redactor(enabled=True).site(site) == f"{hidden}:9:Block.forward"
+    assert Redactor(enabled=True).words(said) == f"made in {hidden}:9:Block.forward, which works for it"
+    assert Redactor().site(site) == "alice/proj/model.py:9:Block.forward"          # disabled: as tables show it
+    assert Redactor(enabled=True).site(None, none="(no frames)") == "(no frames)"
 
 
 # -- the extension point ------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from snapanalyze.replay import replay
 from snapanalyze.report import oom_text
 from snapanalyze.report.run_documents import oom_document
 from snapanalyze.session import load_rules
+from snapanalyze.sites import site_text
 
 MiB = 1 << 20
 TRAINING = ["cs336-medium-ctx1024-training-t2.11.pickle", "cs336-step-annotations-t2.10.pickle"]
@@ -177,8 +178,7 @@ def test_no_instant_of_a_real_training_trace_claims_kept_tensors(name: str) -> N
     timeline = replay(snapshot)
     n = len(timeline[0])
     for index in range(0, n, n // 20):
-        blocks = attribute(snapshot, at=index, timeline=timeline).blocks
-        assert kept_across_step(snapshot, 0, index, blocks, PER_FORWARD) is None, index
+        assert kept_across_step(attribute(snapshot, at=index, timeline=timeline), 0, index, PER_FORWARD) is None, index
 
 
 def test_a_category_of_ones_own_may_be_per_forward(tmp_path: Path) -> None:
@@ -280,7 +280,7 @@ def test_a_real_training_loop_that_retains_its_graph_and_one_that_does_not() -> 
     assert replay(leaky).check_invariants() == []
     result = attribute(leaky)
     (instant,) = result.instants.values()
-    found = kept_across_step(leaky, 0, instant.event_index, result.blocks, PER_FORWARD)
+    found = kept_across_step(result, 0, instant.event_index, PER_FORWARD)
     assert found is not None and found.steps == 3
     assert {c for c, _ in found.categories} <= {*PER_FORWARD, "other"}
     b = result.blocks
@@ -292,8 +292,7 @@ def test_a_real_training_loop_that_retains_its_graph_and_one_that_does_not() -> 
     timeline = replay(clean)
     n = len(timeline[0])
     for index in range(0, n, 20):
-        blocks = attribute(clean, at=index, timeline=timeline).blocks
-        assert kept_across_step(clean, 0, index, blocks, PER_FORWARD) is None, index
+        assert kept_across_step(attribute(clean, at=index, timeline=timeline), 0, index, PER_FORWARD) is None, index
 
 
 def test_outputs_kept_for_logging_in_a_real_loop() -> None:
@@ -302,9 +301,9 @@ def test_outputs_kept_for_logging_in_a_real_loop() -> None:
     snapshot = _cpu_training(leak=False, keep_outputs=True)
     result = attribute(snapshot)
     (instant,) = result.instants.values()
-    found = kept_across_step(snapshot, 0, instant.event_index, result.blocks, PER_FORWARD)
+    found = kept_across_step(result, 0, instant.event_index, PER_FORWARD)
     assert found is not None and found.blocks >= 2 and found.bytes == found.blocks * 4 * 64 * 128 * 4
-    assert found.site.endswith("tinylm.py:54:forward")            # TinyLM.forward's lm_head line
+    assert site_text(found.site).endswith("tinylm.py:54:forward")            # TinyLM.forward's lm_head line
 
 
 def test_the_notebook_shows_them_as_the_terminal_does() -> None:

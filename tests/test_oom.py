@@ -17,6 +17,7 @@ from snapanalyze.report import oom_text
 from snapanalyze.report.run_documents import no_oom_record, oom_document
 from snapanalyze.report.run_terminal import _failed_lines, render_oom
 from snapanalyze.session import explain_path
+from snapanalyze.sites import site_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "fixtures" / "scenarios"
@@ -277,7 +278,7 @@ def test_the_failed_allocation_is_named_with_its_code_request_and_stack() -> Non
     e = explain_oom(load(SCENARIOS / "oom_fragmentation.pickle"))
     failed = e.verdicts[0].failed
     assert failed is not None and failed.size == e.verdicts[0].request_bytes and failed.stack is not None
-    assert failed.stack.owner.endswith("vocab_parallel_embedding.py:120:process_weights_after_loading")
+    assert site_text(failed.stack.owner).endswith("vocab_parallel_embedding.py:120:process_weights_after_loading")
     assert failed.stack.category == "weights" and failed.stack.frames[0] == failed.stack.owner
     items, _ = explain_path(RUNS / "oom_other_process")
     doc = oom_document(items, [], "run")

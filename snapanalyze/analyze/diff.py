@@ -24,7 +24,9 @@ DataFrame columns:
 - `Diff.stacks`: device, stack (12 hex digits of the frames' hash), status (new | vanished | grew |
   shrank | same), category_a, category_b, site (deciding frame of the largest block, from B when present),
   frames (Python frames "file:function", innermost first, up to 8), bytes_a, bytes_b, delta_bytes,
-  transient_bytes_a/_b, blocks_a, blocks_b.
+  transient_bytes_a/_b, blocks_a, blocks_b; then what `site` and `frames` show, as values a renderer labels
+  (`REF_COLUMNS`): site_ref (a `sites.Site`, None: no frames) and frame_refs (a tuple of Sites, or of the one
+  text "(no Python frames)" / "(no frames)").
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ import pandas as pd
 from ..errors import UsageError
 from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
-from ..stacks import is_python_frame, short_path
+from ..sites import NO_FRAMES, Site, site_codes, site_text
+from ..stacks import is_python_frame
 from .attribute import Attribution, attribute
 from .peaks import global_peak_index
 from .phases import find_phase, phase_table, window_peak
@@ -54,6 +57,7 @@ CATEGORY_COLUMNS = ["device", "category", "bytes_a", "bytes_b", "delta_bytes", "
                     "inferred_bytes_b"]
 STACK_COLUMNS = ["device", "stack", "status", "category_a", "category_b", "site", "frames", "bytes_a", "bytes_b",
                  "delta_bytes", "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b"]
+REF_COLUMNS = ["site_ref", "frame_refs"]
 MAX_FRAMES = 8
 
 
@@ -101,9 +105,11 @@ def stack_key(identity: tuple[tuple[str, str], ...]) -> str:
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
-def _python_frames(identity: tuple[tuple[str, str], ...], rules: RuleSet) -> list[str]:
-    out = [f"{short_path(f)}:{n}" for f, n in identity if is_python_frame(f) and not rules.is_plumbing(f, n)]
-    return out[:MAX_FRAMES] if out else ["(no Python frames)" if identity else "(no frames)"]
+def _python_frames(identity: tuple[tuple[str, str], ...], rules: RuleSet) -> tuple[Site | str, ...]:
+    """A stack's Python frames without their lines, innermost first, plumbing left out (at most MAX_FRAMES);
+    else what it has instead."""
+    out = [Site(f, None, n) for f, n in identity if is_python_frame(f) and not rules.is_plumbing(f, n)]
+    return tuple(out[:MAX_FRAMES]) if out else ("(no Python frames)" if identity else NO_FRAMES,)
 
 
 def _phase_first(timeline: Timeline, snapshot: Snapshot, device: int, phase: str | None,
@@ -122,7 +128,11 @@ def _side(att: Attribution, device: int, first: int) -> pd.DataFrame:
     b = att.blocks[att.blocks["device"] == device]
     snap = att.snapshot
     ident = {int(s): stack_identity(snap, int(s)) for s in b["stack_id"].unique()}
-    out = b[["category", "frame", "size", "stack_id", "alloc_index"]].copy()
+    codes, sites = site_codes(b["frame_id"].to_numpy(), att.site)
+    shown = np.empty(len(sites), dtype=object)
+    shown[:] = sites
+    out = b[["category", "size", "stack_id", "alloc_index"]].copy()
+    out["site"] = shown[codes]
     out["identity"] = [ident[int(s)] for s in out["stack_id"]]
     out["transient"] = np.where(out["alloc_index"].to_numpy() >= first, out["size"].to_numpy(), 0)
     out["inferred"] = np.where(b["inferred"].to_numpy(dtype=bool), out["size"].to_numpy(), 0)
@@ -157,7 +167,7 @@ def _stack_table(device: int, a: pd.DataFrame, b: pd.DataFrame, rules: RuleSet) 
         for ident, part in side.groupby("identity", sort=False):
             largest = part.sort_values("size", ascending=False, kind="stable").iloc[0]
             out[ident] = {"bytes": int(part["size"].sum()), "transient": int(part["transient"].sum()),
-                          "blocks": len(part), "category": str(largest["category"]), "site": str(largest["frame"])}
+                          "blocks": len(part), "category": str(largest["category"]), "site": largest["site"]}
         return out
 
     ga, gb = agg(a), agg(b)
@@ -166,13 +176,16 @@ def _stack_table(device: int, a: pd.DataFrame, b: pd.DataFrame, rules: RuleSet) 
         ba, bb = (r["bytes"] if r else 0 for r in (ra, rb))
         status = ("new" if ra is None else "vanished" if rb is None else
                   "grew" if bb > ba else "shrank" if bb < ba else "same")
+        site = (rb or ra or {}).get("site")
+        frames = _python_frames(ident, rules)
         rows.append({"device": device, "stack": stack_key(ident), "status": status,
                      "category_a": ra["category"] if ra else None, "category_b": rb["category"] if rb else None,
-                     "site": (rb or ra or {}).get("site") or "(no frames)",
-                     "frames": _python_frames(ident, rules), "bytes_a": ba, "bytes_b": bb, "delta_bytes": bb - ba,
+                     "site": site_text(site, none=NO_FRAMES) or NO_FRAMES, "frames": [site_text(f) if isinstance(
+                         f, Site) else f for f in frames], "bytes_a": ba, "bytes_b": bb, "delta_bytes": bb - ba,
                      "transient_bytes_a": ra["transient"] if ra else 0,
                      "transient_bytes_b": rb["transient"] if rb else 0,
-                     "blocks_a": ra["blocks"] if ra else 0, "blocks_b": rb["blocks"] if rb else 0})
+                     "blocks_a": ra["blocks"] if ra else 0, "blocks_b": rb["blocks"] if rb else 0,
+                     "site_ref": site, "frame_refs": frames})
     rows.sort(key=lambda r: (-abs(r["delta_bytes"]), -max(r["bytes_a"], r["bytes_b"]), r["stack"]))
     return rows
 
@@ -242,7 +255,7 @@ def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None 
     label = "global peak" if phase is None else f"peak of phase {phase}"
     return Diff(a=att_a, b=att_b, instant=label, peaks=pd.DataFrame(peak_rows, columns=PEAK_COLUMNS),
                 categories=pd.DataFrame(cat_rows, columns=CATEGORY_COLUMNS),
-                stacks=pd.DataFrame(stack_rows, columns=STACK_COLUMNS), notes=tuple(notes))
+                stacks=pd.DataFrame(stack_rows, columns=[*STACK_COLUMNS, *REF_COLUMNS]), notes=tuple(notes))
 
 
 def _window(dt: DeviceTimeline, rows: pd.DataFrame) -> dict[str, Any]:
@@ -262,4 +275,4 @@ def _attribute_at(snapshot: Snapshot, timeline: Timeline, instants: dict[int, tu
     blocks = pd.concat([p.blocks for p in parts], ignore_index=True)
     return Attribution(snapshot=snapshot, timeline=timeline,
                        instants={d: i for p in parts for d, i in p.instants.items()}, blocks=blocks,
-                       rules=rules, notes=tuple(n for p in parts for n in p.notes))
+                       rules=rules, decider=parts[0].decider, notes=tuple(n for p in parts for n in p.notes))

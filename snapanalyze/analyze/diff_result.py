@@ -9,10 +9,13 @@ the terminal renders the object.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..plain import plain
+from ..sites import NO_FRAMES, PathText, Site, site_text
+from ..stacks import short_path
 from .diff import Diff
 
 STATUSES = ("new", "vanished", "grew", "shrank", "same")
@@ -73,8 +76,8 @@ class StackDiff:
     status: str                     # one of STATUSES
     category_a: str | None
     category_b: str | None
-    site: str
-    frames: tuple[str, ...]
+    site: Site | None                  # the deciding frame of its largest block (None: no frames)
+    frames: tuple[Site | str, ...]     # its Python frames without lines, or the text said instead
     a_bytes: int
     b_bytes: int
     delta_bytes: int
@@ -82,6 +85,16 @@ class StackDiff:
     b_transient_bytes: int
     a_blocks: int
     b_blocks: int
+
+    def labels(self, path: PathText = short_path) -> tuple[str, tuple[str, ...]]:
+        """(site, frames) as text, each file shown by `path`."""
+        return (site_text(self.site, path) or NO_FRAMES,
+                tuple(f.label(path) if isinstance(f, Site) else f for f in self.frames))
+
+    def to_json(self) -> dict[str, Any]:
+        site, frames = self.labels()
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "site": site,
+                "frames": list(frames)}
 
 
 @dataclass(frozen=True)
@@ -108,10 +121,9 @@ class DiffResult:
     notes: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        for s in doc["stacks"]:
-            s["frames"] = list(s["frames"])
-        for key in ("peaks", "categories", "stacks", "notes"):
+        doc = asdict(dataclasses.replace(self, stacks=()))
+        doc["stacks"] = [s.to_json() for s in self.stacks]
+        for key in ("peaks", "categories", "notes"):
             doc[key] = list(doc[key])
         return doc
 
@@ -135,7 +147,7 @@ def diff_result(d: Diff, everything: bool = False) -> DiffResult:
                                       int(r.transient_bytes_b), int(r.blocks_a), int(r.blocks_b),
                                       int(r.inferred_bytes_a), int(r.inferred_bytes_b)) for r in cats.itertuples()),
         stacks=tuple(StackDiff(int(r.device), r.stack, r.status, plain(r.category_a, nan_as_none=True),
-                               plain(r.category_b, nan_as_none=True), r.site, tuple(r.frames), int(r.bytes_a),
+                               plain(r.category_b, nan_as_none=True), r.site_ref, tuple(r.frame_refs), int(r.bytes_a),
                                int(r.bytes_b), int(r.delta_bytes), int(r.transient_bytes_a),
                                int(r.transient_bytes_b), int(r.blocks_a), int(r.blocks_b))
                      for r in stacks.itertuples()),

@@ -7,8 +7,9 @@ returns an `Engine`. `engine_from_tables(frames, stacks, blocks)` is the same on
 frame_id, filename, line, name; `stacks`: stack_id, depth, frame_id — long format, as `Snapshot.frames_table()` /
 `stacks_table()`), vectorised over them. The engines are data (`engines.toml`): the first, in file order,
 with a matching frame in any block's stack — or with live bytes of one of its `categories` — wins.
-`Engine.evidence` names what decided: the matching frame ("vllm/v1/worker/gpu_worker.py:10:load_model")
-that the most blocks share (the innermost of those, so the most specific), or the categories found live;
+`Engine.evidence` names what decided: the matching frame (a `sites.Site`: "vllm/v1/worker/gpu_worker.py:10:
+load_model") that the most blocks share (the innermost of those, so the most specific), or the categories found
+live ("live kv_cache"); `evidence_text(path)` shows it;
 `blocks`, `framed` and `share` say in how many of the blocks with frames an engine frame appears. No match
 gives plain PyTorch (`PYTORCH`'s name and label, no evidence). `detect_program(snapshot, blocks)` is what the
 verdicts use: the blocks first, then, where they prove nothing, every stack the file allocated with. Nothing
@@ -27,7 +28,8 @@ import pandas as pd
 from .. import tomldata
 from ..errors import RulesError
 from ..model import Snapshot
-from ..stacks import frame_site
+from ..sites import PathText, Site
+from ..stacks import short_path
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,14 @@ class Engine:
 
     name: str
     label: str
-    evidence: str | None = None      # the deciding frame ("file:line:function"), or the categories found live
+    evidence: Site | str | None = None   # the deciding frame, or the categories found live
     blocks: int = 0                  # blocks with frames whose stack holds a frame of the engine
     framed: int = 0                  # blocks with frames
     share: float = 0.0               # blocks / framed
+
+    def evidence_text(self, path: PathText = short_path) -> str | None:
+        """What decided, as text (a frame's file shown by `path`); None for none."""
+        return self.evidence.label(path) if isinstance(self.evidence, Site) else self.evidence
 
 
 PYTORCH = Engine("pytorch", "PyTorch")
@@ -110,7 +116,7 @@ def engine_from_tables(frames: pd.DataFrame, stacks: pd.DataFrame, blocks: pd.Da
                          .groupby("frame_id").agg(n=("n", "sum"), depth=("depth", "min")).reset_index()
                          .sort_values(["n", "depth", "frame_id"], ascending=[False, True, True], kind="stable"))
             best = frames.set_index("frame_id").loc[int(per_frame["frame_id"].iloc[0])]
-            site = frame_site((str(best["filename"]), int(best["line"]), str(best["name"])))
+            site = Site.of((str(best["filename"]), int(best["line"]), str(best["name"])))
             return Engine(spec["name"], spec["label"], site, hit, len(framed), hit / len(framed))
         found = [c for c in spec.get("categories", []) if c in live]
         if found:

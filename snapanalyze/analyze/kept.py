@@ -1,6 +1,7 @@
 """Forward-pass tensors kept across a training step: what a retained graph, or outputs held on to, cost.
 
-Contract: `kept_across_step(snapshot, device, index, blocks, per_forward)` returns a `KeptAcrossStep`, or None.
+Contract: `kept_across_step(attribution, device, index, per_forward)` (the attribution of the blocks live at
+`index`) returns a `KeptAcrossStep`, or None.
 A training step is a run of events whose stacks pass through an optimizer's `step` or a `zero_grad`
 (`training.toml` [[steps]]); a run ends at the next allocation made elsewhere. A forward pass's tensors (the
 `per_forward` categories of categories.toml, and blocks no rule claimed — `other` — made under a module's
@@ -22,9 +23,9 @@ each distinct stack and frame is matched once).
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -32,6 +33,10 @@ import pandas as pd
 from .. import tomldata
 from ..errors import RulesError
 from ..model import ALLOC, Snapshot
+from ..sites import Site, site_codes, site_text
+
+if TYPE_CHECKING:
+    from .attribute.result import Attribution
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,13 @@ class KeptAcrossStep:
     blocks: int
     categories: tuple[tuple[str, int], ...]      # (category, bytes), most bytes first
     steps: int                                   # the most steps one of them outlived
-    site: str                                    # the code that made most of their bytes (its owner or frame)
+    site: Site | None                            # the code that made most of their bytes (its owner or frame)
     site_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step_index": self.step_index, "bytes": self.bytes, "blocks": self.blocks,
+                "categories": [list(c) for c in self.categories], "steps": self.steps,
+                "site": site_text(self.site), "site_bytes": self.site_bytes}
 
 
 Frames = tuple[tuple[str, str], ...]          # (path fragment, function)
@@ -85,10 +95,10 @@ def _through(snapshot: Snapshot, stack_ids: np.ndarray, marks: Frames) -> np.nda
     return np.array(hits, dtype=np.int64)
 
 
-def kept_across_step(snapshot: Snapshot, device: int, index: int, blocks: pd.DataFrame,
+def kept_across_step(attribution: Attribution, device: int, index: int,
                      per_forward: Collection[str]) -> KeptAcrossStep | None:
-    """See the module docstring. `blocks`: the blocks live at `index` (`Attribution.blocks` columns device,
-    category, size, alloc_index, stack_id, owner, frame)."""
+    """See the module docstring."""
+    snapshot, blocks = attribution.snapshot, attribution.blocks
     frames = training_frames()
     mine = blocks[(blocks["device"] == device) & (blocks["alloc_index"] >= 0) & (blocks["alloc_index"] < index)]
     other = (mine["category"] == OTHER).to_numpy()
@@ -116,18 +126,20 @@ def kept_across_step(snapshot: Snapshot, device: int, index: int, blocks: pd.Dat
         return None
     outlived = len(starts) - np.searchsorted(starts, kept["alloc_index"].to_numpy(), side="right")
     by_category = kept.groupby("category", observed=True)["size"].sum().sort_values(ascending=False, kind="stable")
-    site = _site(kept)
+    maker, maker_bytes = _site(kept, attribution.site)
     return KeptAcrossStep(step_index=int(starts[-1]), bytes=int(kept["size"].sum()), blocks=len(kept),
                           categories=tuple((str(c), int(n)) for c, n in by_category.items() if n > 0),
-                          steps=int(outlived.max()), site=site[0], site_bytes=site[1])
+                          steps=int(outlived.max()), site=maker, site_bytes=maker_bytes)
 
 
-def _site(kept: pd.DataFrame) -> tuple[str, int]:
-    """The code that made most of the kept bytes: its owner where attribution named one, else its frame."""
-    owner = kept["owner"].astype(str) if "owner" in kept.columns else pd.Series("", index=kept.index)
-    frame = kept["frame"].astype(str) if "frame" in kept.columns else pd.Series("", index=kept.index)
-    label = owner.where(owner != "", frame)
-    sizes: Any = kept["size"].groupby(label.to_numpy()).sum().sort_values(ascending=False, kind="stable")
-    if not len(sizes) or not str(sizes.index[0]):
-        return "", 0
-    return str(sizes.index[0]), int(sizes.iloc[0])
+def _site(kept: pd.DataFrame, site: Callable[[int], Site | None]) -> tuple[Site | None, int]:
+    """The code that made most of the kept bytes (ties: by label): its owner where attribution named one, else
+    its frame."""
+    owner, frame = kept["owner_id"].to_numpy(), kept["frame_id"].to_numpy()
+    codes, sites = site_codes(np.where(owner >= 0, owner, frame), site)
+    sizes = np.zeros(len(sites), dtype=np.int64)
+    np.add.at(sizes, codes, kept["size"].to_numpy().astype(np.int64))
+    best = min(range(len(sites)), key=lambda k: (-int(sizes[k]), site_text(sites[k])), default=None)
+    if best is None or sites[best] is None:
+        return None, 0
+    return sites[best], int(sizes[best])

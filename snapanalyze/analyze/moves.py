@@ -2,8 +2,8 @@
 
 Contract: `grad_copy_frames(frames, stacks, allocations)` takes the interner's frame and stack tables and,
 per device, the stack id and requested size of each allocation in trace order, and returns {frame id:
-evidence} for the frames of torch's `Module._apply` (torch/nn/modules/module.py) at which every allocation
-is a copy of a parameter's gradient.
+evidence (`sites.Words`)} for the frames of torch's `Module._apply` (torch/nn/modules/module.py) at which
+every allocation is a copy of a parameter's gradient.
 
 What torch does (read in torch 2.13's nn/modules/module.py, and in older releases' `_apply` found with the
 search tool, which write `fn(param.grad)`): `Module.to()` / `.cuda()` /
@@ -24,7 +24,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..stacks import Frame, frame_site
+from ..sites import Site, Words, words
+from ..stacks import Frame
 
 _MODULE_FILE = re.compile(r"(^|/)torch/nn/modules/module\.py$")
 MIN_COPIES = 2
@@ -41,7 +42,7 @@ def apply_frame(frames: Sequence[Frame], stack: Sequence[int]) -> int:
 
 
 def grad_copy_frames(frames: Sequence[Frame], stacks: Sequence[Sequence[int]],
-                     allocations: Iterable[tuple[np.ndarray, np.ndarray]]) -> dict[int, str]:
+                     allocations: Iterable[tuple[np.ndarray, np.ndarray]]) -> dict[int, Words]:
     """{frame id of an `_apply` line that copies gradients: evidence} (see the module docstring)."""
     apply_fids = {fid for fid, frame in enumerate(frames) if is_apply(frame)}
     if not apply_fids:
@@ -71,7 +72,7 @@ def grad_copy_frames(frames: Sequence[Frame], stacks: Sequence[Sequence[int]],
     out = {}
     for f, n in seen.items():
         if n >= MIN_COPIES and good[f] == n:
-            out[f] = (f"Module._apply copies each parameter, then its .grad right after it (fn(param.grad)): each "
-                      f"of the {n:,} allocations at {frame_site(frames[f])} follows one of the same size at an "
-                      "earlier line of _apply (inferred from their order)")
+            out[f] = words("Module._apply copies each parameter, then its .grad right after it (fn(param.grad)): "
+                           f"each of the {n:,} allocations at ", Site.of(frames[f]), " follows one of the same size "
+                           "at an earlier line of _apply (inferred from their order)")
     return out

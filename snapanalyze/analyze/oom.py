@@ -57,7 +57,7 @@ from ..model import (
     Snapshot,
 )
 from ..replay import DeviceTimeline, Timeline, replay
-from .attribute import StackView, attribute, explain_stack
+from .attribute import Attribution, StackView, attribute, explain_stack
 from .attribute.result import AttributionAt
 from .engine import SERVING_ENGINES, Engine, detect_program
 from .kept import KeptAcrossStep, kept_across_step
@@ -88,7 +88,7 @@ UNKNOWN_CAPACITY = "unknown: no NVML samples or meta.json (give the run director
 class Advice:
     """One thing that would have helped, as data (`report.oom_text` words it): `kind` is
     "expandable_segments" (values: reserved_free_bytes, largest_free_bytes), "max_split" (split_mb, segments,
-    free_bytes), "isolate", "category" (category, bytes, in_window, shortfall), "kept" (the fields of
+    free_bytes), "isolate", "category" (category, bytes, in_window, shortfall), "kept" (kept: the
     `kept.KeptAcrossStep`, shortfall) or "free_live" (bytes)."""
 
     kind: str
@@ -329,7 +329,7 @@ def _led_by_kept(advice: list[Advice], kept: KeptAcrossStep | None, shortfall: i
     fixed before anything is tuned, and its bytes are part of the categories the advice after it names."""
     if kept is None:
         return advice
-    return [Advice("kept", {**dataclasses.asdict(kept), "shortfall": shortfall}), *advice]
+    return [Advice("kept", {"kept": kept, "shortfall": shortfall}), *advice]
 
 
 def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> int | None:
@@ -423,8 +423,9 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
 
 def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int, rules: RuleSet | None,
                 markers: pd.DataFrame | None, attribution_at: AttributionAt | None = None
-                ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The categories live at the entry, and the device's live blocks there (`Attribution.blocks`)."""
+                ) -> tuple[pd.DataFrame, pd.DataFrame, Attribution]:
+    """The categories live at the entry, the device's live blocks there (`Attribution.blocks`) and their
+    attribution."""
     result = attribution_at(device, int(index)) if attribution_at is not None else attribute(
         snapshot, at=int(index), rules=rules, device=device, timeline=timeline, markers=markers)
     b = result.blocks
@@ -435,7 +436,7 @@ def _categories(snapshot: Snapshot, timeline: Timeline, device: int, index: int,
     g["share"] = g["bytes"] / total if total else 0.0
     g.insert(0, "index", index)
     g.insert(0, "device", device)
-    return g.sort_values(["bytes", "category"], ascending=[False, True], kind="stable")[CATEGORY_COLUMNS], b
+    return g.sort_values(["bytes", "category"], ascending=[False, True], kind="stable")[CATEGORY_COLUMNS], b, result
 
 
 def rejected_requests(markers: pd.DataFrame | None) -> pd.DataFrame:
@@ -512,11 +513,12 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     rows, cats, live = [], [], []
     per_forward = (rules or shipped_rules()).per_forward
     for row in ooms.itertuples(index=False):
-        c, blocks = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers, attribution_at)
+        c, blocks, at = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers,
+                                    attribution_at)
         cats.append(c)
         live.append(blocks[["stack_id", "category", "size"]])
         total, source = cap(int(row.device))
-        kept = kept_across_step(snapshot, int(row.device), int(row.index), blocks, per_forward)
+        kept = kept_across_step(at, int(row.device), int(row.index), per_forward)
         rows.append(dataclasses.replace(
             _one_oom(snapshot, timeline, row, c, nvml, total, source, kept),
             failed=failed_allocation(snapshot, int(row.device), int(row.index), rules, markers)))

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..sites import Site, Words, words
+
 # PyTorch's default cuBLAS workspace per (handle, stream) before Hopper: 4096 KiB × 2 + 16 KiB × 8.
 CUBLAS_DEFAULT_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
 _ROLES = {2: ("weights", "gradients"), 3: ("weights", "optimizer_state", "optimizer_state"),
@@ -43,7 +45,7 @@ ADVICE = "start torch.cuda.memory._record_memory_history before the model is bui
 class StateGuess:
     category: str
     rule: str
-    reason: str
+    reason: Words
 
 
 def copies(sizes: np.ndarray) -> int:
@@ -73,7 +75,7 @@ class Retained:
     """Activations of one size the window shows the program keeping: their category and the evidence."""
     category: str
     blocks: int                    # in-window blocks of the size, never freed
-    site: str                      # where the trace shows them made ("file:line:function")
+    site: Site | None              # where the trace shows them made
 
 
 def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
@@ -92,24 +94,25 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
     k = copies(sizes[rest]) if training and enabled("state.copies") else 1
     k = k if k in _ROLES else 1
     plain = StateGuess("weights", "state.persistent",
-                       "no frames, live before the window and never freed: persistent state, taken as the "
-                       "model's parameters and buffers" + ("" if training else
-                                                          " (the snapshot shows no backward or optimizer)")
-                       + f"; {ADVICE}")
+                       ("no frames, live before the window and never freed: persistent state, taken as the "
+                        "model's parameters and buffers" + ("" if training else
+                                                           " (the snapshot shows no backward or optimizer)")
+                        + f"; {ADVICE}",))
     out = np.full(len(sizes), plain, dtype=object)
     if workspace.any():
         out[workspace] = StateGuess("workspace", "state.cublas_workspace",
-                                    f"no frames, live before the window and never freed; its size is PyTorch's "
-                                    f"default cuBLAS workspace ({CUBLAS_DEFAULT_WORKSPACE:,} B = 4096 KiB × 2 + "
-                                    "16 KiB × 8)")
+                                    (f"no frames, live before the window and never freed; its size is PyTorch's "
+                                     f"default cuBLAS workspace ({CUBLAS_DEFAULT_WORKSPACE:,} B = 4096 KiB × 2 + "
+                                     "16 KiB × 8)",))
     for size in np.unique(sizes[kept]).tolist():
         r = retained[size]
         out[kept & (sizes == size)] = StateGuess(
-            r.category, "state.retained_activation",
-            f"no frames, live before the window and never freed; the window shows this program keeping {r.category} "
-            f"activations of exactly this size ({size:,} B): {r.blocks} made at {r.site} are never freed, nor is "
-            "any other allocation there. So this is most likely one of them from an earlier step, still held (a "
-            f"retained autograd graph, or outputs kept with their grad_fn) — inferred from the size; {ADVICE}")
+            r.category, "state.retained_activation", words(
+                "no frames, live before the window and never freed; the window shows this program keeping "
+                f"{r.category} activations of exactly this size ({size:,} B): {r.blocks} made at ", r.site,
+                " are never freed, nor is any other allocation there. So this is most likely one of them from an "
+                "earlier step, still held (a retained autograd graph, or outputs kept with their grad_fn) — "
+                f"inferred from the size; {ADVICE}"))
     if k > 1:
         roles = _ROLES[k]
         order = rest[np.lexsort((addresses[rest], sizes[rest]))]     # by size, then address
@@ -122,8 +125,8 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
             for copy in range(k):
                 out[order[start + copy * per:start + (copy + 1) * per]] = StateGuess(
                     roles[copy], f"state.copies_{k}",
-                    f"no frames, live before the window and never freed; in a training program the persistent "
-                    f"sizes repeat {k}× (every repeated size occurs a multiple of {k} times): {_ROLE_WORDS[k]}. "
-                    f"This is copy {copy + 1} of {k} of {size:,} B in address order, which tells which copy is "
-                    f"which only as a guess; {ADVICE}")
+                    (f"no frames, live before the window and never freed; in a training program the persistent "
+                     f"sizes repeat {k}× (every repeated size occurs a multiple of {k} times): {_ROLE_WORDS[k]}. "
+                     f"This is copy {copy + 1} of {k} of {size:,} B in address order, which tells which copy is "
+                     f"which only as a guess; {ADVICE}",))
     return list(out)

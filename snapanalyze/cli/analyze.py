@@ -110,6 +110,7 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
     step("loading")
     given = open_input(t.path, t.rank, t.tag, frames="allocations", source=source)  # only the stacks attribution reads
     snapshot = given.snapshot
+    from ..analyze.attribute import BLOCK_COLUMNS
     from ..analyze.attribute import attribute as attribute_blocks  # pandas after the raw objects are freed
     from ..analyze.attribute.compact import attribution_result
     from ..analyze.phases import attribute_phase
@@ -122,7 +123,7 @@ def _attribute(job: Job, step: Step, at: str, phase: str | None, device: int | N
     else:
         result = attribute_blocks(snapshot, at=at, rules=rules, device=device, markers=markers)
     if csv:
-        blocks = result.blocks
+        blocks = result.blocks[BLOCK_COLUMNS]        # what the table shows, not the ids it is made from
         if rank_column:
             blocks = blocks.assign(rank=job.rank)[["rank", *blocks.columns]]
         return {"csv": blocks_csv(blocks)}

@@ -64,7 +64,7 @@ def render_diff(d: DiffResult, top: int = 15, width: int | None = None) -> str:
             out.append(text.table(
                 ["status", "Δ", "A", "B", "category", "site"],
                 [[s.status, _signed(s.delta_bytes), units.fmt_bytes(s.a_bytes), units.fmt_bytes(s.b_bytes),
-                  s.category_b or s.category_a or "", s.site] for s in shown],
+                  s.category_b or s.category_a or "", s.labels()[0]] for s in shown],
                 right=[False, True, True, True, False, False], width=width))
             if len(d.stacks) > top:
                 out.append(f"… {len(d.stacks) - top} more (--top, or --format json)")

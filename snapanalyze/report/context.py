@@ -325,7 +325,7 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
     for d in devices:
         if details[d]:
             index = details[d][0].event_index
-            found = kept_across_step(snapshot, d, index, cache.at(d, index).blocks, rules.per_forward)
+            found = kept_across_step(cache.at(d, index), d, index, rules.per_forward)
             if found is not None:
                 kept[d] = found
     outside = None
@@ -336,7 +336,7 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
         joined = {d: join_samples(timeline[d], nvml) for d in devices}
     return RankView(snapshot=snapshot, timeline=timeline, rules=rules, devices=devices, peaks=peaks,
                          details=details, attributions=cache, series=series,
-                         redactor=Redactor(snapshot, enabled=options.redact_paths), inputs=dict(inputs or {}),
+                         redactor=Redactor(enabled=options.redact_paths), inputs=dict(inputs or {}),
                          phases=phases, oom=oom, rank=rank, outside=outside, joined=joined,
                          given_capacity=options.capacity,
                          segment_maps=maps, kept=kept)

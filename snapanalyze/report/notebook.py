@@ -65,16 +65,16 @@ def attribution_html(attribution: Any, top: int = 1) -> str:
     instant (label, event, active and reserved bytes), then bytes per category (flagged "inferred" where
     sizes, lifetimes or layout decided rather than a frame) with the `top` allocation sites of each, the
     forward-pass tensors kept across training steps, and the attribution's notes."""
-    import dataclasses
-
     from ..analyze.attribute.compact import attribution_result
+    from ..sites import NO_FRAMES, site_text
     from .oom_text import kept_words
 
     result = attribution_result(attribution)
-    kept = {d.device: kept_words(dataclasses.asdict(d.kept), f"at the {d.instant}") if d.kept is not None else ""
+    kept = {d.device: kept_words(d.kept, f"at the {d.instant}") if d.kept is not None else ""
             for d in result.devices}
     return str(render("notebook/attribution.html.j2", source=result.source, devices=result.devices, top=top,
-                      zip=zip, kept=kept, notes=list(result.notes)))
+                      zip=zip, kept=kept, notes=list(result.notes),
+                      site=lambda s: site_text(s, none=NO_FRAMES)))
 
 
 def budget_html(check: Any) -> str:

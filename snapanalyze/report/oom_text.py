@@ -1,8 +1,8 @@
 """The words of an OOM verdict: why an allocation failed, what would have helped, why nothing failed.
 
-Contract: `why(v)` and `advice(v, engine, label)` turn an `analyze.oom.OomVerdict` into the sentence that
-states its arithmetic and the list of things that would have helped (`label` shows a frame label: the report
-redacts its path); `kept_words(x, at, label)` words forward-pass tensors kept across training steps
+Contract: `why(v)` and `advice(v, engine, path)` turn an `analyze.oom.OomVerdict` into the sentence that
+states its arithmetic and the list of things that would have helped (`path` shows a site's file: the report
+redacts it, `sites.Site.label`); `kept_words(k, at, path)` words forward-pass tensors kept across training steps
 (`analyze.kept.KeptAcrossStep`), at a failure or at a peak; an allocator setting newer than the torch that
 wrote the file says so (`needs_torch`); `no_oom_message(n)` words an
 `analyze.oom.NoOom`. `category_advice(category, engine)` is what would shrink one category, and
@@ -17,12 +17,15 @@ a vLLM knob is only ever named for a vLLM program. Bytes are in binary units; an
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import tomldata
+from ..analyze.kept import KeptAcrossStep
 from ..analyze.oom import Advice, NoOom, OomVerdict, StateOnly
 from ..errors import RulesError
+from ..sites import PathText
+from ..stacks import short_path
 from ..units import fmt_bytes as _fmt
 from ..units import fmt_count
 
@@ -121,7 +124,7 @@ def peak_advice(category: str | None, engine: str = "pytorch", live: Sequence[st
     return [f"for {name}, {category_advice(name, engine)}" for name in names]
 
 
-def _one(a: Advice, engine: str, request: int = 0, label: Callable[[str], str] = str) -> str:
+def _one(a: Advice, engine: str, request: int = 0, path: PathText = short_path) -> str:
     x = a.values
     if a.kind == "expandable_segments":
         return (f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — {fmt_bytes(x['reserved_free_bytes'])} is "
@@ -140,21 +143,21 @@ def _one(a: Advice, engine: str, request: int = 0, label: Callable[[str], str] =
         where = "allocated in the trace window and live at the failure" if x["in_window"] else "live at the failure"
         return f"{text} — {name} holds {fmt_bytes(x['bytes'])} {where}{_covers(x['bytes'], x.get('shortfall'))}"
     if a.kind == "kept":
-        return kept_words(x, "at the failure", label) + _covers(x["bytes"], x.get("shortfall"))
+        return kept_words(x["kept"], "at the failure", path) + _covers(x["kept"].bytes, x.get("shortfall"))
     if a.kind == "free_live":
         return f"free at least {fmt_bytes(x['bytes'])} of live memory before this allocation"
     raise ValueError(f"unknown advice kind {a.kind!r}")
 
 
-def kept_words(x: Mapping[str, Any], at: str, label: Callable[[str], str] = str) -> str:
-    """What to change when forward-pass tensors outlived training steps (`analyze.kept.KeptAcrossStep`'s
-    fields), live `at` ("at the failure", "at the peak"); `label` shows the site's frame label."""
-    made = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in x["categories"])
-    site = f"; most by {label(x['site'])}" if x["site"] else ""
+def kept_words(k: KeptAcrossStep, at: str, path: PathText = short_path) -> str:
+    """What to change when forward-pass tensors outlived training steps (`analyze.kept.KeptAcrossStep`), live
+    `at` ("at the failure", "at the peak"); `path` shows the site's file."""
+    made = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in k.categories)
+    site = f"; most by {k.site.label(path)}" if k.site is not None and k.site.label(path) else ""
     return ("keep no forward-pass tensors across training steps (keep .item() or .detach() of what you log) — "
-            f"{fmt_bytes(x['bytes'])} made by forward passes before the training step at event "
-            f"{x['step_index']:,} ({made}{site}) are still live {at} although that code has run again since "
-            f"(the oldest outlived {fmt_count(x['steps'], 'step')}): a loss or output summed or stored without "
+            f"{fmt_bytes(k.bytes)} made by forward passes before the training step at event "
+            f"{k.step_index:,} ({made}{site}) are still live {at} although that code has run again since "
+            f"(the oldest outlived {fmt_count(k.steps, 'step')}): a loss or output summed or stored without "
             ".item() / .detach(), backward(retain_graph=True), or a variable still holding the previous "
             "iteration's tensor (del it once used) keeps them or their graph")
 
@@ -195,10 +198,10 @@ def _simulated(x: Mapping[str, Any], request: int) -> str:
             f"block {fmt_bytes(sim['largest_free'])}, reserved {fmt_bytes(sim['reserved'])}{unsure}")
 
 
-def advice(v: OomVerdict, engine: str = "pytorch", label: Callable[[str], str] = str) -> list[str]:
-    """What would have helped, in the verdict's order, in the words of `engine`; `label` shows a frame label
-    (the report redacts its path)."""
-    return [_one(a, engine, v.request_bytes, label) for a in v.advice]
+def advice(v: OomVerdict, engine: str = "pytorch", path: PathText = short_path) -> list[str]:
+    """What would have helped, in the verdict's order, in the words of `engine`; `path` shows a site's file
+    (the report redacts it)."""
+    return [_one(a, engine, v.request_bytes, path) for a in v.advice]
 
 
 def no_oom_message(n: NoOom) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from ..plain import plain as _plain
+from ..sites import site_text
 from . import oom_text
 
 
@@ -45,8 +46,9 @@ def failed_record(failed: Any) -> dict[str, Any] | None:
         return None
     stack = failed.stack
     return {"size_bytes": failed.size, "request": failed.request or None, "span": failed.span or None,
-            **({"category": stack.category, "rule": stack.rule, "inferred": stack.inferred, "frame": stack.frame,
-                "owner": stack.owner or None, "frames": list(stack.frames), "more_frames": stack.more_frames}
+            **({"category": stack.category, "rule": stack.rule, "inferred": stack.inferred,
+                "frame": site_text(stack.frame), "owner": site_text(stack.owner) or None,
+                "frames": [site_text(f) for f in stack.frames], "more_frames": stack.more_frames}
                if stack is not None else
                {"category": None, "rule": None, "inferred": None, "frame": None, "owner": None, "frames": [],
                 "more_frames": 0})}
@@ -72,7 +74,7 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
             rec = _record({**row.to_dict(), "why": oom_text.why(verdict),
                            "advice": oom_text.advice(verdict, engine)}, OOM_KEYS)
             rec["failed_allocation"] = failed_record(verdict.failed)
-            rec["kept_across_step"] = dataclasses.asdict(verdict.kept) if verdict.kept is not None else None
+            rec["kept_across_step"] = verdict.kept.to_json() if verdict.kept is not None else None
             c = e.categories[(e.categories["device"] == row["device"]) & (e.categories["index"] == row["index"])]
             rec["categories"] = [{"category": x.category, "bytes": int(x.bytes), "share": round(float(x.share), 6),
                                   "blocks": int(x.blocks), "window_bytes": int(x.window_bytes)}
@@ -81,7 +83,8 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
         no_oom = [_record(n, list(n)) for n in (no_oom_record(x) for x in e.no_oom)]
         state_only = [{**dataclasses.asdict(x), "message": oom_text.state_only_message(x)} for x in e.state_only]
         snapshots.append({"rank": item.rank, "tag": item.tag, "path": str(item.path),
-                          "engine": ({"name": e.engine.name, "label": e.engine.label, "evidence": e.engine.evidence}
+                          "engine": ({"name": e.engine.name, "label": e.engine.label,
+                                      "evidence": e.engine.evidence_text()}
                                      if e.engine is not None else None),
                           "ooms": ooms,
                           "no_oom": no_oom, "state_only": state_only, "notes": list(e.notes)})

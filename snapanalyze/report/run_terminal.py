@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .. import units
+from ..sites import site_text
 from . import oom_text, text
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def _failed_lines(f: FailedAllocation | None) -> list[str]:
     if f is None:
         return []
     stack = f.stack
-    who = (stack.owner or stack.frame) if stack is not None else None
+    who = site_text(stack.owner or stack.frame) if stack is not None else None
     what = (f"{stack.category}{' (inferred)' if stack.inferred else ''}, rule {stack.rule}"
             if stack is not None and stack.category else "")
     where = "; ".join(x for x in (f"request {f.request}" if f.request else "",
@@ -76,7 +77,7 @@ def _failed_lines(f: FailedAllocation | None) -> list[str]:
         out.append(f"    {where}")
     if stack is not None and stack.frames:
         out.append("    stack, innermost first:")
-        out.extend(f"      {frame}" for frame in stack.frames)
+        out.extend(f"      {site_text(frame)}" for frame in stack.frames)
         if stack.more_frames:
             out.append(f"      … {units.fmt_count(stack.more_frames, 'more frame')}")
     return out
@@ -132,7 +133,7 @@ def render_oom(items: Sequence[SnapshotOoms], problems: Sequence[str], source: s
         elif path != source:
             out.append(f"\n{path}")
         if e.verdicts and e.engine is not None and e.engine.evidence is not None:
-            out.append(f"  program: {e.engine.label} (recognised by {e.engine.evidence}); advice in its terms")
+            out.append(f"  program: {e.engine.label} (recognised by {e.engine.evidence_text()}); advice in its terms")
         engine = e.engine.name if e.engine is not None else "pytorch"     # advice in the program's own knobs
         for verdict in e.verdicts:
             out.extend(_oom_block(verdict, e.categories, engine, width))

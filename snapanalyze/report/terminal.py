@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import units
+from ..sites import NO_FRAMES, site_text, words_text
 from . import text
 
 if TYPE_CHECKING:
@@ -54,12 +55,10 @@ def _peaks_of(d: DevicePeaks, label: str, width: int | None) -> list[str]:
 def _kept(d: DeviceAttribution) -> str:
     """The device's forward-pass tensors kept across training steps, in the OOM advice's words (imported
     here: the words need the OOM analysis, which summary and peaks never load)."""
-    import dataclasses
-
     from .oom_text import kept_words
 
     assert d.kept is not None
-    return kept_words(dataclasses.asdict(d.kept), f"at the {d.instant}")
+    return kept_words(d.kept, f"at the {d.instant}")
 
 
 def render_summary(f: Summary) -> str:
@@ -115,7 +114,7 @@ def render_attribution(result: AttributionResult, top: int, explain: bool, width
                    + (f"; made by request {d.request!r}" if d.request else ""))
         rows = [[c.category, units.fmt_bytes(c.bytes), units.fmt_share(c.share), f"{c.blocks:,}",
                  text.inferred_share(c.inferred_bytes, c.bytes),
-                 "; ".join(f"{site} ({units.fmt_bytes(n)})" for site, n in
+                 "; ".join(f"{site_text(site, none=NO_FRAMES)} ({units.fmt_bytes(n)})" for site, n in
                            zip(c.top_frames[:top], c.top_frame_bytes[:top]))] for c in d.categories]
         out.append(text.table(["category", "bytes", "share", "blocks", "inferred", "top allocation sites"], rows,
                               right=[False, True, True, True, True, False], width=width))
@@ -127,7 +126,7 @@ def render_attribution(result: AttributionResult, top: int, explain: bool, width
                 flag = " [inferred]" if e.inferred else ""
                 tags = f" tags={','.join(e.tags)}" if e.tags else ""
                 out.append(f"  {units.fmt_bytes(e.bytes):>10}  {e.category}{tags} ← {e.rule}{flag} "
-                           f"@ {e.frame or '(no frame)'}\n{'':14}{e.reason}")
+                           f"@ {site_text(e.frame) or '(no frame)'}\n{'':14}{words_text(e.reason)}")
     if any(c.inferred_bytes for d in result.devices for c in d.categories):
         out.append(f"{text.INFERRED_LEGEND} (--explain shows the arithmetic)")
     for note in result.notes:

@@ -40,19 +40,22 @@ from .label import STAGES, label
 from .notes import installed_notes, source_notes
 from .result import (
     BLOCK_COLUMNS,
+    ID_COLUMNS,
     SUMMARY_COLUMNS,
     SUMMARY_TOP,
     Attribution,
+    CategoryShare,
     Decision,
     Instant,
+    category_shares,
     summarize_blocks,
     top_sites,
 )
 from .stack import StackView, explain_stack
 
-__all__ = ["BLOCK_COLUMNS", "STAGES", "SUMMARY_COLUMNS", "SUMMARY_TOP", "Attribution",
-           "Decision", "Instant", "StackView", "attribute", "explain_stack", "label_lifetimes", "summarize_blocks",
-           "time_us_of", "top_sites"]
+__all__ = ["BLOCK_COLUMNS", "ID_COLUMNS", "STAGES", "SUMMARY_COLUMNS", "SUMMARY_TOP", "Attribution", "CategoryShare",
+           "Decision", "Instant", "StackView", "attribute", "category_shares", "explain_stack", "label_lifetimes",
+           "summarize_blocks", "time_us_of", "top_sites"]
 
 
 def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None = None,
@@ -96,11 +99,11 @@ def attribute(snapshot: Snapshot, at: str | int = "peak", rules: RuleSet | None 
     if not devices:
         notes.append("the file holds no allocator state and no trace (no segments, no trace entries): there are no "
                      "live bytes to attribute")
-    blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=BLOCK_COLUMNS)
+    blocks = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[*BLOCK_COLUMNS, *ID_COLUMNS])
     notes.extend(source_notes(decider, blocks["stack_id"].unique().tolist()))
     notes.extend(installed_notes(decider, blocks))
     return Attribution(snapshot=snapshot, timeline=timeline, instants=instants, blocks=blocks, rules=rules,
-                       notes=tuple(notes))
+                       decider=decider, notes=tuple(notes))
 
 
 # Labelled instants kept per snapshot and rule set (on its `Decider`), the least recently asked dropped once

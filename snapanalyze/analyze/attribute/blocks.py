@@ -30,7 +30,7 @@ class Blocks:
     decider: Decider
     markers: pd.DataFrame | None
     window: pd.DataFrame | None       # every lifetime of the device (what the program kept), if known
-    table: Decisions                  # the distinct decisions; the stages add theirs
+    table: Decisions                  # the decider's distinct decisions; the stages add theirs
     stack: np.ndarray                 # per block: stack id (−1: none)
     stacks: np.ndarray                # the distinct stack ids
     by_stack: np.ndarray              # per block: its index into `stacks`
@@ -73,7 +73,7 @@ class Blocks:
         request, request_why = instant_request(snapshot, device, event, markers, at_time, metadata, sizes)
         return cls(
             snapshot=snapshot, device=device, decider=decider, markers=markers, window=window,
-            table=Decisions(decider.rules.persistent),
+            table=decider.decisions,
             stack=stack, stacks=stacks, by_stack=by_stack.reshape(-1), addr=addr, sizes=sizes, block_row=block_row,
             alloc_index=alloc_index, free_index=live["free_index"].to_numpy(), from_trace=from_trace,
             pools=pools_of(snapshot, device, addr, block_row, alloc_index), metadata=metadata, by_time=by_time,

@@ -15,36 +15,32 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pandas as pd
+
+from ...sites import Site, Words, site_codes, site_text, words_text
 from ..kept import KeptAcrossStep, kept_across_step
-from .result import SUMMARY_TOP, Attribution, summarize_blocks
-
-
-@dataclass(frozen=True)
-class CategoryShare:
-    """One category's live bytes at the instant."""
-
-    category: str
-    bytes: int
-    share: float                        # of the device's active bytes, rounded to 6 places
-    blocks: int
-    top_frames: tuple[str, ...]         # allocation sites, most bytes first
-    top_frame_bytes: tuple[int, ...]
-    inferred_bytes: int                 # of `bytes`, those decided by inference
+from .result import SUMMARY_TOP, Attribution, CategoryShare
 
 
 @dataclass(frozen=True)
 class RuleFiring:
-    """Which rule fired on which frame, for how many bytes, blocks and stacks."""
+    """Which rule fired on which frame (None: none), for how many bytes, blocks and stacks."""
 
     category: str
     rule: str
-    frame: str
-    reason: str
+    frame: Site | None
+    reason: Words
     tags: tuple[str, ...]
     inferred: bool
     bytes: int
     blocks: int
     stacks: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"category": self.category, "rule": self.rule, "frame": site_text(self.frame),
+                "reason": words_text(self.reason), "tags": list(self.tags), "inferred": self.inferred,
+                "bytes": self.bytes, "blocks": self.blocks, "stacks": self.stacks}
 
 
 @dataclass(frozen=True)
@@ -75,10 +71,10 @@ class DeviceAttribution:
             "peak": {"event_index": self.event_index, "time_us": self.time_us, "active_bytes": self.active_bytes,
                      "reserved_bytes": self.reserved_bytes},
             "transient_bytes": self.transient_bytes, "request": self.request,
-            "kept_across_step": dataclasses.asdict(self.kept) if self.kept is not None else None,
-            "categories": [dataclasses.asdict(c) for c in self.categories]}     # fields in the document's order
+            "kept_across_step": self.kept.to_json() if self.kept is not None else None,
+            "categories": [c.to_json() for c in self.categories]}
         if self.explain is not None:
-            entry["explain"] = [dataclasses.asdict(e) for e in self.explain]
+            entry["explain"] = [e.to_json() for e in self.explain]
         return entry
 
 
@@ -98,31 +94,41 @@ class AttributionResult:
 
 def attribution_result(attribution: Attribution, explain: bool = False, top: int = SUMMARY_TOP) -> AttributionResult:
     """See the module docstring."""
-    summaries = attribution.summary if top == SUMMARY_TOP else summarize_blocks(attribution.blocks, top=top)
     devices = []
     for device, instant in sorted(attribution.instants.items()):
-        summary = summaries[summaries["device"] == device]
         devices.append(DeviceAttribution(
             device=device, instant=instant.label, event_index=instant.event_index, time_us=instant.time_us,
             active_bytes=instant.active_bytes, reserved_bytes=instant.reserved_bytes,
             baseline_active_bytes=instant.baseline_active_bytes, baseline=instant.baseline, request=instant.request,
-            categories=tuple(CategoryShare(str(r.category), int(r.bytes), round(float(r.share), 6), int(r.blocks),
-                                           tuple(r.top_frames), tuple(int(n) for n in r.top_frame_bytes),
-                                           int(r.inferred_bytes)) for r in summary.itertuples()),
+            categories=tuple(dataclasses.replace(c, share=round(c.share, 6))
+                             for c in attribution.shares(device, top)),
             explain=rule_firings(attribution, device) if explain else None,
-            kept=kept_across_step(attribution.snapshot, device, instant.event_index, attribution.blocks,
-                                  attribution.rules.per_forward)))
+            kept=kept_across_step(attribution, device, instant.event_index, attribution.rules.per_forward)))
     return AttributionResult(str(attribution.snapshot.source), tuple(devices), tuple(attribution.notes),
                              tuple(attribution.rules.sources))
 
 
 def rule_firings(attribution: Attribution, device: int) -> tuple[RuleFiring, ...]:
-    """Which rule fired on which frame at the device's instant, grouped by (category, rule, frame), largest
-    first."""
+    """Which rule fired on which frame at the device's instant, grouped by what a reader is shown of them
+    (category, rule, frame, reason, tags, inferred), largest first."""
     b = attribution.blocks[attribution.blocks["device"] == device]
-    g = (b.groupby(["category", "rule", "frame", "reason", "tags", "inferred"], sort=False, observed=True)
+    if not len(b):
+        return ()
+    # What a reader is shown of each decision, as a code: decisions that differ only in what is not shown
+    # (their context, owner) are one row.
+    codes, decisions = pd.factorize(b["decision"].to_numpy())
+    shown: dict[tuple[str, str, Words, tuple[str, ...], bool], int] = {}
+    key = np.array([shown.setdefault((d.category, d.rule, d.reason, d.tags, d.inferred), len(shown))
+                    for d in map(attribution.decision, decisions.tolist())], dtype=np.int64)[codes]
+    site, sites = site_codes(b["frame_id"].to_numpy(), attribution.site)
+    rows = list(shown)
+    g = (pd.DataFrame({"key": key, "site": site, "size": b["size"].to_numpy(), "stack_id": b["stack_id"].to_numpy()})
+         .groupby(["key", "site"], sort=False)
          .agg(bytes=("size", "sum"), blocks=("size", "size"), stacks=("stack_id", "nunique"))
          .reset_index().sort_values("bytes", ascending=False, kind="stable"))
-    return tuple(RuleFiring(str(r.category), str(r.rule), str(r.frame), str(r.reason),
-                            tuple(t for t in str(r.tags).split(",") if t), bool(r.inferred), int(r.bytes),
-                            int(r.blocks), int(r.stacks)) for r in g.itertuples())
+    out = []
+    for r in g.itertuples():
+        category, rule, reason, tags, inferred = rows[int(r.key)]
+        out.append(RuleFiring(category, rule, sites[int(r.site)], reason, tags, inferred,
+                              int(r.bytes), int(r.blocks), int(r.stacks)))
+    return tuple(out)

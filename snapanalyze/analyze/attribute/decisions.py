@@ -1,5 +1,5 @@
-"""The distinct decisions of one labelling, each with a code: blocks hold codes, so a decision made once per
-distinct input is broadcast to every block that shares it (`Decisions`); `distinct` finds the distinct rows of
+"""The distinct decisions of a snapshot's labellings, each with a code: blocks hold codes, so a decision made once
+per distinct input is broadcast to every block that shares it (`Decisions`); `distinct` finds the distinct rows of
 the inputs a stage reads, the key it decides once per.
 """
 
@@ -10,18 +10,22 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from ...sites import words_text
 from .result import Decision
 
 
 class Decisions:
     """Distinct decisions, each with a code (its index): blocks hold codes, so a decision made once per
-    distinct input is broadcast to every block with that input. `columns()`: per-code arrays of the fields
-    (and predicates) the block-level steps test, to index by the blocks' codes."""
+    distinct input is broadcast to every block with that input. One table per `Decider` (a snapshot and its
+    rules), so a code means the same decision in every labelling of the snapshot. `columns()`: per-code arrays
+    of the fields (and predicates) the block-level steps test and the table shows, to index by the blocks'
+    codes (made for each decision once)."""
 
     def __init__(self, persistent: frozenset[str]) -> None:
         self.persistent = persistent           # `RuleSet.persistent`, for the `lifecycle` predicate
         self.items: list[Decision] = []
         self._code: dict[Decision, int] = {}
+        self._columns: dict[str, np.ndarray] = {}
 
     def add(self, d: Decision) -> int:
         found = self._code.get(d)
@@ -34,12 +38,19 @@ class Decisions:
         return np.array([self.add(d) for d in decisions], dtype=np.int64)
 
     def columns(self) -> dict[str, np.ndarray]:
-        items = self.items
+        made = len(next(iter(self._columns.values()))) if self._columns else 0
+        if made < len(self.items):
+            new = self._make(self.items[made:])
+            self._columns = {k: np.concatenate([self._columns[k], v]) for k, v in new.items()} \
+                if self._columns else new
+        return self._columns
+
+    def _make(self, items: Sequence[Decision]) -> dict[str, np.ndarray]:
         return {
             "category": np.array([d.category for d in items], dtype=object),
             "tags": np.array([",".join(d.tags) for d in items], dtype=object),
             "rule": np.array([d.rule for d in items], dtype=object),
-            "reason": np.array([d.reason for d in items], dtype=object),
+            "reason": np.array([words_text(d.reason) for d in items], dtype=object),
             "inferred": np.array([d.inferred for d in items], dtype=bool),
             "autocast": np.array(["autocast" in d.context for d in items], dtype=bool),
             "user_attention": np.array([user_attention(d) for d in items], dtype=bool),

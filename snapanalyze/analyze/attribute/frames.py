@@ -8,7 +8,8 @@ category's `not_across` boundaries respected; where no rule decides, or only a g
 autograd node of a C++-only backward stack, else the role of the model code in the trace's call tree (stage
 `stage.calltree`), flagged inferred. A `Module._apply` copy that the trace's order shows to be a parameter's
 .grad (`moves`) is gradients, not weights. A source file decides only if every frame the trace records in it
-fits (`untrusted`). `display_frame` and `owner_frame` name the frame a table shows and the owner.
+fits (`untrusted`). `display_frame` and `owner_frame` name the frame a table shows and the owner; `site`
+makes a frame the Site results carry.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import numpy as np
 import pandas as pd
 
 from ...model import ALLOC, Snapshot
-from ...stacks import StackInterner, frame_site, is_python_frame
+from ...sites import Site, Words, site_of, words
+from ...stacks import StackInterner, is_python_frame
 from ..calltree import CALLEES, CallTree
 from ..moves import apply_frame, grad_copy_frames
 from ..rules import Category, FrameFacts, RuleSet
 from ..state import Retained, StateGuess
+from .decisions import Decisions
 from .result import Decision
 
 APPLY_GRAD = "order.apply_grad"
@@ -63,7 +66,7 @@ class Decider:
         return decider
 
     def __init__(self, interner: StackInterner, rules: RuleSet, tree_stacks: np.ndarray,
-                 grad_frames: dict[int, str]) -> None:
+                 grad_frames: dict[int, Words]) -> None:
         self.interner, self.rules = interner, rules        # not the snapshot: it keys `_kept` weakly
         self.bare = rules.with_source(None)                # the same rules without the source
         self.tree_stacks = tree_stacks                     # the stacks the call tree is built over
@@ -71,7 +74,9 @@ class Decider:
         self.grad_frames = grad_frames if rules.enabled(APPLY_GRAD) else {}
         self.use_rules, self.use_tree = rules.enabled(RULES), rules.enabled(CALLTREE)
         self.cache: dict[int, Decision] = {-1: Decision("other", "no_frames",
-                                                         "the allocation carries no stack frames", -1)}
+                                                         ("the allocation carries no stack frames",), -1)}
+        self.site_cache: dict[int, Site | None] = {-1: None}
+        self.decisions = Decisions(rules.persistent)       # every labelling's decisions, by code
         self.display_cache: dict[int, int] = {-1: -1}
         self.owner_cache: dict[int, int] = {-1: -1}
         self.files_cache: dict[int, tuple[tuple[str, bool], ...]] = {}
@@ -131,6 +136,13 @@ class Decider:
             return ""
         source = self.facts(frame).source
         return source.qualname if source is not None and source.qualname != "<module>" else ""
+
+    def site(self, frame_id: int) -> Site | None:
+        """The Site of a frame, named by its qualified name where the source named it (None for −1)."""
+        if frame_id not in self.site_cache:
+            frame = self.interner.frames[frame_id]
+            self.site_cache[frame_id] = site_of(frame, self.qualname(frame))
+        return self.site_cache[frame_id]
 
     def display_frame(self, stack_id: int) -> int:
         """Innermost meaningful frame: the first Python frame that is neither plumbing nor a pass-through
@@ -237,7 +249,7 @@ class Decider:
             cat, (depth, ri, fid) = max(found.items(), key=key)
             rule = rules[ri]
             tags = tuple(dict.fromkeys([*rule.tags, *(c for c in found if c != cat)]))
-            decision = Decision(cat, rule.name, rule.reason, fid, tuple(t for t in tags if t != cat),
+            decision = Decision(cat, rule.name, (rule.reason,), fid, tuple(t for t in tags if t != cat),
                                 context=ctx, owner=owner)
         if decision.category == "weights" and self.grad_frames:
             moved = apply_frame(frames, self.interner.stacks[stack_id])
@@ -260,10 +272,11 @@ class Decider:
         if weak is not None:
             cat, (_, ri, fid) = weak
             rule = self.rules.rules[ri]
-            return Decision(cat, rule.name, f"{rule.reason} (a guess from its file's name: inferred)", fid,
+            return Decision(cat, rule.name, (f"{rule.reason} (a guess from its file's name: inferred)",), fid,
                             tuple(t for t in rule.tags if t != cat), inferred=True, context=ctx, owner=owner)
-        return Decision("other", "unmatched", "no rule matched any frame of this stack"
-                        + (f" inside {owner}, which owns it" if owner else ""), -1, context=ctx, owner=owner)
+        return Decision("other", "unmatched", ("no rule matched any frame of this stack"
+                                               + (f" inside {owner}, which owns it" if owner else ""),), -1,
+                        context=ctx, owner=owner)
 
     def _tree_decision(self, stack_id: int, weak: tuple[str, tuple[int, int, int]] | None, ctx: tuple[str, ...],
                        owner: str) -> Decision | None:
@@ -274,11 +287,12 @@ class Decider:
             backward = self.tree.backward(stack_id)
             if backward is not None:
                 node_rule, node_frame = backward
-                return Decision(node_rule.category, node_rule.name, f"{node_rule.reason}, in a backward pass "
-                                "(inferred from the node's name)", node_frame, inferred=True, context=ctx, owner=owner)
+                return Decision(node_rule.category, node_rule.name, (f"{node_rule.reason}, in a backward pass "
+                                "(inferred from the node's name)",), node_frame, inferred=True, context=ctx,
+                                owner=owner)
         hit = self.tree.role(stack_id)
         if hit is not None:
-            return Decision(hit.category, hit.rule, hit.reason, hit.frame,
+            return Decision(hit.category, hit.rule, (hit.reason,), hit.frame,
                             tuple(t for t in ([weak[0]] if weak else []) if t != hit.category),
                             inferred=True, context=ctx, owner=owner)
         if weak is not None:
@@ -288,10 +302,10 @@ class Decider:
                 # The file's name says one thing, the code the function calls another (diffusers keeps
                 # FeedForward in attention.py): what ran decides.
                 role = next(iter(callees))
-                where = frame_site(self.interner.frames[node])
-                return Decision(role, CALLEES, f"{where} calls model code whose role is {role} and "
-                                f"none whose role is {cat}, which only its file's name suggests (inferred from the "
-                                "call tree)", node, (cat,), inferred=True, context=ctx, owner=owner)
+                return Decision(role, CALLEES, words(
+                    Site.of(self.interner.frames[node]), f" calls model code whose role is {role} and none whose "
+                    f"role is {cat}, which only its file's name suggests (inferred from the call tree)"),
+                    node, (cat,), inferred=True, context=ctx, owner=owner)
         return None
 
     @cached_property
@@ -307,7 +321,7 @@ def _caller(frames: list[tuple[str, int, str]], stack: tuple[int, ...], depth: i
     return None
 
 
-def grad_copies(snapshot: Snapshot) -> dict[int, str]:
+def grad_copies(snapshot: Snapshot) -> dict[int, Words]:
     """`moves.grad_copy_frames` over every device's allocations, in trace order."""
     allocations = []
     for device in snapshot.devices:
@@ -328,8 +342,6 @@ def crosses(category: Category, crossed: set[str], code_frames: list[tuple[str, 
         f != filename and category.name not in cats for f, cats in code_frames)
 
 
-def display(decider: Decider, stack_id: int, deciding: int = -1) -> tuple[tuple[str, int, str] | None, str]:
-    """The deciding frame (else the display frame) of a stack and its qualified name (for reason texts)."""
-    fid = deciding if deciding >= 0 else decider.display_frame(stack_id)
-    frame = decider.interner.frames[fid] if fid >= 0 else None
-    return frame, decider.qualname(frame)
+def shown_site(decider: Decider, stack_id: int, deciding: int = -1) -> Site | None:
+    """The Site a table shows for a stack: its deciding frame, else its display frame."""
+    return decider.site(deciding if deciding >= 0 else decider.display_frame(stack_id))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ...model import Snapshot
-from ...stacks import frame_site
+from ...sites import site_text
 from ..annotations import annotated_category
 from ..modules import ModuleDecision, ModuleIndex
 from ..rules import RuleSet
@@ -25,7 +25,7 @@ from . import lifecycle, signals
 from .blocks import Blocks
 from .decisions import distinct
 from .frames import Decider
-from .result import BLOCK_COLUMNS, Decision
+from .result import BLOCK_COLUMNS, ID_COLUMNS, Decision
 
 Stage = Callable[[Blocks, np.ndarray], np.ndarray]
 
@@ -58,7 +58,7 @@ def module_spans(b: Blocks, code: np.ndarray) -> np.ndarray:
     def by_module(m: ModuleDecision, d: Decision) -> Decision:
         if not _module_may_decide(d, rules):
             return d
-        return Decision(m.category, "signal.module_span", m.reason, d.frame,
+        return Decision(m.category, "signal.module_span", (m.reason,), d.frame,
                         tuple(dict.fromkeys(t for t in (*m.tags, d.category, *d.tags)
                                             if t not in ("other", m.category))),
                         inferred=True, context=d.context, owner=d.owner)
@@ -80,8 +80,8 @@ def annotated(b: Blocks, code: np.ndarray) -> np.ndarray:
         if named_cat is not None:
             d = table.items[int(code[i])]
             code[i] = table.add(Decision(
-                named_cat, "signal.annotation", f"the program annotated this block {b.annotations[i]!r} "
-                "(torch.cuda.memory._annotate_tensor)", d.frame,
+                named_cat, "signal.annotation", (f"the program annotated this block {b.annotations[i]!r} "
+                                                 "(torch.cuda.memory._annotate_tensor)",), d.frame,
                 tuple(t for t in (d.category, *d.tags) if t not in ("other", named_cat))))
     return code
 
@@ -112,28 +112,20 @@ def label(snapshot: Snapshot, device: int, live: pd.DataFrame, decider: Decider,
 
 
 def _table(b: Blocks, live: pd.DataFrame, code: np.ndarray, by_size: bool) -> pd.DataFrame:
-    """The rows of `Attribution.blocks`: each block's decision, the frame it shows and its owner."""
+    """The rows of `Attribution.blocks`: each block's decision, the frame it shows and its owner, as ids and as
+    the text the table shows."""
     if not len(live):
-        df = pd.DataFrame([], columns=BLOCK_COLUMNS)
+        df = pd.DataFrame([], columns=[*BLOCK_COLUMNS, *ID_COLUMNS])
         df["address"] = df["address"].astype(np.uint64)
         return df
     decider, table = b.decider, b.table
     # The frame shown: the frame decision's deciding frame, else the stack's innermost meaningful one.
     pairs = np.stack([code, b.stack], axis=1)
     first, inverse = distinct(pairs)
-    frames = b.snapshot.interner.frames
-    sites = []
-    for k in first.tolist():
-        d, sid = table.items[int(pairs[k, 0])], int(pairs[k, 1])
-        frame_id = d.frame if d.frame >= 0 else decider.display_frame(sid)
-        frame = frames[frame_id] if frame_id >= 0 else None
-        sites.append(frame_site(frame, decider.qualname(frame)))
+    shown = np.array([d.frame if (d := table.items[int(pairs[k, 0])]).frame >= 0
+                      else decider.display_frame(int(pairs[k, 1])) for k in first.tolist()], dtype=np.int64)
     # The owner shown: each distinct stack's innermost frame of model code.
-    owners = []
-    for sid in b.stacks.tolist():
-        fid = decider.owner_frame(int(sid))
-        frame = frames[fid] if fid >= 0 else None
-        owners.append(frame_site(frame, decider.qualname(frame)))
+    owners = np.array([decider.owner_frame(int(sid)) for sid in b.stacks.tolist()], dtype=np.int64)
     trace = b.snapshot.trace(b.device)
     span = np.full(len(live), "", dtype=object)          # the record_function span the allocation ran in
     if trace.time_us is not None and b.from_trace.any():
@@ -148,18 +140,23 @@ def _table(b: Blocks, live: pd.DataFrame, code: np.ndarray, by_size: bool) -> pd
         # pool keeps).
         return pd.Series(values, dtype=object, copy=False)
 
+    def labels(frame_ids: np.ndarray) -> np.ndarray:
+        return np.array([site_text(decider.site(int(f))) for f in frame_ids.tolist()], dtype=object)
+
     def decided(field: str) -> pd.Series:
         return texts(np.asarray(of[field], dtype=object)[code])
+    owner_of = b.by_stack[rows]
     return pd.DataFrame({
         "device": np.full(len(live), b.device, dtype=np.int64), "address": b.addr[rows].astype(np.uint64),
         "size": b.sizes[rows].astype(np.int64),
         "allocated_est": live["allocated_est"].to_numpy()[rows].astype(np.int64),
         "category": decided("category"), "tags": decided("tags"), "rule": decided("rule"),
-        "reason": decided("reason"), "frame": texts(np.asarray(sites, dtype=object)[inverse]),
-        "owner": texts(np.asarray(owners, dtype=object)[b.by_stack[rows]]),
+        "reason": decided("reason"), "frame": texts(labels(shown)[inverse]),
+        "owner": texts(labels(owners)[owner_of]),
         "inferred": of["inferred"][code], "stack_id": b.stack[rows],
         "user_metadata": texts(b.metadata[rows]), "pool": texts(b.pools[rows]),
         "stream": live["stream"].to_numpy()[rows].astype(np.int64),
         "origin": texts(b.origin[rows]), "alloc_index": b.alloc_index[rows].astype(np.int64),
-        "annotation": texts(b.annotations[rows]), "span": texts(span[rows])},
-        columns=BLOCK_COLUMNS)
+        "annotation": texts(b.annotations[rows]), "span": texts(span[rows]),
+        "frame_id": shown[inverse], "owner_id": owners[owner_of], "decision": code.astype(np.int64)},
+        columns=[*BLOCK_COLUMNS, *ID_COLUMNS])

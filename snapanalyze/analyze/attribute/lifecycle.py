@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 
 from ...model import OOM, Snapshot
-from ...stacks import frame_site
+from ...sites import Site, words
 from ..state import ADVICE, Retained, StateGuess, persistent_state
 from .blocks import Blocks
-from .frames import Decider, display
+from .frames import Decider, shown_site
 from .result import Decision
 
 TRAINING = ("gradients", "optimizer_state")
@@ -45,15 +45,15 @@ def kept_activations(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, d
     if not keep.any():
         return {}
     pairs, counts = np.unique(np.stack([stacks[keep], sizes[mine][keep]], axis=1), axis=0, return_counts=True)
-    best: dict[int, dict[str, list[Any]]] = {}      # size -> category -> [blocks, site of the largest share]
+    best: dict[int, dict[str, list[Any]]] = {}      # size -> category -> [blocks, site of the largest share, n]
     for (sid, size), n in zip(pairs.tolist(), counts.tolist()):
         d = decider.decide(sid)
         if d.category not in ACTIVATIONS:
             continue
-        hit = best.setdefault(size, {}).setdefault(d.category, [0, "", 0])
+        hit = best.setdefault(size, {}).setdefault(d.category, [0, None, 0])
         hit[0] += n
         if n > hit[2]:
-            hit[1], hit[2] = frame_site(*display(decider, sid, d.frame)), n
+            hit[1], hit[2] = shown_site(decider, sid, d.frame), n
     out = {}
     for size, cats in best.items():
         cat, (n, site, _) = max(cats.items(), key=lambda kv: kv[1][0])
@@ -86,18 +86,19 @@ def persistent(decider: Decider, device: int, sizes: np.ndarray, addresses: np.n
     return found
 
 
-def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: str) -> Decision:
+def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: Site | None) -> Decision:
     """A block live before the window whose allocation carries no stack: persistent state (`state`), state an
     optimizer replaced (freed inside its step), or unknown, said plainly with the fix."""
     if guess is not None:
         return Decision(guess.category, guess.rule, guess.reason, -1, inferred=True)
     if freed_by is not None and (freed_by.category == "optimizer_state" or "optimizer" in freed_by.context):
         return Decision("optimizer_state", "state.freed_by_optimizer",
-                        f"no frames, live before the window, freed inside the optimizer step ({free_site}): "
-                        "state that the step replaced (an out-of-place update of a moment)", -1, inferred=True)
+                        words("no frames, live before the window, freed inside the optimizer step (", free_site,
+                              "): state that the step replaced (an out-of-place update of a moment)"), -1,
+                        inferred=True)
     return Decision("other", "unknown.before_window",
-                    "allocated before the trace window began and no stack was recorded for it"
-                    + (f"; freed at {free_site}" if free_site else "") + f"; {ADVICE}", -1)
+                    words("allocated before the trace window began and no stack was recorded for it",
+                          *(("; freed at ", free_site) if free_site is not None else ()), f"; {ADVICE}"), -1)
 
 
 def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
@@ -113,13 +114,13 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     freed_by = [decider.decide(int(sid)) for sid in freers.tolist()]
     training = any(d.category in TRAINING or set(d.context) & {"autograd", "optimizer", "backward"}
                    for d in (*table.items, *freed_by)) or b.snapshot.frameless_allocations(device)
-    code[frameless_pre] = table.add(before_window(None, None, ""))
-    code[freed_pre] = table.codes([before_window(None, by, frame_site(*display(decider, int(sid), by.frame)))
+    code[frameless_pre] = table.add(before_window(None, None, None))
+    code[freed_pre] = table.codes([before_window(None, by, shown_site(decider, int(sid), by.frame))
                                    for sid, by in zip(freers.tolist(), freed_by)])[by_freer.reshape(-1)]
     guesses = persistent(decider, device, b.sizes[kept], b.addr[kept], training,
                          retained(decider, b.snapshot, device, b.window))
     if guesses:                                          # a few distinct guesses, shared by many blocks
         _, first, inverse = np.unique(np.fromiter(map(id, guesses), dtype=np.uint64, count=len(guesses)),
                                       return_index=True, return_inverse=True)
-        code[kept] = table.codes([before_window(guesses[k], None, "") for k in first.tolist()])[inverse]
+        code[kept] = table.codes([before_window(guesses[k], None, None) for k in first.tolist()])[inverse]
     return code

@@ -1,5 +1,6 @@
 """What an attribution is: a decision per block (`Decision`), the instant per device (`Instant`), the per-block
-table and its summary (`Attribution`); and the views users take of the table (`summarize_blocks`, `top_sites`).
+table and its summary (`Attribution`); and the views users take of the table (`category_shares`,
+`summarize_blocks`, `top_sites`).
 
 `Attribution.blocks` columns: device, address, size (requested bytes), allocated_est, category, tags
 (comma-separated), rule, reason, frame (deciding or innermost meaningful frame, "file:line:function", the
@@ -8,10 +9,14 @@ model library's code that made the block, as `frame` shows it; "" where the stac
 stack_id, user_metadata, pool, stream, origin, alloc_index, annotation (the program's own text for the block,
 "" for none), span (the innermost `record_function` span open when the block was allocated, e.g.
 "Optimizer.step#AdamW.step" or a program's "prefill" range; "" for none or a block from before the window);
-its text columns are of object dtype, each distinct text one shared string (a
-quarter of a million blocks would otherwise copy ~200 MB of text into Arrow strings).
+then the ids the text columns are made from (`ID_COLUMNS`): frame_id and owner_id (the frames `frame` and
+`owner` show, indexes into `snapshot.interner.frames`; −1 for none: `Attribution.site` makes one a Site) and
+decision (the block's decision, `Attribution.decision`). Analyses read the ids; the text is what a table
+shows. Its text columns are of object dtype, each distinct text one shared string (a quarter of a million
+blocks would otherwise copy ~200 MB of text into Arrow strings).
 `Attribution.summary` columns: device, category, bytes, share, blocks, top_frames (list of str, largest
-first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those flagged inferred).
+first), top_frame_bytes (their live bytes), inferred_bytes (of `bytes`, those flagged inferred): the labels of
+`category_shares`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -26,11 +32,16 @@ from ...display import HtmlDisplay
 from ...errors import UsageError
 from ...model import Snapshot
 from ...replay import Timeline
+from ...sites import NO_FRAMES, Site, Words, site_codes, site_text
 from ..rules import RuleSet
+
+if TYPE_CHECKING:
+    from .frames import Decider
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
                  "owner", "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index",
                  "annotation", "span"]
+ID_COLUMNS = ["frame_id", "owner_id", "decision"]
 SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
                    "inferred_bytes"]
 
@@ -39,7 +50,7 @@ SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames
 class Decision:
     category: str
     rule: str
-    reason: str
+    reason: Words       # why, naming frames as Sites (a renderer labels them: `sites.words_text`)
     frame: int          # deciding frame id (−1: none)
     tags: tuple[str, ...] = ()
     inferred: bool = False
@@ -60,45 +71,91 @@ class Instant:
     baseline: str = "the window start"     # what `baseline_active_bytes` is the active bytes at; transient = over it
 
 
+SUMMARY_TOP = 3     # allocation sites per category in `Attribution.summary`
+
+
+@dataclass(frozen=True)
+class CategoryShare:
+    """One category's live bytes at an instant: its share of the device's active bytes, its blocks, the
+    allocation sites that hold the most (None: no frames) and how much of it is inferred."""
+
+    category: str
+    bytes: int
+    share: float
+    blocks: int
+    top_frames: tuple[Site | None, ...]   # allocation sites, most bytes first
+    top_frame_bytes: tuple[int, ...]
+    inferred_bytes: int                   # of `bytes`, those decided by inference
+
+    def to_json(self) -> dict[str, object]:
+        return {"category": self.category, "bytes": self.bytes, "share": self.share, "blocks": self.blocks,
+                "top_frames": [site_text(s, none=NO_FRAMES) for s in self.top_frames],
+                "top_frame_bytes": list(self.top_frame_bytes), "inferred_bytes": self.inferred_bytes}
+
+
 @dataclass(frozen=True, eq=False)
 class Attribution(HtmlDisplay):
-    """Per-block attribution at one instant per device, and its summary by category."""
+    """Per-block attribution at one instant per device, and its summary by category. `decider` made its
+    decisions and knows its frames: `site` and `decision` read the blocks' ids through it."""
 
     snapshot: Snapshot
     timeline: Timeline
     instants: dict[int, Instant]
     blocks: pd.DataFrame
     rules: RuleSet = field(repr=False)
+    decider: Decider = field(repr=False)
     notes: tuple[str, ...] = ()
+
+    def site(self, frame_id: int) -> Site | None:
+        """The Site of a frame id of the blocks (`frame_id`, `owner_id`)."""
+        return self.decider.site(int(frame_id))
+
+    def decision(self, code: int) -> Decision:
+        """The decision of a block's `decision` code."""
+        return self.decider.decisions.items[int(code)]
+
+    def shares(self, device: int, top: int = SUMMARY_TOP) -> tuple[CategoryShare, ...]:
+        """`category_shares` of one device's blocks, most bytes first."""
+        return category_shares(self.blocks[self.blocks["device"] == device], self.site, top)
 
     @cached_property
     def summary(self) -> pd.DataFrame:
-        """`summarize_blocks(blocks)`: by device and category (made on first use)."""
-        return summarize_blocks(self.blocks)
-
+        """`summarize_blocks` of every device's blocks (made on first use)."""
+        return summarize_blocks(self.blocks, self.site)
 
 
 AttributionAt = Callable[[int, int], Attribution]     # (device, event index) → its attribution, kept by a caller
 
-SUMMARY_TOP = 3     # allocation sites per category in `Attribution.summary`
+
+def category_shares(blocks: pd.DataFrame, site: Callable[[int], Site | None],
+                    top: int = SUMMARY_TOP) -> tuple[CategoryShare, ...]:
+    """One device's blocks by category, most bytes first (then by name): bytes, share of their total, blocks,
+    the `top` sites (`frame_id`, made Sites by `site`) by bytes and the inferred bytes."""
+    if not len(blocks):
+        return ()
+    total = int(blocks["size"].sum())
+    codes, sites = site_codes(blocks["frame_id"].to_numpy(), site)
+    sized = pd.DataFrame({"category": blocks["category"].to_numpy(), "site": codes,
+                          "size": blocks["size"].to_numpy(), "inferred": blocks["inferred"].to_numpy(dtype=bool)})
+    out = []
+    for category, part in sized.groupby("category", sort=False):
+        by_site = part.groupby("site", sort=False)["size"].sum().sort_values(ascending=False, kind="stable")
+        size = int(part["size"].sum())
+        out.append(CategoryShare(str(category), size, (float(size) / total) if total else 0.0, len(part),
+                                 tuple(sites[int(k)] for k in by_site.index[:top]),
+                                 tuple(int(n) for n in by_site.to_numpy()[:top]),
+                                 int(part.loc[part["inferred"], "size"].sum())))
+    return tuple(sorted(out, key=lambda c: (-c.bytes, c.category)))
 
 
-def summarize_blocks(blocks: pd.DataFrame, top: int = SUMMARY_TOP) -> pd.DataFrame:
-    """By device and category: bytes, share of the device's total, blocks, top frames by bytes, inferred bytes."""
-    rows = []
-    for device, dev in blocks.groupby("device", sort=True):
-        total = int(dev["size"].sum())
-        for category, part in dev.groupby("category", sort=False):
-            sites = part.groupby("frame", sort=False)["size"].sum().sort_values(ascending=False, kind="stable")
-            rows.append({"device": int(device), "category": str(category), "bytes": int(part["size"].sum()),
-                         "share": (float(part["size"].sum()) / total) if total else 0.0,
-                         "blocks": len(part),
-                         "top_frames": [s or "(no frames)" for s in list(sites.index[:top])],
-                         "top_frame_bytes": [int(b) for b in sites.to_numpy()[:top]],
-                         "inferred_bytes": int(part.loc[part["inferred"].astype(bool), "size"].sum())})
-    df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-    return df.sort_values(["device", "bytes", "category"], ascending=[True, False, True], kind="stable",
-                          ignore_index=True)
+def summarize_blocks(blocks: pd.DataFrame, site: Callable[[int], Site | None],
+                     top: int = SUMMARY_TOP) -> pd.DataFrame:
+    """`Attribution.summary` of any blocks of one attribution (`site`: its `Attribution.site`)."""
+    rows = [{"device": int(device), "category": c.category, "bytes": c.bytes, "share": c.share, "blocks": c.blocks,
+             "top_frames": [site_text(s, none=NO_FRAMES) for s in c.top_frames],
+             "top_frame_bytes": list(c.top_frame_bytes), "inferred_bytes": c.inferred_bytes}
+            for device, part in blocks.groupby("device", sort=True) for c in category_shares(part, site, top)]
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def top_sites(attribution: Attribution, by: str = "frame", category: str | None = None,

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ...model import ALLOC
+from ...sites import words
 from ..state import CUBLAS_DEFAULT_WORKSPACE
 from .blocks import Blocks
 from .decisions import Decisions, distinct, user_attention
@@ -60,33 +61,33 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
     if pool != "0,0" and d.category in ("weights", "kv_cache") and not d.inferred:
         # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames prove
         # the lifecycle, so they decide, and the pool is kept as a tag.
-        return Decision(d.category, d.rule, d.reason + f" (in private memory pool {pool})", d.frame,
+        return Decision(d.category, d.rule, words(*d.reason, f" (in private memory pool {pool})"), d.frame,
                         (*d.tags, "private_pool"))
     if pool != "0,0":
         return Decision("graph_capture", "signal.private_pool",
-                        f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool", d.frame,
+                        (f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool",), d.frame,
                         tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
     # A workspace its frames prove (a backward thread's cuBLAS handle caches one) is never a .grad.
     on = ctx.enabled
     if d.category not in (*ctx.persistent, "workspace") and "autograd" in d.context and not ctx.in_backward \
             and on("lifetime.survived_backward"):
         return Decision("gradients", "lifetime.survived_backward",
-                        "allocated by the autograd engine in a backward pass and still live after that backward "
-                        "ended: a parameter's .grad (the engine hands a gradient buffer to .grad)", d.frame,
+                        ("allocated by the autograd engine in a backward pass and still live after that backward "
+                         "ended: a parameter's .grad (the engine hands a gradient buffer to .grad)",), d.frame,
                         tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
     if d.category not in ctx.persistent and ctx.request and request and request != ctx.request:
         how = "by time: its alloc fell inside that request's marker span" if request_by_time else ""
         return Decision("concurrent_request", "signal.request_marker" if request_by_time else "signal.user_metadata",
-                        f"allocated by {request!r}{f' ({how})' if how else ''}; {ctx.request_why} is "
-                        f"{ctx.request!r}", d.frame,
+                        (f"allocated by {request!r}{f' ({how})' if how else ''}; {ctx.request_why} is "
+                         f"{ctx.request!r}",), d.frame,
                         tuple(x for x in (request, d.category, *d.tags) if x != "other"), inferred=request_by_time)
     if d.category not in ctx.persistent and "autocast" in d.context and size * 2 in ctx.weight_sizes \
             and ctx.copy_sizes.get(size, 0) <= ctx.weight_sizes[size * 2] and on("shape.autocast_weight_copy"):
         n, m = ctx.weight_sizes[size * 2], ctx.copy_sizes.get(size, 0)
         return Decision("weights", "shape.autocast_weight_copy",
-                        f"made by an autocast cast and exactly half the size of a live weight ({size * 2:,} B): a "
-                        f"16-bit copy of a parameter (autocast keeps one per weight; {m} such copies, {n} weights "
-                        "of that size — inferred from the size)", d.frame,
+                        (f"made by an autocast cast and exactly half the size of a live weight ({size * 2:,} B): a "
+                         f"16-bit copy of a parameter (autocast keeps one per weight; {m} such copies, {n} weights "
+                         "of that size — inferred from the size)",), d.frame,
                         tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
     # Size coincidences only where the stack is consistent with them: never in a module the source says owns
     # the block, in a backward pass or under an optimizer step.
@@ -95,27 +96,27 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
         logits = shape_logits(size, ctx.vocab, ctx.allocated) if on("shape.tokens_x_vocab") else None
         if logits:
             return Decision("logits", "shape.tokens_x_vocab",
-                            f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
-                            "vocabulary whose weight is live (inferred from the size)", d.frame, inferred=True)
+                            (f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
+                             "vocabulary whose weight is live (inferred from the size)",), d.frame, inferred=True)
         if size % 2 == 0 and on("shape.gate_up_of_mlp") and any(
                 0 < j - alloc <= GATE_UP_GAP for j in ctx.mlp_outputs.get(size // 2, ())):
             return Decision("mlp", "shape.gate_up_of_mlp",
-                            f"size = 2 × a live MLP activation output ({size // 2:,} bytes) allocated right after "
-                            "it: the fused gate/up projection that feeds it (inferred from the size and order)",
+                            (f"size = 2 × a live MLP activation output ({size // 2:,} bytes) allocated right after "
+                             "it: the fused gate/up projection that feeds it (inferred from the size and order)",),
                             d.frame, inferred=True)
     if size == CUBLAS_DEFAULT_WORKSPACE and persistent and d.category in ("other", "attention", "mlp", "logits") \
             and on("shape.cublas_workspace"):
         return Decision("workspace", "shape.cublas_workspace",
-                        f"never freed, and its size is PyTorch's default cuBLAS workspace ({size:,} B), which the "
-                        "first matmul on a stream allocates (inferred from the size)", d.frame,
+                        (f"never freed, and its size is PyTorch's default cuBLAS workspace ({size:,} B), which the "
+                         "first matmul on a stream allocates (inferred from the size)",), d.frame,
                         tuple(x for x in (d.category,) if x != "other"), inferred=True)
     if user_attention(d) and size >= max(ctx.scores_floor, 8 << 20) and on("shape.attention_scores"):
         scores = shape_scores(size)
         if scores:
             return Decision("fallback_kernel", "shape.attention_scores",
-                            f"size fits batch·heads × L² × {scores[2]} bytes (e.g. {scores[0]} × {scores[1]}²) "
-                            "under an attention function: materialised attention scores (B·H·L·L), which "
-                            "fused kernels avoid (inferred from the size)", d.frame, ("attention",), inferred=True)
+                            (f"size fits batch·heads × L² × {scores[2]} bytes (e.g. {scores[0]} × {scores[1]}²) "
+                             "under an attention function: materialised attention scores (B·H·L·L), which "
+                             "fused kernels avoid (inferred from the size)",), d.frame, ("attention",), inferred=True)
     return d
 
 
@@ -124,8 +125,8 @@ def scores_backward(d: Decision, size: int, scores: frozenset[int]) -> Decision:
     if "autograd" not in d.context or d.category != "other" or size not in scores:
         return d
     return Decision("fallback_kernel", "shape.scores_backward",
-                    f"made in a backward pass with the size of live materialised attention scores ({size:,} B): a "
-                    "gradient of those scores (inferred from the size)", d.frame, ("attention",), inferred=True,
+                    (f"made in a backward pass with the size of live materialised attention scores ({size:,} B): a "
+                     "gradient of those scores (inferred from the size)",), d.frame, ("attention",), inferred=True,
                     context=d.context)
 
 

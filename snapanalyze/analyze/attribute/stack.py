@@ -3,8 +3,8 @@ request an `oom` entry records: its decision, the frame that decided, its owner 
 
 Contract: `explain_stack(snapshot, stack_id, rules)` returns a `StackView`: the frames' decision
 (`Decider.decide`, the frames stage alone: no block-level signal applies to an allocation that failed), the
-deciding frame and the owner as `file:line:function` sites (the function as `Class.method` where the source
-named it), and up to `MAX_FRAMES` frames of Python code, innermost first, plumbing left out.
+deciding frame and the owner as Sites (named `Class.method` where the source named the function), and up to
+`MAX_FRAMES` frames of Python code, innermost first, plumbing left out.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...model import Snapshot
-from ...stacks import frame_site, is_python_frame
+from ...sites import Site, Words
+from ...stacks import is_python_frame
 from ..rules import RuleSet
-from .frames import Decider
+from .frames import Decider, shown_site
 
 MAX_FRAMES = 12            # frames of a stack shown: enough to reach the program's own code in a deep stack
 
@@ -24,11 +25,11 @@ class StackView:
     stack_id: int
     category: str
     rule: str
-    reason: str
+    reason: Words
     inferred: bool
-    frame: str                  # the deciding frame, else the innermost meaningful one ("" : none)
-    owner: str                  # the innermost frame of the program's or a model library's code ("" : none)
-    frames: tuple[str, ...]     # Python frames, innermost first, plumbing left out (at most MAX_FRAMES)
+    frame: Site | None          # the deciding frame, else the innermost meaningful one
+    owner: Site | None          # the innermost frame of the program's or a model library's code
+    frames: tuple[Site, ...]    # Python frames, innermost first, plumbing left out (at most MAX_FRAMES)
     more_frames: int            # Python frames left out past MAX_FRAMES
 
 
@@ -36,14 +37,10 @@ def explain_stack(snapshot: Snapshot, stack_id: int, rules: RuleSet) -> StackVie
     decider = Decider.for_snapshot(snapshot, rules)
     d = decider.decide(stack_id)
     frames = snapshot.interner.frames
-
-    def site(fid: int) -> str:
-        frame = frames[fid] if fid >= 0 else None
-        return frame_site(frame, decider.qualname(frame))
     shown = [fid for fid in (snapshot.interner.stacks[stack_id] if stack_id >= 0 else ())
              if is_python_frame(frames[fid][0]) and not decider.facts(frames[fid]).plumbing]
     return StackView(stack_id=stack_id, category=d.category, rule=d.rule, reason=d.reason, inferred=d.inferred,
-                     frame=site(d.frame if d.frame >= 0 else decider.display_frame(stack_id)) if stack_id >= 0
-                     else "", owner=site(decider.owner_frame(stack_id)) if stack_id >= 0 else "",
-                     frames=tuple(site(fid) for fid in shown[:MAX_FRAMES]),
+                     frame=shown_site(decider, stack_id, d.frame) if stack_id >= 0 else None,
+                     owner=decider.site(decider.owner_frame(stack_id)) if stack_id >= 0 else None,
+                     frames=tuple(s for fid in shown[:MAX_FRAMES] if (s := decider.site(fid)) is not None),
                      more_frames=max(0, len(shown) - MAX_FRAMES))

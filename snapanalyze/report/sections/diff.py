@@ -24,13 +24,15 @@ def diff_section(report: Report) -> Section | None:
     parts, figures, verdict = [], [], []
     for item in report.diffs:
         view = views.get(item.rank, report.views[0])
-        doc = diff_result(item.diff).to_json()
-        label = view.redactor.label
+        result = diff_result(item.diff)
+        doc = result.to_json()
         baseline = report.redactor.path(item.baseline)
         peaks = [{"device": p["device"], "phase": p["phase"], "a": p["a"]["active_bytes"], "b": p["b"]["active_bytes"],
                   "delta": p["delta"]} for p in doc["peaks"]]
-        stacks = [{**s, "site": label(s["site"]), "frames": [label(f) for f in s["frames"]]}
-                  for s in doc["stacks"][:MAX_DIFF_STACKS]]
+        stacks = []
+        for s, shown in zip(result.stacks[:MAX_DIFF_STACKS], doc["stacks"]):
+            site, frames = s.labels(view.redactor.site_path)
+            stacks.append({**shown, "site": site, "frames": list(frames)})
         devices = []
         for device in sorted({p["device"] for p in doc["peaks"]}):
             fig_id = f"fig-diff-{view.key(device)}"

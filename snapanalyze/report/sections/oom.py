@@ -49,12 +49,12 @@ def _failed(view: Any, failed: Any) -> dict[str, Any] | None:
     paths redacted as everywhere in the report), what it is, its request and span, and its stack."""
     if failed is None:
         return None
-    label, stack = view.redactor.label, failed.stack
+    redactor, stack = view.redactor, failed.stack
     return {"size": failed.size, "request": failed.request, "span": failed.span,
-            "who": label(stack.owner or stack.frame) if stack is not None else "",
+            "who": redactor.site(stack.owner or stack.frame) if stack is not None else "",
             "what": (f"{stack.category}{' (inferred)' if stack.inferred else ''}, rule {stack.rule}"
                      if stack is not None else ""),
-            "frames": [label(f) for f in stack.frames] if stack is not None else [],
+            "frames": [redactor.site(f) for f in stack.frames] if stack is not None else [],
             "more_frames": stack.more_frames if stack is not None else 0}
 
 
@@ -70,7 +70,7 @@ def oom_section(report: Report) -> Section | None:
         for (_, row), oom in zip(view.oom.ooms.iterrows(), view.oom.verdicts):
             o = _plain_row(row)
             device, index = int(o["device"]), int(o["index"])
-            why, advice = oom_text.why(oom), oom_text.advice(oom, view.engine.name, view.redactor.label)
+            why, advice = oom_text.why(oom), oom_text.advice(oom, view.engine.name, view.redactor.site_path)
             if device not in view.devices:
                 continue
             when = when_in_window(view, device, index)

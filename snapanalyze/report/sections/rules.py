@@ -3,8 +3,6 @@ redacts), and the rule files the report used."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ...analyze.attribute.compact import rule_firings
 from ..context import Report
 from ..templating import render
@@ -15,10 +13,10 @@ def rules_section(report: Report) -> Section | None:
     """Which rule fired on which frame at each detail instant, and where the rules came from."""
     groups = []
     for view in report.views:
-        label = view.redactor.label
+        redactor = view.redactor
         for device in view.devices:
             for n, instant in enumerate(view.details.get(device, [])):
-                records = [replace(r, frame=label(r.frame))
+                records = [{**vars(r), "frame": redactor.site(r.frame), "reason": redactor.words(r.reason)}
                            for r in rule_firings(view.attribution(device, instant.event_index), device)]
                 groups.append({"device": device, "heading": view.heading(device), "label": instant.label,
                                "open": n == 0, "records": records})

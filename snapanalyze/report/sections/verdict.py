@@ -5,7 +5,6 @@ below it with the other sections' verdict sentences."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +14,7 @@ from ...analyze.engine import Engine
 from ...units import fmt_bytes, fmt_share
 from .. import oom_text
 from ..context import DetailInstant, RankView, Report
+from ..redact import Redactor
 from ..templating import render
 from .phrases import (
     INFERRED_NOTE,
@@ -101,7 +101,7 @@ def _oom_headline(o: _Oom) -> tuple[str, bool]:
     name = VERDICT_NAMES.get(v.verdict, v.verdict)
     reason = OOM_REASONS[v.verdict](v) if v.verdict in OOM_REASONS else ""
     stack = v.failed.stack if v.failed is not None else None
-    who = view.redactor.label(stack.owner or stack.frame) if stack is not None else ""
+    who = view.redactor.site(stack.owner or stack.frame) if stack is not None else ""
     return (f"{_capital(view.where(o.device))} ran out of memory {_at(view, o.device, v.index)}"
             f"{_during(view, o.device, v.index)}: a {fmt_bytes(v.request_bytes)} request"
             + (f" from {who}" if who else "") + f" failed ({name}"
@@ -195,17 +195,18 @@ def _headroom(pairs: list[tuple[RankView, int]]) -> str:
             f"the {fmt_bytes(capacity)} device, not counting memory outside the allocator (capacity: {source}).")
 
 
-def _engine_line(engine: Engine) -> str:
-    if engine.evidence is None:
+def _engine_line(engine: Engine, redactor: Redactor) -> str:
+    evidence = engine.evidence_text(redactor.site_path)
+    if evidence is None:
         if not engine.framed:
             return ("Program: not recognised — the live blocks carry no frames; the advice is plain PyTorch's.")
         return "Program: plain PyTorch (no vLLM, SGLang, transformers or training frame in the live stacks)."
     if engine.blocks:
         share = (f"all {engine.framed:,}" if engine.blocks == engine.framed else
                  f"{engine.blocks:,} of the {engine.framed:,} ({fmt_share(engine.share)})")
-        return (f"Program: {engine.label}, recognised by {engine.evidence} in the stacks of {share} live blocks "
+        return (f"Program: {engine.label}, recognised by {evidence} in the stacks of {share} live blocks "
                 "with frames.")
-    return f"Program: {engine.label}, recognised by {engine.evidence}."
+    return f"Program: {engine.label}, recognised by {evidence}."
 
 
 def _refusals(view: RankView) -> list[str]:
@@ -276,13 +277,13 @@ def verdict_section(report: Report) -> Section | None:
     advice: list[str] = []
     title = ""
     if engine is not None and ooms:
-        advice = oom_text.advice(ooms[0].verdict, engine.name, ooms[0].view.redactor.label)[:2]
+        advice = oom_text.advice(ooms[0].verdict, engine.name, ooms[0].view.redactor.site_path)[:2]
         title = "What would have helped"
     elif engine is not None and peaks:
         device_live = [r["category"] for v, d in peaks if v is view
                        for r in category_rows(v, d, v.main(d).event_index) if r["bytes"] > 0]
         kept = [v.kept[d] for v, d in peaks if v is view and d in v.kept]
-        advice = [oom_text.kept_words(dataclasses.asdict(k), "at the peak", view.redactor.label) for k in kept[:1]]
+        advice = [oom_text.kept_words(k, "at the peak", view.redactor.site_path) for k in kept[:1]]
         advice += oom_text.peak_advice(owner, engine.name, device_live)
         title = "To lower the peak"
     details: list[str] = []
@@ -294,6 +295,6 @@ def verdict_section(report: Report) -> Section | None:
                        "allocation.")
     body = render("sections/verdict.html.j2", headline=headline,
                   lines=[{"text": t, "warning": w} for t, w in lines],
-                  engine=_engine_line(engine) if engine is not None else None,
+                  engine=_engine_line(engine, view.redactor) if engine is not None else None,
                   advice=advice, advice_title=title, note=INFERRED_NOTE if inferred else None)
     return Section(id="verdict", title="Verdict", body=body, verdict=tuple(details), order=ORDER["verdict"])

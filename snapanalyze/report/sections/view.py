@@ -10,29 +10,31 @@ from typing import Any
 import pandas as pd
 
 from ... import plots
+from ...sites import site_codes
 from ..context import RankView
 from .section import FigureSpec
 
 
 def category_rows(view: RankView, device: int, event_index: int) -> list[dict[str, Any]]:
-    """The attribution summary of one instant as template rows (top sites redacted when asked)."""
+    """The attribution summary of one instant as template rows (sites redacted when the report redacts)."""
     attribution = view.attribution(device, event_index)
-    summary = attribution.summary[attribution.summary["device"] == device]
     blocks = attribution.blocks[attribution.blocks["device"] == device]
-    inferred = blocks[blocks["inferred"].astype(bool)].groupby("category")["size"].sum()
     # Each category's largest owner: the code that made most of its bytes (named where the category is `other`
     # or inferred, so that a reader knows whose bytes they are).
-    by_owner = blocks[blocks["owner"] != ""].groupby(["category", "owner"], sort=False)["size"].sum()
+    owned = blocks[blocks["owner_id"] >= 0]
+    codes, sites = site_codes(owned["owner_id"].to_numpy(), attribution.site)
+    by_owner = pd.DataFrame({"category": owned["category"].to_numpy(), "owner": codes,
+                             "size": owned["size"].to_numpy()}).groupby(["category", "owner"], sort=False)["size"].sum()
     top_owner = by_owner.sort_values(ascending=False, kind="stable").groupby(level=0, sort=False).head(1)
-    owners = {cat: (owner, int(n)) for (cat, owner), n in top_owner.items()}
-    label = view.redactor.label
+    owners = {cat: (sites[int(owner)], int(n)) for (cat, owner), n in top_owner.items()}
+    site = view.redactor.site
     known = list(view.rules.categories)
-    return [{"category": r.category, "bytes": int(r.bytes), "share": float(r.share), "blocks": int(r.blocks),
-             "inferred": int(inferred.get(r.category, 0)), "color": plots.category_color(r.category, known),
-             "sites": [(label(site), int(n)) for site, n in zip(r.top_frames, r.top_frame_bytes)],
-             "owner": label(owners[r.category][0]) if r.category in owners else "",
-             "owner_bytes": owners[r.category][1] if r.category in owners else 0}
-            for r in summary.itertuples()]
+    return [{"category": c.category, "bytes": c.bytes, "share": c.share, "blocks": c.blocks,
+             "inferred": c.inferred_bytes, "color": plots.category_color(c.category, known),
+             "sites": [(site(s), n) for s, n in zip(c.top_frames, c.top_frame_bytes)],
+             "owner": site(owners[c.category][0]) if c.category in owners else "",
+             "owner_bytes": owners[c.category][1] if c.category in owners else 0}
+            for c in attribution.shares(device)]
 
 
 def _window(view: RankView, device: int) -> tuple[int | None, int]:
