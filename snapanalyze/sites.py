@@ -29,12 +29,14 @@ NO_FRAMES = "(no frames)"           # what a table shows for a block whose alloc
 class Site:
     """A frame as outputs name it: `filename` as the trace records it ("" for a native frame), `line` (None
     where lines are left out: a stack's identity across files), `name` (a native frame's symbol without its
-    argument list) and `qualname` ("" where no source named the function)."""
+    argument list), `qualname` ("" where no source named the function) and `brief` (the file's name alone, the
+    same in every target: a redacted path keeps its file's name)."""
 
     filename: str
     line: int | None
     name: str
     qualname: str = ""
+    brief: bool = False     # only the file's name is shown (evidence: "model.py:120:forward"), whatever `path`
 
     @classmethod
     def of(cls, frame: Frame, qualname: str = "", lines: bool = True) -> Site:
@@ -49,9 +51,10 @@ class Site:
         if not self.filename:
             return self.name
         function = self.qualname or self.name
+        shown = path(self.filename).rsplit("/", 1)[-1] if self.brief else path(self.filename)
         if self.line is None:
-            return f"{path(self.filename)}:{function}"
-        return f"{path(self.filename)}:{self.line}:{function}"
+            return f"{shown}:{function}"
+        return f"{shown}:{self.line}:{function}"
 
 
 def site_of(frame: Frame | None, qualname: str = "") -> Site | None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RulesError
+from ..sites import Site, Words, words, words_text
 from ..stacks import is_python_frame
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class RoleHit:
 
     category: str
     rule: str
-    reason: str
+    reason: Words
     frame: int
 
 
@@ -120,10 +121,10 @@ class _Node:
     depth: int
     kinds: set[str] = field(default_factory=set)
     children: set[int] = field(default_factory=set)
-    examples: dict[str, str] = field(default_factory=dict)   # kind -> the function that showed it
+    examples: dict[str, str | Site] = field(default_factory=dict)   # kind -> the function that showed it
     stacks: int = 0
     role: Role | None = None
-    via: str = ""                  # how the role came (for the reason)
+    via: Words = ()                # how the role came (for the reason)
     block: bool = False            # a building block: it works for its caller
     shown: set[str] = field(default_factory=set)   # its kinds with those of the building blocks it calls
 
@@ -264,18 +265,20 @@ class CallTree:
                     unroled_calls = True
             only_blocks = all(self.nodes[c].block or not self.nodes[c].children for c in node.children)
             role = next((r for r in self.data.roles if r.fits(kinds, child_roles, only_blocks)), None)
-            node.role, node.via, node.shown, node.examples = role, "", kinds, examples
+            node.role, node.via, node.shown, node.examples = role, (), kinds, examples
             if role is not None:
                 shown_kinds = [k for k in (*sorted(role.all), *sorted(role.any & kinds)) if k in examples]
                 plural = "s" if node.stacks != 1 else ""
-                node.via = (f"{role.reason} (beneath it, in {node.stacks:,} stack{plural}: "
-                            f"{', '.join(dict.fromkeys(examples[k] for k in shown_kinds))})")
+                # each example once: a brief Site reads the same in every target
+                named = list({words_text((examples[k],)): examples[k] for k in shown_kinds}.values())
+                node.via = words(f"{role.reason} (beneath it, in {node.stacks:,} stack{plural}: ",
+                                 *(part for k, x in enumerate(named) for part in ((", ", x) if k else (x,))), ")")
             elif kinds <= {"elementwise"} and len(child_roles) == 1 and not unroled_calls:
                 # Its own calls show nothing, and the model code it calls agrees: a dispatcher of that role.
                 category = next(iter(child_roles))
                 node.role = next(r for c in node.children if (r := self.nodes[c].role) is not None
                                  and r.category == category)
-                node.via = f"calls only model code whose role is {category} (and helpers that show nothing)"
+                node.via = (f"calls only model code whose role is {category} (and helpers that show nothing)",)
             # A building block works for its caller: no role of its own, and what it and the code it calls
             # show is building blocks only (a hand-written Linear, a norm). One that shows nothing is no block:
             # nothing says it works for anyone.
@@ -295,9 +298,9 @@ class CallTree:
             node = self.nodes[node_id]
             if node.role is not None:
                 where = _site(self.interner.frames[node.frame])
-                reason = f"{where} {node.via}" if made is None or not climbed else \
-                    f"made in {_site(made)}, which works for {where}, which {node.via}"
-                hit = RoleHit(node.role.category, node.role.name, reason + " (inferred from the call tree)",
+                reason = words(where, " ", *node.via) if made is None or not climbed else \
+                    words("made in ", _site(made), ", which works for ", where, ", which ", *node.via)
+                hit = RoleHit(node.role.category, node.role.name, words(*reason, " (inferred from the call tree)"),
                               node.frame)
                 break
             # Up through building blocks, and from a helper its caller calls by a name of a kind (the
@@ -350,9 +353,9 @@ def _name(frame: tuple[str, int, str]) -> str:
     return frame[2].split("(", 1)[0]
 
 
-def _site(frame: tuple[str, int, str]) -> str:
-    """A frame of model code as evidence: `model.py:120:forward`."""
-    return f"{frame[0].rsplit('/', 1)[-1]}:{frame[1]}:{_name(frame)}"
+def _site(frame: tuple[str, int, str]) -> Site:
+    """A frame of model code as evidence: `model.py:120:forward`, its file's name alone."""
+    return Site(frame[0], frame[1], _name(frame), brief=True)
 
 
 # -- loading ----------------------------------------------------------------------------------------

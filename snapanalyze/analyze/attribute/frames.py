@@ -292,7 +292,7 @@ class Decider:
                                 owner=owner)
         hit = self.tree.role(stack_id)
         if hit is not None:
-            return Decision(hit.category, hit.rule, (hit.reason,), hit.frame,
+            return Decision(hit.category, hit.rule, hit.reason, hit.frame,
                             tuple(t for t in ([weak[0]] if weak else []) if t != hit.category),
                             inferred=True, context=ctx, owner=owner)
         if weak is not None:

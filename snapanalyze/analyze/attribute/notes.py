@@ -1,7 +1,7 @@
 """What the attribution says about its own evidence, per snapshot: the program's files and whether their source
 was read, copies that differ from the code that ran (`source_notes`), and installed model-library files whose
 unread source leaves many live bytes other or inferred (`installed_notes`). No paths: reports redact paths,
-and notes are free text.
+and notes are free text (a frame is named by its file's name alone: a brief `sites.Site`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from ...sites import Site
 from ...units import fmt_count
 from .frames import Decider
 
@@ -47,8 +48,8 @@ def source_notes(decider: Decider, stack_ids: list[int]) -> list[str]:
         named = frames[fids[0]][0]
         installed = _PACKAGE.search(named)
         one = len(fids) == 1
-        shown = ", ".join(f"{frames[f][0].rsplit('/', 1)[-1]}:{frames[f][1]}:{frames[f][2]}"
-                          for f in fids[:3]) + (f" and {len(fids) - 3} more" if len(fids) > 3 else "")
+        shown = ", ".join(Site(*frames[f], brief=True).label() for f in fids[:3]) \
+            + (f" and {len(fids) - 3} more" if len(fids) > 3 else "")
         where = installed.group(2) if installed else named.rsplit("/", 1)[-1]
         fix = (f"install the {installed.group(3)} that ran (--env-source reads this environment's), or pass its "
                "site-packages with --source" if installed else "pass the checkout of the code that ran with --source")
