@@ -25,7 +25,8 @@ class Decisions:
         self.persistent = persistent           # `RuleSet.persistent`, for the `lifecycle` predicate
         self.items: list[Decision] = []
         self._code: dict[Decision, int] = {}
-        self._columns: dict[str, np.ndarray] = {}
+        self._columns: dict[str, np.ndarray] = {}     # per field, room for at least the items made
+        self._made = 0
 
     def add(self, d: Decision) -> int:
         found = self._code.get(d)
@@ -38,12 +39,19 @@ class Decisions:
         return np.array([self.add(d) for d in decisions], dtype=np.int64)
 
     def columns(self) -> dict[str, np.ndarray]:
-        made = len(next(iter(self._columns.values()))) if self._columns else 0
-        if made < len(self.items):
+        n, made = len(self.items), self._made
+        if made < n:
             new = self._make(self.items[made:])
-            self._columns = {k: np.concatenate([self._columns[k], v]) for k, v in new.items()} \
-                if self._columns else new
-        return self._columns
+            room = len(next(iter(self._columns.values()))) if self._columns else 0
+            if n > room:                       # grown by doubling: each decision's fields are copied O(1) times
+                grown = {k: np.empty(max(n, 2 * room), dtype=v.dtype) for k, v in new.items()}
+                for k, v in self._columns.items():
+                    grown[k][:made] = v[:made]
+                self._columns = grown
+            for k, v in new.items():
+                self._columns[k][made:n] = v
+            self._made = n
+        return {k: v[:n] for k, v in self._columns.items()}
 
     def _make(self, items: Sequence[Decision]) -> dict[str, np.ndarray]:
         return {
