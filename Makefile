@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help install test test-fast lint bench fixtures check-fixtures fuzz bench-fleet
+.PHONY: help install test test-fast test-unit test-integration lint bench fixtures check-fixtures fuzz bench-fleet
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -16,8 +16,14 @@ test: ## Run the test suite
 test-fast: ## The suite without the tests marked slow (browser, notebooks, Dask, fuzz, bombs): for the edit loop
 	$(PYTHON) -m pytest -q -m "not slow"
 
+test-unit: ## tests/unit: one module each, on inputs built in the test or the shipped fixtures
+	$(PYTHON) -m pytest -q tests/unit
+
+test-integration: ## tests/integration: the tool as users run it (commands, report, browser, notebooks, agents, Dask, packaging)
+	$(PYTHON) -m pytest -q tests/integration
+
 fuzz: ## The loader/CLI fuzz at length (FUZZ_EXAMPLES, default 5000): every input analyses with its invariants or fails in one line
-	SNAPANALYZE_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),5000) $(PYTHON) -m pytest -q -s tests/test_validate.py -k fuzz -p no:cacheprovider
+	SNAPANALYZE_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),5000) $(PYTHON) -m pytest -q -s tests/integration/test_validate.py -k fuzz -p no:cacheprovider
 
 lint: ## ruff + mypy
 	$(PYTHON) -m ruff check snapanalyze tests benchmarks fixtures tools

@@ -306,5 +306,5 @@ def real_raw() -> dict[str, Any]:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", default=False,
-                     help="Rewrite the golden files under tests/golden/ from the current output instead of "
+                     help="Rewrite the golden files under tests/integration/golden/ from the current output instead of "
                           "comparing against them.")

@@ -48,7 +48,7 @@ def run(*args: str) -> Result:
 # -- peaks --------------------------------------------------------------------------------------------------
 
 def test_peaks_report_pinned_host_memory_apart_from_the_device() -> None:
-    path = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios" / "torch214_graph_pools_host.pickle"
+    path = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios" / "torch214_graph_pools_host.pickle"
     expected = json.loads(path.with_name("torch214_graph_pools_host.expected.json").read_text())
     doc = json.loads(run("peaks", path, "--format", "json").stdout)
     assert doc["devices"][0]["peak"]["active_bytes"] == expected["peak"]["active_bytes"]   # no host bytes in it
@@ -326,7 +326,7 @@ def test_attribute_with_the_programs_source(tmp_path: Path) -> None:
 
 # -- attribute --at time: -----------------------------------------------------------------------------------
 
-TP2 = Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
+TP2 = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "tp2_vision_encoder"
 
 
 def test_at_time_accepts_what_the_outputs_print_offsets_and_epoch_us() -> None:

@@ -54,7 +54,7 @@ def test_diff_shows_the_planted_fix() -> None:
 
 
 def test_diff_flags_each_side_s_inferred_bytes() -> None:
-    run_dir = Path(__file__).resolve().parents[1] / "fixtures" / "runs" / "tp2_vision_encoder"
+    run_dir = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "tp2_vision_encoder"
     a, b = run_dir / "rank=0", run_dir / "rank=1"
     doc = json.loads(run("diff", a, b, "--format", "json").stdout)
     mlp = next(c for c in doc["categories"] if c["category"] == "mlp")

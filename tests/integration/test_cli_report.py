@@ -16,7 +16,7 @@ from snapanalyze import atomic
 from snapanalyze.cli import main
 from snapanalyze.cli.progress import Progress
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 RUNS = SCENARIOS.parent / "runs"
 SWEEPS = SCENARIOS.parent / "sweeps"
 FIXTURE = SCENARIOS / "oom_fragmentation.pickle"

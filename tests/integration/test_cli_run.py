@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 
 from snapanalyze.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "fixtures" / "runs"
 SCENARIOS = ROOT / "fixtures" / "scenarios"
 TP2 = RUNS / "tp2_vision_encoder"

@@ -14,7 +14,7 @@ from snapanalyze.layout import PEAK_TABLE
 from snapanalyze.session import compare_ranks
 
 duckdb = pytest.importorskip("duckdb")
-TP2 = Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
+TP2 = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "tp2_vision_encoder"
 
 PEAK_PER_RANK = """
 SELECT rank, max(active_bytes) AS peak_active_bytes

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from snapanalyze.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "fixtures" / "scenarios" / "cuda_graph_pool.pickle"
 REAL = REPO / "fixtures" / "real" / "cs336-medium-ctx1024-training-t2.11.pickle"
 

@@ -34,7 +34,7 @@ from snapanalyze.report.html import (
 from snapanalyze.report.redact import redact_path
 from snapanalyze.report.sections import DEFAULT_SECTIONS, ORDER, FigureSpec, Section
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "fixtures" / "scenarios"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "prompt_logprobs_logits.report.html"
 RUNS = ROOT / "fixtures" / "runs"
@@ -56,10 +56,10 @@ def test_golden_report(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     page = normalise(build_report(load("fixtures/scenarios/prompt_logprobs_logits.pickle")))
     if request.config.getoption("--update-golden"):
         GOLDEN.write_text(page, encoding="utf-8")
-    assert GOLDEN.exists(), "no golden file yet: run `python -m pytest tests/test_html.py --update-golden`"
+    assert GOLDEN.exists(), "no golden file yet: run `python -m pytest tests/integration/test_html.py --update-golden`"
     expected = GOLDEN.read_text(encoding="utf-8")
-    assert page == expected, ("the report differs from tests/golden/; if the change is intended, run "
-                              "`python -m pytest tests/test_html.py --update-golden` and review the diff")
+    assert page == expected, ("the report differs from tests/integration/golden/; if the change is intended, run "
+                              "`python -m pytest tests/integration/test_html.py --update-golden` and review the diff")
 
 
 def test_golden_file_is_normalised_and_small() -> None:
@@ -540,7 +540,7 @@ def test_a_run_report_reads_each_rank_once(monkeypatch: pytest.MonkeyPatch) -> N
     real_read_run = session.read_run
     monkeypatch.setattr(session, "load", counting)
     monkeypatch.setattr(session, "read_run", lambda path: runs_read.append(str(path)) or real_read_run(path))
-    run = Path(__file__).resolve().parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
+    run = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "tp2_vision_encoder"
     ctx = context.build_path_context(run, options=context.ReportOptions(samples=4))
     assert len(ctx.views) == 2 and ctx.run is not None and ctx.run.comparison is not None
     assert sorted(Path(p).parent.name for p in read) == ["rank=0", "rank=1"] and runs_read == [str(run)]
@@ -796,5 +796,5 @@ def test_a_report_attributes_each_instant_once(monkeypatch: pytest.MonkeyPatch, 
 
     for module in (oom, over_time, phases, ranks):
         monkeypatch.setattr(module, "attribute", counted)
-    build_path_report(Path(__file__).parent.parent / "fixtures" / "runs" / run)
+    build_path_report(Path(__file__).resolve().parents[2] / "fixtures" / "runs" / run)
     assert calls and max(calls.values()) == 1, [k for k, n in calls.items() if n > 1]

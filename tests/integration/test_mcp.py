@@ -17,7 +17,7 @@ from snapanalyze.cli import main
 
 pytest.importorskip("mcp", reason="mcp is a dev dependency: pip install -e '.[dev]'")
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 SCENARIO = FIXTURES / "scenarios" / "oom_fragmentation.pickle"
 RUN = FIXTURES / "runs" / "tp2_vision_encoder"
 TOOLS = {"summary", "peaks", "attribute", "explain_oom", "phases", "ranks", "diff", "check", "whatif"}

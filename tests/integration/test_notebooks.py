@@ -26,7 +26,7 @@ pytest.importorskip("ipykernel", reason="ipykernel is a dev dependency: pip inst
 
 pytestmark = pytest.mark.slow        # each test executes a notebook in a real kernel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 KERNEL = "snapanalyze-test-python"
 SCENARIOS = ROOT / "fixtures" / "scenarios"

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import snapanalyze
 from snapanalyze import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "fixtures" / "real" / "cs336-medium-ctx128-inference-t2.11.pickle"
 
 

@@ -29,7 +29,7 @@ from snapanalyze.parallel import bar, map_ranks, open_executor
 from snapanalyze.replay import Timeline
 from snapanalyze.session import compare_ranks, load_rules, measure_task, open_run, rank_task
 
-RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 FIXTURES = sorted(p for p in RUNS.iterdir() if p.is_dir())
 TP2 = RUNS / "tp2_vision_encoder"
 

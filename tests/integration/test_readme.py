@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from snapanalyze import load_rules
 from snapanalyze.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 FIXTURES = ROOT / "fixtures"
 SWEEP = sorted(str(p) for p in (FIXTURES / "sweeps" / "attention_threshold").glob("*.pickle"))

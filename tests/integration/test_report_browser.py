@@ -22,7 +22,7 @@ from snapanalyze import load
 from snapanalyze import schema as schemas
 from snapanalyze.report.html import build_path_report, build_report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "fixtures" / "scenarios"
 RUNS = ROOT / "fixtures" / "runs"
 CHROMIUM = os.environ.get("SNAPANALYZE_CHROMIUM", "/usr/bin/chromium")

@@ -26,7 +26,7 @@ from snapanalyze.load import load
 from snapanalyze.replay import replay
 
 MiB = 1 << 20
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "fixtures").glob("**/*.pickle"))
 
 

@@ -19,8 +19,8 @@ from snapanalyze.analyze.attribute.shapes import shape_logits, shape_scores, voc
 from snapanalyze.analyze.rules import STAGES as NAMED_STAGES
 from snapanalyze.session import load_rules
 
-REAL = Path(__file__).parent.parent / "fixtures" / "real"
-SCENARIOS = Path(__file__).parent.parent / "fixtures" / "scenarios"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "real"
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 MiB = 1 << 20
 
 
@@ -604,6 +604,29 @@ def test_an_event_index_is_an_instant_as_event_i_is() -> None:
     assert by_index.instants == by_text.instants and by_index.blocks.equals(by_text.blocks)
     with pytest.raises(UsageError, match="event 100000: device 0 has events"):
         attribute(snap, at=100_000)
+
+
+def test_the_ids_beside_the_text_make_the_text_and_mean_the_same_at_every_instant() -> None:
+    """`frame_id`, `owner_id` and `decision` are what `frame`, `owner` and the decided columns are made from,
+    and a decision's code means the same decision in every attribution of one snapshot (one table per
+    snapshot and rule set), however many instants were labelled in between."""
+    from snapanalyze.sites import site_text, words_text
+    snap = load(REAL / "cs336-step-annotations-t2.10.pickle")
+    timeline = replay(snap)
+    first = attribute(snap, at=200, timeline=timeline)
+    for index in range(0, len(timeline[0]), 97):                       # many labellings in between
+        attribute(snap, at=index, timeline=timeline)
+    first.decider.labelled.clear()                                      # labelled afresh, not served kept
+    again = attribute(snap, at=200, timeline=timeline)
+    for result in (first, again):
+        b = result.blocks
+        assert [site_text(result.site(f)) for f in b["frame_id"]] == b["frame"].tolist()
+        assert [site_text(result.site(f)) for f in b["owner_id"]] == b["owner"].tolist()
+        decided = [result.decision(c) for c in b["decision"]]
+        assert [d.category for d in decided] == b["category"].tolist()
+        assert [words_text(d.reason) for d in decided] == b["reason"].tolist()
+        assert [d.inferred for d in decided] == b["inferred"].tolist()
+    assert first.blocks.equals(again.blocks)
 
 
 def test_a_time_outside_the_trace_window_is_an_error_naming_the_window() -> None:

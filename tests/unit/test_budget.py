@@ -18,7 +18,7 @@ from snapanalyze.errors import BadInputError
 from snapanalyze.load.engine_log import check_patterns, parse_engine_log, read_engine_log
 from snapanalyze.units import fmt_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REAL = json.loads((ROOT / "fixtures" / "engine_logs" / "real_lines.json").read_text())
 VLLM = ROOT / "fixtures" / "sweeps" / "vllm_budget"
 SGLANG = ROOT / "fixtures" / "sweeps" / "sglang_budget"

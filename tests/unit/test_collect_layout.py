@@ -22,7 +22,7 @@ from snapanalyze import schema as schemas
 from snapanalyze.atomic import STALE_AFTER_S, is_leftover, write_atomic, write_directory, write_new
 from snapanalyze.errors import BadInputError, UsageError
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 
 
 def test_rank_dir_is_a_hive_partition(tmp_path: Path) -> None:

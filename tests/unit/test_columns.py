@@ -381,7 +381,7 @@ def test_segment_frame_of_dataframe_types() -> None:
 
 # -- the newest layouts (fixtures/generate.py builds one of each) -------------------------------------------
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 
 
 def test_torch_2_14_fields_load_into_their_own_columns() -> None:

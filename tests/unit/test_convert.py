@@ -15,7 +15,7 @@ from snapanalyze import UsageError
 from snapanalyze.cli import main
 from snapanalyze.session.convert import convert_plan
 
-REAL = Path(__file__).parent.parent / "fixtures" / "real"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "real"
 FILE = REAL / "cs336-step-user-metadata-t2.11.pickle"
 
 

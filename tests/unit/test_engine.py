@@ -11,7 +11,7 @@ import pytest
 from snapanalyze import attribute, load
 from snapanalyze.analyze.engine import PYTORCH, detect_engine, engine_from_tables
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 SITE = "/usr/lib/python3.12/site-packages/"
 
 

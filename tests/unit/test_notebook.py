@@ -12,7 +12,7 @@ from snapanalyze import attribute, load, replay
 from snapanalyze.report.notebook import attribution_html, snapshot_html, timeline_html
 from snapanalyze.units import fmt_bytes
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 BASE = 0x7F00_0000_0000
 
 

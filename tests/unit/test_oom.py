@@ -19,7 +19,7 @@ from snapanalyze.report.run_terminal import _failed_lines, render_oom
 from snapanalyze.session import explain_path
 from snapanalyze.sites import site_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "fixtures" / "scenarios"
 RUNS = ROOT / "fixtures" / "runs"
 MiB = 1 << 20

@@ -15,7 +15,7 @@ from snapanalyze.analyze.outside import OUTSIDE_COLUMNS, join_samples, outside_a
 from snapanalyze.analyze.peaks import find_peaks
 from snapanalyze.load.samples import read_run
 
-RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 MiB = 1 << 20
 
 

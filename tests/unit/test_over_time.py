@@ -19,7 +19,7 @@ from snapanalyze.analyze.over_time import (
 )
 from snapanalyze.replay import Timeline
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 RUNS = SCENARIOS.parent / "runs"
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000

@@ -16,7 +16,7 @@ from snapanalyze.analyze.peaks import peaks_of
 from snapanalyze.load.parquet import TABLE_COLUMNS, read_tables, write_tables
 
 GiB, MiB = 1 << 30, 1 << 20
-REAL = Path(__file__).parent.parent / "fixtures" / "real"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "real"
 
 
 def _answers(snapshot):
@@ -278,7 +278,7 @@ def test_warnings_and_what_tables_leave_out_survive_conversion(tmp_path: Path) -
 
     from snapanalyze.errors import InputWarning
 
-    scenario = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios" / "torch214_graph_pools_host.pickle"
+    scenario = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios" / "torch214_graph_pools_host.pickle"
     raw = pickle.loads(scenario.read_bytes())
     trace = raw["device_traces"][0]
     trace[3]["time_us"], trace[4]["time_us"] = trace[4]["time_us"], trace[3]["time_us"]

@@ -16,7 +16,7 @@ from snapanalyze.errors import UsageError
 from snapanalyze.load.columns import to_snapshot
 from snapanalyze.load.samples import empty_markers, read_run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "fixtures" / "runs"
 CASES = [(name, rank) for name in ("tp2_vision_encoder", "slow_nvml_spike", "admission_rejected", "oom_other_process")
          for rank in ((0, 1) if name == "tp2_vision_encoder" else (0,))]

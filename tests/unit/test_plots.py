@@ -35,7 +35,7 @@ from snapanalyze.plots import (
 )
 from snapanalyze.session import compare_ranks
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 RUNS = SCENARIOS.parent / "runs"
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000

@@ -15,7 +15,7 @@ from snapanalyze.analyze.ranks import DIFF_COLUMNS, RANK_COLUMNS, rank_outliers
 from snapanalyze.errors import BadInputError
 from snapanalyze.session import compare_ranks
 
-RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 TP2 = RUNS / "tp2_vision_encoder"
 EXP = json.loads((RUNS / "tp2_vision_encoder.expected.json").read_text())
 

@@ -76,7 +76,7 @@ def test_another_requests_live_bytes_are_concurrent_request_by_marker(tmp_path):
 def test_the_request_identity_note_is_for_serving_engines_once_per_file() -> None:
     """Only a serving engine batches requests into one forward; a training run or a plain program has none to
     tell apart, so the note would be noise there."""
-    scenarios = Path(__file__).resolve().parent.parent / "fixtures"
+    scenarios = Path(__file__).resolve().parents[2] / "fixtures"
     serving = attribute(load(scenarios / "scenarios" / "kv_weights_baseline.pickle")).notes
     assert [n for n in serving if "no request identity" in n] == [
         "device 0: no request identity recorded (user_metadata empty, no request markers), so bytes of other "

@@ -15,7 +15,7 @@ from snapanalyze import RulesError, load_rules
 from snapanalyze.cli import main
 
 EXAMPLES = Path(__file__).parent / "data" / "rule_examples.csv"
-REAL_SNAPSHOT = Path(__file__).parent.parent / "fixtures" / "real" / "cs336-forward-bf16-t2.6.pickle"
+REAL_SNAPSHOT = Path(__file__).resolve().parents[2] / "fixtures" / "real" / "cs336-forward-bf16-t2.6.pickle"
 
 
 def _examples() -> list[dict[str, str]]:
@@ -247,7 +247,7 @@ def test_which_categories_are_state_that_lives_across_steps_is_data(tmp_path):
     category marked so keeps its frames' decision against a block-level signal (here: another request's
     tensors, which otherwise become concurrent_request)."""
     assert load_rules().persistent == {"weights", "kv_cache", "graph_capture", "gradients", "optimizer_state"}
-    scenario = Path(__file__).parent.parent / "fixtures" / "scenarios" / "concurrent_requests.pickle"
+    scenario = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios" / "concurrent_requests.pickle"
     rules = tmp_path / "mine.toml"
     found = {}
     for persistent in ("false", "true"):

@@ -14,8 +14,8 @@ import pytest
 from snapanalyze import BadInputError, UsageError, load
 from snapanalyze.load.runs import entries, ranks, resolve
 
-REAL = Path(__file__).parent.parent / "fixtures" / "real"
-TP2 = Path(__file__).parent.parent / "fixtures" / "runs" / "tp2_vision_encoder"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "real"
+TP2 = Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "tp2_vision_encoder"
 
 
 @pytest.fixture()

@@ -28,7 +28,7 @@ from snapanalyze.load.samples import (
     read_run,
 )
 
-RUNS = Path(__file__).resolve().parent.parent / "fixtures" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 TP2 = RUNS / "tp2_vision_encoder"
 
 
@@ -160,7 +160,7 @@ def test_markers_for_and_rank_of() -> None:
     assert rank_of(pickle) == 1 and rank_of(TP2 / "rank=0") == 0 and rank_of(TP2) is None
     by_run = markers_for(TP2, rank=1)
     assert by_run.equals(markers_for(pickle)) and set(by_run["rank"]) == {1}
-    lone = markers_for(Path(__file__).resolve().parent.parent / "fixtures" / "scenarios" / "oom_fragmentation.pickle")
+    lone = markers_for(Path(__file__).resolve().parents[2] / "fixtures" / "scenarios" / "oom_fragmentation.pickle")
     assert list(lone.columns) == MARKER_COLUMNS and len(lone) == 0
     assert isinstance(lone, pd.DataFrame)
 
@@ -308,7 +308,7 @@ def test_a_markers_table_past_the_memory_cap_is_refused_before_decoding(tmp_path
     import subprocess
     import sys
 
-    run = Path(shutil.copytree(Path(__file__).parent.parent / "fixtures" / "runs" / "admission_rejected",
+    run = Path(shutil.copytree(Path(__file__).resolve().parents[2] / "fixtures" / "runs" / "admission_rejected",
                                tmp_path / "run"))
     markers = run / "rank=0" / "markers.parquet"
     table = pq.read_table(markers)

@@ -11,7 +11,7 @@ from snapanalyze import load, replay
 from snapanalyze.analyze.oom import explain_oom
 from snapanalyze.analyze.segment_map import segment_map
 
-SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 RUNS = SCENARIOS.parent / "runs"
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000

@@ -179,7 +179,7 @@ def test_ring_buffer_notes() -> None:
     assert facts.devices[0].ring_buffer.startswith("state only")
 
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 
 
 def test_the_device_type_is_inferred_and_said_to_be() -> None:
