@@ -45,7 +45,7 @@ from ..sites import NO_FRAMES, Site, site_codes, site_text
 from ..stacks import is_python_frame
 from .attribute import Attribution, attribute
 from .peaks import global_peak_index
-from .phases import find_phase, phase_table, window_peak
+from .phases import WindowPeak, find_phase, phase_table, window_peak
 from .rules import RuleSet, shipped_rules
 
 PEAK_COLUMNS = ["device", "scope", "phase", "event_index_a", "event_index_b", "active_bytes_a", "active_bytes_b",
@@ -120,7 +120,7 @@ def _phase_first(timeline: Timeline, snapshot: Snapshot, device: int, phase: str
     if phase is None:
         return global_peak_index(dt), 0
     peak = _window(dt, find_phase(table, phase, snapshot.source))
-    return peak["event_index"], peak["first_index"]
+    return peak.event_index, peak.first_index
 
 
 def _side(att: Attribution, device: int, first: int) -> pd.DataFrame:
@@ -190,14 +190,14 @@ def _stack_table(device: int, a: pd.DataFrame, b: pd.DataFrame, rules: RuleSet) 
     return rows
 
 
-def _peak_row(device: int, scope: str, phase: str | None, pa: dict[str, Any], pb: dict[str, Any]) -> dict[str, Any]:
+def _peak_row(device: int, scope: str, phase: str | None, pa: WindowPeak, pb: WindowPeak) -> dict[str, Any]:
     row: dict[str, Any] = {"device": device, "scope": scope, "phase": phase}
     for side, p in (("a", pa), ("b", pb)):
-        row[f"event_index_{side}"] = p["event_index"]
-        row[f"active_bytes_{side}"] = p["active_bytes"]
-        row[f"baseline_bytes_{side}"] = p["baseline_active_bytes"]
-        row[f"transient_bytes_{side}"] = p["transient_bytes"]
-        row[f"reserved_bytes_{side}"] = p["reserved_bytes"]
+        row[f"event_index_{side}"] = p.event_index
+        row[f"active_bytes_{side}"] = p.active_bytes
+        row[f"baseline_bytes_{side}"] = p.baseline_active_bytes
+        row[f"transient_bytes_{side}"] = p.transient_bytes
+        row[f"reserved_bytes_{side}"] = p.reserved_bytes
     for what in ("active", "baseline", "transient", "reserved"):
         row[f"delta_{what}_bytes"] = row[f"{what}_bytes_b"] - row[f"{what}_bytes_a"]
     return row
@@ -258,11 +258,10 @@ def diff(a: Snapshot, b: Snapshot, phase: str | None = None, device: int | None 
                 stacks=pd.DataFrame(stack_rows, columns=[*STACK_COLUMNS, *REF_COLUMNS]), notes=tuple(notes))
 
 
-def _window(dt: DeviceTimeline, rows: pd.DataFrame) -> dict[str, Any]:
-    """The peak inside the span of `rows` (phase table rows) whose peak is highest, with its first event."""
+def _window(dt: DeviceTimeline, rows: pd.DataFrame) -> WindowPeak:
+    """The peak inside the span of `rows` (phase table rows) whose peak is highest."""
     row = rows.loc[rows["peak_bytes"].idxmax()]
-    first = int(row["start_index"])
-    return {**window_peak(dt, first, int(row["end_index"])), "first_index": first}
+    return window_peak(dt, int(row["start_index"]), int(row["end_index"]))
 
 
 def _attribute_at(snapshot: Snapshot, timeline: Timeline, instants: dict[int, tuple[int, int]],

@@ -167,19 +167,32 @@ def window_bounds(dt: DeviceTimeline, start_us: int | None, end_us: int | None) 
     return first, last
 
 
-def window_peak(dt: DeviceTimeline, first: int, last: int) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class WindowPeak:
+    """The highest active bytes within a window of events, against the active bytes just before it."""
+
+    first_index: int                # the window's first event
+    event_index: int                # first_index − 1 when nothing rose above the baseline
+    time_us: int | None
+    active_bytes: int
+    baseline_active_bytes: int
+    reserved_bytes: int
+
+    @property
+    def transient_bytes(self) -> int:
+        return self.active_bytes - self.baseline_active_bytes
+
+
+def window_peak(dt: DeviceTimeline, first: int, last: int) -> WindowPeak:
     """The highest active bytes within events [first, last] (first occurrence), against the baseline: the
-    active bytes just before `first`. event_index is first − 1 when nothing rose above the baseline.
-    Returns event_index, time_us, active_bytes, baseline_active_bytes, transient_bytes, reserved_bytes."""
+    active bytes just before `first`."""
     base = dt.active_at(first - 1)
     index = first - 1
     if last >= first:
         i = int(np.argmax(dt.active[first:last + 1]))
         if int(dt.active[first + i]) > base:
             index = first + i
-    active = dt.active_at(index)
-    return {"event_index": index, "time_us": dt.time_at(index), "active_bytes": active,
-            "baseline_active_bytes": base, "transient_bytes": active - base, "reserved_bytes": dt.reserved_at(index)}
+    return WindowPeak(first, index, dt.time_at(index), dt.active_at(index), base, dt.reserved_at(index))
 
 
 def _measure(dt: DeviceTimeline, lo: int, hi: int) -> dict[str, int]:

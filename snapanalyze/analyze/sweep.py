@@ -235,7 +235,7 @@ def measure_points(points: Sequence[SweepPoint], rules: RuleSet | None = None, d
         dt = timeline[d]
         first, last = window_bounds(dt, *pt.window) if pt.window != (None, None) else (0, len(dt) - 1)
         peak = window_peak(dt, first, last)
-        index = peak["event_index"]
+        index = peak.event_index
         result = attribute(snap, at=int(index), rules=rules, device=d, timeline=timeline)
         at_peak = result.summary.set_index("category")["bytes"].to_dict()
         key = (id(snap), d, first, last)
@@ -246,9 +246,9 @@ def measure_points(points: Sequence[SweepPoint], rules: RuleSet | None = None, d
         reserved = dt.reserved[first:last + 1] if last >= first else np.zeros(0, dtype=np.int64)
         row = {                                     # the shape goes in when assembled
             "source": pt.source, "phase": pt.phase, "device": d,
-            "first_index": first, "last_index": last, "peak_event_index": index, "peak_time_us": peak["time_us"],
-            "baseline_bytes": peak["baseline_active_bytes"], "peak_bytes": peak["active_bytes"],
-            "transient_bytes": peak["transient_bytes"], "reserved_bytes": peak["reserved_bytes"],
+            "first_index": first, "last_index": last, "peak_event_index": index, "peak_time_us": peak.time_us,
+            "baseline_bytes": peak.baseline_active_bytes, "peak_bytes": peak.active_bytes,
+            "transient_bytes": peak.transient_bytes, "reserved_bytes": peak.reserved_bytes,
             "max_reserved_bytes": int(max(np.max(reserved, initial=0), dt.reserved_at(first - 1))),
             **_outside(dt, int(index), pt.nvml),
         }

@@ -12,7 +12,7 @@ from conftest import ROOT, SnapshotBuilder, frames_for, write_pickle
 from snapanalyze import load
 from snapanalyze.analyze.diff import diff, stack_identity, stack_key
 from snapanalyze.analyze.diff_result import diff_result
-from snapanalyze.analyze.phases import phase_spans, window_bounds, window_peak
+from snapanalyze.analyze.phases import WindowPeak, phase_spans, window_bounds, window_peak
 from snapanalyze.errors import UsageError
 from snapanalyze.replay import replay
 
@@ -70,11 +70,12 @@ def test_window_peak_against_the_active_bytes_before_the_window(builder: Snapsho
     builder.free(0x2000_0000, MiB)             # 4, 5
     from snapanalyze.load.columns import to_snapshot
     dt = replay(to_snapshot(builder.build(), "mem", "pickle"))[0]
-    assert window_peak(dt, 0, len(dt) - 1) == {"event_index": 1, "time_us": dt.time_at(1), "active_bytes": 3 * MiB,
-                                               "baseline_active_bytes": 0, "transient_bytes": 3 * MiB,
-                                               "reserved_bytes": 4 * MiB}
+    whole = window_peak(dt, 0, len(dt) - 1)
+    assert whole == WindowPeak(first_index=0, event_index=1, time_us=dt.time_at(1), active_bytes=3 * MiB,
+                               baseline_active_bytes=0, reserved_bytes=4 * MiB)
+    assert whole.transient_bytes == 3 * MiB
     later = window_peak(dt, 3, 5)              # after the 2 MiB block went: nothing rises above 1 MiB
-    assert (later["event_index"], later["baseline_active_bytes"], later["transient_bytes"]) == (2, 3 * MiB, 0)
+    assert (later.event_index, later.baseline_active_bytes, later.transient_bytes) == (2, 3 * MiB, 0)
     t = dt.time_us
     assert window_bounds(dt, int(t[1]), int(t[3])) == (1, 3)
     assert window_bounds(dt, None, None) == (0, len(dt) - 1)
