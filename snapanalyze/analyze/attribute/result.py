@@ -172,9 +172,13 @@ def top_sites(attribution: Attribution, by: str = "frame", category: str | None 
         b = b[b["category"] == category]
     if device is not None:
         b = b[b["device"] == device]
+    codes, sites = site_codes(b["frame_id"].to_numpy(), attribution.site)
+    keyed = b[["device", "category", "size", "stack_id"]].assign(frame=codes)
     key = "frame" if by == "frame" else "stack_id"
-    g = b.groupby(["device", key, "category"], sort=False, observed=True).agg(
+    g = keyed.groupby(["device", key, "category"], sort=False, observed=True).agg(
         bytes=("size", "sum"), blocks=("size", "size")).reset_index().rename(columns={key: "site"})
+    if by == "frame":                                   # the sites' labels, as the table's `frame` shows them
+        g["site"] = pd.Series([site_text(s) for s in sites], dtype=object).to_numpy()[g["site"].to_numpy()]
     g["share"] = g["bytes"] / g["device"].map(totals)
     g = g.sort_values(["device", "bytes"], ascending=[True, False], kind="stable")
     return g.groupby("device", sort=True).head(top).reset_index(drop=True)
