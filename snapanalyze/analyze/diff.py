@@ -41,7 +41,7 @@ import pandas as pd
 from ..errors import UsageError
 from ..model import Snapshot
 from ..replay import DeviceTimeline, Timeline, replay
-from ..sites import NO_FRAMES, Site, site_codes, site_text
+from ..sites import NO_FRAMES, Site, site_codes, site_text, words_text
 from ..stacks import is_python_frame
 from .attribute import Attribution, attribute
 from .peaks import global_peak_index
@@ -180,8 +180,8 @@ def _stack_table(device: int, a: pd.DataFrame, b: pd.DataFrame, rules: RuleSet) 
         frames = _python_frames(ident, rules)
         rows.append({"device": device, "stack": stack_key(ident), "status": status,
                      "category_a": ra["category"] if ra else None, "category_b": rb["category"] if rb else None,
-                     "site": site_text(site, none=NO_FRAMES) or NO_FRAMES, "frames": [site_text(f) if isinstance(
-                         f, Site) else f for f in frames], "bytes_a": ba, "bytes_b": bb, "delta_bytes": bb - ba,
+                     "site": site_text(site) or NO_FRAMES, "frames": [words_text((f,)) for f in frames],
+                     "bytes_a": ba, "bytes_b": bb, "delta_bytes": bb - ba,
                      "transient_bytes_a": ra["transient"] if ra else 0,
                      "transient_bytes_b": rb["transient"] if rb else 0,
                      "blocks_a": ra["blocks"] if ra else 0, "blocks_b": rb["blocks"] if rb else 0,

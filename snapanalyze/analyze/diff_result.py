@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..plain import plain
-from ..sites import NO_FRAMES, PathText, Site, site_text
+from ..sites import NO_FRAMES, PathText, Site, site_text, words_text
 from ..stacks import short_path
 from .diff import Diff
 
@@ -88,8 +88,7 @@ class StackDiff:
 
     def labels(self, path: PathText = short_path) -> tuple[str, tuple[str, ...]]:
         """(site, frames) as text, each file shown by `path`."""
-        return (site_text(self.site, path) or NO_FRAMES,
-                tuple(f.label(path) if isinstance(f, Site) else f for f in self.frames))
+        return site_text(self.site, path) or NO_FRAMES, tuple(words_text((f,), path) for f in self.frames)
 
     def to_json(self) -> dict[str, Any]:
         site, frames = self.labels()

@@ -24,7 +24,7 @@ from .. import tomldata
 from ..analyze.kept import KeptAcrossStep
 from ..analyze.oom import Advice, NoOom, OomVerdict, StateOnly
 from ..errors import RulesError
-from ..sites import PathText
+from ..sites import PathText, site_text
 from ..stacks import short_path
 from ..units import fmt_bytes as _fmt
 from ..units import fmt_count
@@ -153,7 +153,8 @@ def kept_words(k: KeptAcrossStep, at: str, path: PathText = short_path) -> str:
     """What to change when forward-pass tensors outlived training steps (`analyze.kept.KeptAcrossStep`), live
     `at` ("at the failure", "at the peak"); `path` shows the site's file."""
     made = ", ".join(f"{name} {fmt_bytes(n)}" for name, n in k.categories)
-    site = f"; most by {k.site.label(path)}" if k.site is not None and k.site.label(path) else ""
+    by = site_text(k.site, path)
+    site = f"; most by {by}" if by else ""
     return ("keep no forward-pass tensors across training steps (keep .item() or .detach() of what you log) — "
             f"{fmt_bytes(k.bytes)} made by forward passes before the training step at event "
             f"{k.step_index:,} ({made}{site}) are still live {at} although that code has run again since "
