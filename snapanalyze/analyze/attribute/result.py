@@ -151,9 +151,7 @@ def category_shares(blocks: pd.DataFrame, site: Callable[[int], Site | None],
 def summarize_blocks(blocks: pd.DataFrame, site: Callable[[int], Site | None],
                      top: int = SUMMARY_TOP) -> pd.DataFrame:
     """`Attribution.summary` of any blocks of one attribution (`site`: its `Attribution.site`)."""
-    rows = [{"device": int(device), "category": c.category, "bytes": c.bytes, "share": c.share, "blocks": c.blocks,
-             "top_frames": [site_text(s, none=NO_FRAMES) for s in c.top_frames],
-             "top_frame_bytes": list(c.top_frame_bytes), "inferred_bytes": c.inferred_bytes}
+    rows = [{"device": int(device), **c.to_json()}
             for device, part in blocks.groupby("device", sort=True) for c in category_shares(part, site, top)]
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
