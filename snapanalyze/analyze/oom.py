@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..allocator.settings import SMALL_BUFFER, SMALL_SIZE
+from ..allocator.state import DEFAULT_POOL
+from ..allocator.usable import usable_mask
 from ..model import (
     ACTIVE_STATES,
-    ALLOC,
-    FREE_COMPLETED,
-    FREE_REQUESTED,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
     SEGMENT_MAP,
@@ -65,13 +65,10 @@ from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
 from .requests import event_requests
 from .rules import RuleSet, shipped_rules
+from .segment_map import is_last_block_change
 from .spans import open_spans
 
 MiB = 1 << 20
-SMALL_REQUEST = MiB            # rounded requests up to 1 MiB use the small pool
-SMALL_SEGMENT = 2 * MiB        # a segment freed in the window, not in the end state: small up to 2 MiB
-DEFAULT_POOL = "0,0"          # the pool id of blocks outside any private pool (CUDA graphs, mem pools)
-LARGE_BUFFER = 20 * MiB        # torch's kLargeBuffer: an oversize request never takes a block ≥ request + this
 OOM_COLUMNS = [
     "device", "index", "time_us", "stream", "request_bytes", "device_free_bytes", "active_bytes",
     "allocated_bytes", "reserved_bytes", "reserved_free_bytes", "largest_free_block_bytes",
@@ -80,7 +77,6 @@ OOM_COLUMNS = [
     "other_processes_bytes", "outside_growth_bytes", "shortfall_bytes", "split_segments", "verdict",
 ]
 CATEGORY_COLUMNS = ["device", "index", "category", "bytes", "share", "blocks", "window_bytes"]
-_BLOCK_CHANGING = (ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 UNKNOWN_CAPACITY = "unknown: no NVML samples or meta.json (give the run directory, or --capacity)"
 
 
@@ -216,12 +212,6 @@ class OomExplanation:
     state_only: tuple[StateOnly, ...] = ()                     # devices with a state and no trace
 
 
-def is_last_block_change(snapshot: Snapshot, device: int, index: int) -> bool:
-    """Whether no event after `index` on `device` allocated, freed or (un)mapped memory."""
-    action = snapshot.trace(device).action[index + 1:]
-    return not np.isin(action, _BLOCK_CHANGING).any()
-
-
 def _end_state_free(snapshot: Snapshot, device: int) -> tuple[pd.DataFrame, int]:
     """Free blocks of the end state (size, stream, pool, segment_type) and Σ sizes of blocks in use."""
     b = snapshot.blocks[snapshot.blocks["device"] == device]
@@ -249,7 +239,7 @@ def _estimated_free(snapshot: Snapshot, dt: DeviceTimeline, index: int) -> tuple
         if act in (SEGMENT_ALLOC, SEGMENT_MAP):
             seg.pop(a, None)
         elif act in (SEGMENT_FREE, SEGMENT_UNMAP):
-            seg[a] = (size, int(t.stream[i]), DEFAULT_POOL, "small" if size <= SMALL_SEGMENT else "large")
+            seg[a] = (size, int(t.stream[i]), DEFAULT_POOL, "small" if size <= SMALL_BUFFER else "large")
     live = dt.live_at(index)
     starts = live["addr"].to_numpy(dtype=np.uint64)
     sizes = live["allocated_est"].to_numpy(dtype=np.int64)
@@ -271,21 +261,6 @@ def _estimated_free(snapshot: Snapshot, dt: DeviceTimeline, index: int) -> tuple
     out["size"] = out["size"].astype(np.int64)
     out["segment_address"] = out["segment_address"].astype(np.uint64)
     return out, dt.allocated_est_at(index)
-
-
-def usable_mask(size: np.ndarray, stream: np.ndarray, pool: np.ndarray, segment_type: np.ndarray, request: int,
-                on_stream: int, in_pool: str, max_split: int) -> np.ndarray:
-    """Which free blocks (columns of sizes and of their segments' stream, pool and type) the allocator could
-    give `request` bytes on `on_stream` in `in_pool`: same stream and pool, the small pool up to 1 MiB else the
-    large one; with max_split_size, no oversize block for a smaller request and none ≥ request + 20 MiB for a
-    larger one."""
-    kind = "small" if request <= SMALL_REQUEST else "large"
-    ok = (np.asarray(stream) == on_stream) & (np.asarray(pool) == in_pool) & (np.asarray(segment_type) == kind)
-    if max_split > 0:
-        size = np.asarray(size, dtype=np.int64)
-        ok &= ~((request < max_split) & (size >= max_split))
-        ok &= ~((request >= max_split) & (size >= request + LARGE_BUFFER))
-    return np.asarray(ok, dtype=bool)
 
 
 def _usable(free: pd.DataFrame, request: int, stream: int, pool: str, max_split: int) -> pd.DataFrame:
@@ -381,7 +356,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
             if sample is not None and at["time_us"] is not None:
                 gap_us = int(at["time_us"]) - int(sample)
     splits = _split_segments(snapshot, device) if exact else pd.DataFrame(columns=["segment_size"])
-    kind = "small" if request <= SMALL_REQUEST else "large"
+    kind = "small" if request <= SMALL_SIZE else "large"
     shortfall = max(0, request - gives)
     advice: list[Advice] = []
     pressure = pressure_bytes = None
@@ -557,7 +532,7 @@ ALLOCATOR_ADVICE = {"expandable_segments": lambda x: "expandable_segments:True",
 def _needing_torch(snapshot: Snapshot, a: Advice) -> Advice:
     """An allocator setting's advice, with `needs_torch` (the release it appeared in, the file's inferred torch,
     whether that is surely older) where the torch that wrote the file may not have it."""
-    from .allocator.settings import of_snapshot, with_changes
+    from ..allocator.settings import of_snapshot, with_changes
     from .whatif import newer_torch_needed
 
     recorded = of_snapshot(snapshot.allocator_settings)
@@ -571,8 +546,8 @@ def _simulated(snapshot: Snapshot, timeline: Timeline, verdicts: list[OomVerdict
     Its Advice gains `simulated`: whether the failed request is served, reserved after it under the recorded
     settings and under the advised one, and whether a replay under the recorded settings reproduced the trace
     up to that OOM (when it does not, the prediction is less sure, and says so)."""
-    from .allocator.settings import of_snapshot, with_changes
-    from .allocator.trace_replay import predict_device, replay_device, start_state
+    from ..allocator.settings import of_snapshot, with_changes
+    from .trace_replay import predict_device, replay_device, start_state
 
     out = []
     starts: dict[int, Any] = {}

@@ -27,9 +27,21 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..model import ACTIVE_STATES, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, Snapshot
+from ..allocator.settings import SMALL_BUFFER
+from ..allocator.state import DEFAULT_POOL
+from ..allocator.usable import usable_mask
+from ..model import (
+    ACTIVE_STATES,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+    Snapshot,
+)
 from ..replay import Timeline
-from .oom import DEFAULT_POOL, SMALL_SEGMENT, is_last_block_change, usable_mask
 
 STATES = ("active", "pending_free", "inactive")
 SEGMENT_COLUMNS = ["address", "size", "stream", "pool", "segment_type", "active_bytes", "pending_free_bytes",
@@ -72,6 +84,15 @@ class SegmentMap:
         return int(self.segments["inactive_bytes"].sum())
 
 
+_BLOCK_CHANGING = (ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
+
+
+def is_last_block_change(snapshot: Snapshot, device: int, index: int) -> bool:
+    """Whether no event after `index` on `device` allocated, freed or (un)mapped memory."""
+    action = snapshot.trace(device).action[index + 1:]
+    return not np.isin(action, _BLOCK_CHANGING).any()
+
+
 def _segments_at(snapshot: Snapshot, device: int, index: int) -> pd.DataFrame:
     """address, size, stream, pool, segment_type of the segments of `device` right after event `index`: the end
     state's, with every segment event after `index` undone (the earliest one per address decides)."""
@@ -105,7 +126,7 @@ def _segments_at(snapshot: Snapshot, device: int, index: int) -> pd.DataFrame:
         pool = np.full(len(gone), DEFAULT_POOL, dtype=object)
     back = pd.DataFrame({"address": addr[~made_later], "size": size, "stream": t.stream[gone].astype(np.int64),
                          "pool": pool.astype(str),
-                         "segment_type": np.where(size <= SMALL_SEGMENT, "small", "large").astype(str)})
+                         "segment_type": np.where(size <= SMALL_BUFFER, "small", "large").astype(str)})
     return pd.concat([kept, back], ignore_index=True)
 
 
@@ -186,7 +207,7 @@ def _summaries(segments: pd.DataFrame, pieces: pd.DataFrame) -> pd.DataFrame:
 
 def usable(pieces: pd.DataFrame, segments: pd.DataFrame, request: int, stream: int, max_split: int) -> np.ndarray:
     """Which free pieces the allocator could give `request` bytes on `stream` in the default pool
-    (`analyze.oom.usable_mask`, the rule explain-oom applies)."""
+    (`allocator.usable.usable_mask`, the rule explain-oom applies)."""
     info = segments.set_index("address")
     seg = pieces["segment_address"]
     return ((pieces["state"] == "inactive").to_numpy()

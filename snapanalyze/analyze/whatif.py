@@ -21,11 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..allocator.settings import AllocatorSettings, of_snapshot, requirements, with_changes
+from ..allocator.state import SegmentEvent
 from ..model import Snapshot
 from ..replay import Timeline, replay
-from .allocator.settings import AllocatorSettings, of_snapshot, requirements, with_changes
-from .allocator.state import SegmentEvent
-from .allocator.trace_replay import (
+from .summary import torch_version_bounds, version_text
+from .trace_replay import (
     DeviceReplay,
     DeviceWhatIf,
     Divergence,
@@ -34,7 +35,6 @@ from .allocator.trace_replay import (
     start_state,
     whatif_device,
 )
-from .summary import torch_version_bounds, version_text
 
 
 @dataclass(frozen=True)

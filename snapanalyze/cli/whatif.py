@@ -53,7 +53,7 @@ def whatif(file: str, rank: int | None, tag: str | None, changes: tuple[str, ...
            total: int | None, device: int | None, fmt: str) -> None:
     """Replay the trace through a caching-allocator simulator: how far it reproduces the recorded segments,
     and (--set) what other allocator settings would have reserved, and whether each OOM would have been served."""
-    from ..analyze.allocator.settings import AllocatorSettings, with_changes
+    from ..allocator.settings import AllocatorSettings, with_changes
     from ..report.whatif_terminal import render_whatif
 
     with_changes(AllocatorSettings(), changes)              # a bad --set fails before any load

@@ -13,8 +13,8 @@ from ..units import fmt_bytes
 from . import text
 
 if TYPE_CHECKING:
-    from ..analyze.allocator.state import SegmentEvent
-    from ..analyze.allocator.trace_replay import DeviceReplay, DeviceWhatIf, OomOutcome
+    from ..allocator.state import SegmentEvent
+    from ..analyze.trace_replay import DeviceReplay, DeviceWhatIf, OomOutcome
     from ..analyze.whatif import WhatIf
 
 # what the first divergence of a replay points at (replay) or why a prediction stops (what-if)

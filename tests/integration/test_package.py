@@ -101,3 +101,50 @@ def test_commands_and_reports_take_paths_only_through_the_session() -> None:
     modules = sorted([*(root / "cli").rglob("*.py"), *(root / "report").rglob("*.py")])
     assert len(modules) > 20
     assert [str(p.relative_to(root)) for p in modules if _reads_files(p, root)] == []
+
+
+def _imports(root: Path) -> dict[str, set[str]]:
+    """Each module of the package and the package's modules it imports (at module level or inside a function),
+    leaving out a module's own packages (importing a submodule runs them) and a package's own children (its
+    re-exports)."""
+    def name(p: Path) -> str:
+        parts = ["snapanalyze", *p.relative_to(root).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    modules = {name(p): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in modules.items():
+        package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                found.update(t for t in (target, *(f"{target}.{a.name}" for a in node.names)) if t in modules)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name in modules)
+        graph[mod] = {t for t in found - {mod} if not mod.startswith(t + ".") and not t.startswith(mod + ".")}
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for t in graph[todo.pop()] - seen:
+            seen.add(t)
+            todo.append(t)
+    return seen
+
+
+def test_the_allocator_model_sits_below_the_collector_and_the_analyses() -> None:
+    """The caching-allocator model is a package of its own that the collector (CPU capture) and the analyses
+    (replay, what-if, explain-oom) both use: it imports nothing of theirs, and the analyses that drive it
+    (oom → trace_replay → segment_map) import each other in one direction only."""
+    graph = _imports(Path(snapanalyze.__file__).parent)
+    allocator = {m for m in graph if m.startswith("snapanalyze.allocator")}
+    assert {"snapanalyze.allocator.settings", "snapanalyze.allocator.state"} <= allocator
+    for m in allocator:
+        assert {t for t in graph[m] if not t.startswith("snapanalyze.allocator")} <= {"snapanalyze.errors"}, m
+    for m in ("snapanalyze.analyze.oom", "snapanalyze.analyze.trace_replay", "snapanalyze.analyze.segment_map",
+              "snapanalyze.analyze.whatif"):
+        assert m not in _reaches(graph, m), f"{m} imports itself through other modules"
+    assert "snapanalyze.allocator.state" in _reaches(graph, "snapanalyze.analyze.oom")

@@ -17,9 +17,9 @@ import pytest
 from conftest import ROOT, read_builtins
 
 from snapanalyze import load, replay
-from snapanalyze.analyze.allocator.settings import AllocatorSettings, MiB, of_snapshot, with_changes
-from snapanalyze.analyze.allocator.state import Allocator, Driver, SegmentEvent
-from snapanalyze.analyze.allocator.trace_replay import replay_device
+from snapanalyze.allocator.settings import AllocatorSettings, MiB, of_snapshot, with_changes
+from snapanalyze.allocator.state import Allocator, Driver, SegmentEvent
+from snapanalyze.analyze.trace_replay import replay_device
 from snapanalyze.analyze.whatif import whatif
 from snapanalyze.errors import UsageError
 
@@ -397,7 +397,7 @@ def test_the_starting_state_joins_a_large_blocks_unsplit_remainder_and_nothing_e
     gap in front of a segment or one larger than 1 MiB."""
     from conftest import BASE, SnapshotBuilder
 
-    from snapanalyze.analyze.allocator.trace_replay import start_state
+    from snapanalyze.analyze.trace_replay import start_state
     from snapanalyze.load.columns import to_snapshot
 
     b = SnapshotBuilder()
@@ -445,7 +445,7 @@ def test_whatif_command_refuses_a_bad_setting_in_one_line() -> None:
 def test_sorted_keys_agree_with_a_sorted_list_under_random_inserts_and_removals() -> None:
     import random
 
-    from snapanalyze.analyze.allocator.state import SortedKeys
+    from snapanalyze.allocator.state import SortedKeys
 
     rng = random.Random(7)
     keys, ref = SortedKeys(), []
@@ -488,7 +488,7 @@ def test_settings_newer_than_the_files_torch_are_named() -> None:
     """expandable segments and the list syntax of roundup_power2_divisions came in torch 2.1,
     max_non_split_rounding_mb in 2.5; a what-if of a file an older torch wrote says so, certain where every
     version its keys allow is older, and stays silent for settings that torch already had."""
-    from snapanalyze.analyze.allocator.settings import requirements
+    from snapanalyze.allocator.settings import requirements
     from snapanalyze.report.whatif_terminal import render_whatif
 
     base = AllocatorSettings()

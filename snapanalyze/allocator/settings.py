@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...errors import UsageError
+from ..errors import UsageError
 
 MiB = 1 << 20
 MIN_BLOCK = 512                 # kMinBlockSize: every size is a multiple of it

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...gcpause import gc_paused
-from ...model import (
+from ..allocator.settings import SMALL_BUFFER, SMALL_SIZE, AllocatorSettings, of_snapshot
+from ..allocator.state import DEFAULT_POOL, Allocator, Driver, SegmentEvent
+from ..gcpause import gc_paused
+from ..model import (
     ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
@@ -39,10 +41,8 @@ from ...model import (
     SEGMENT_UNMAP,
     Snapshot,
 )
-from ...replay import Timeline
-from ..segment_map import segment_map
-from .settings import SMALL_BUFFER, SMALL_SIZE, AllocatorSettings, of_snapshot
-from .state import DEFAULT_POOL, Allocator, Driver, SegmentEvent
+from ..replay import Timeline
+from .segment_map import segment_map
 
 GROW = (SEGMENT_ALLOC, SEGMENT_MAP)
 SHRINK = (SEGMENT_FREE, SEGMENT_UNMAP)
