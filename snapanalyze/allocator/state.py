@@ -269,6 +269,16 @@ class Allocator:
         for p in self.pools.values():
             p.sort()
 
+    def segment_blocks(self, seg: Segment) -> list[Block]:
+        """A segment's blocks in address order: handed out, free and (an expandable segment's) unmapped."""
+        p = self.pool(seg.pool, seg.small)
+        b = self.allocated.get(seg.addr) or p.blocks.get(seg.addr) or p.holes.get(seg.addr)
+        out = []
+        while b is not None:
+            out.append(b)
+            b = b.next
+        return out
+
     # -- malloc ----------------------------------------------------------------------------------------------
 
     def malloc(self, requested: int, stream: int, pool: str = DEFAULT_POOL) -> Block | None:

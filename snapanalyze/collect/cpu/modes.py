@@ -1,0 +1,164 @@
+"""The two torch modes of the CPU capture: one emulates the CUDA device's placement, one sees every allocation.
+
+Contract: `DeviceMode(capture)` is a TorchFunctionMode: ``.to("cuda")`` / ``.cuda()`` of a host tensor copies it
+to the device (a new device storage), of a device tensor changes at most its dtype; ``.cpu()`` / ``.to("cpu")``
+of a device tensor copies it to the host; ``device="cuda"`` in any call becomes the CPU with the result on the
+device. After each call it tags the autograd nodes the call made with the call's context
+(`CpuCapture.tag_nodes`). `AllocMode(capture)` is a TorchDispatchMode: after each aten op, the storages of its
+outputs that the device did not hold yet are new blocks (`CpuCapture.allocate`) when the op runs on the device
+(a device input, or no tensor input at all outside ``host()``); an autocast cast of a parameter is marked; the
+record_function enter/exit ops open and close spans. Both call the op itself unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .tracker import _is_cuda, _storage, _tensors
+
+if TYPE_CHECKING:
+    from .tracker import CpuCapture
+
+_TO, _CUDA, _CPU = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu
+_MOVES = {_TO, _CUDA, _CPU}
+_TO_COPY = torch.ops.aten._to_copy.default
+_SOFTMAX = ("_softmax", "softmax", "_safe_softmax")
+
+
+class DeviceMode(TorchFunctionMode):
+    def __init__(self, capture: CpuCapture) -> None:
+        super().__init__()
+        self.cap = capture
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        cap = self.cap
+        if func in _MOVES:
+            return self._move(func, args, kwargs)
+        forced = "device" in kwargs and _is_cuda(kwargs["device"])
+        if forced:
+            kwargs = {**kwargs, "device": "cpu"}
+            cap._force_device += 1
+        name = getattr(func, "__name__", "")
+        cap._functions.append(name)
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            cap._functions.pop()
+            if forced:
+                cap._force_device -= 1
+        if torch.is_grad_enabled() and not name.startswith("__"):
+            cap.tag_nodes(out, name)
+        return out
+
+    def _move(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        cap = self.cap
+        t = args[0]
+        copy = bool(kwargs.pop("copy", False)) if func is _TO else False
+        if func is _TO:
+            device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+        elif func is _CUDA:
+            device, dtype, memory_format = torch.device("cuda"), None, None
+        else:
+            device, dtype, memory_format = torch.device("cpu"), None, None
+        options: dict[str, Any] = {}
+        if dtype is not None:
+            options["dtype"] = dtype
+        if memory_format is not None:
+            options["memory_format"] = memory_format
+        on_device = cap.is_device(t)
+        if device is None or _is_cuda(device) == on_device:
+            if not options and not copy:
+                return t
+            cap._functions.append("to")
+            try:
+                return t.to(copy=copy, **options)
+            finally:
+                cap._functions.pop()
+        cap._functions.append("to")
+        try:
+            if _is_cuda(device):                      # host → device: a copy the device holds
+                cap._force_device += 1
+                cap._copy_in += 1
+                try:
+                    out = t.to("cpu", copy=True, **options)
+                finally:
+                    cap._force_device -= 1
+                    cap._copy_in -= 1
+            else:                                     # device → host: a copy the device does not hold
+                with cap.host():
+                    out = t.to("cpu", copy=True, **options)
+        finally:
+            cap._functions.pop()
+        if torch.is_grad_enabled():
+            cap.tag_nodes(out, "to")
+        return out
+
+
+class AllocMode(TorchDispatchMode):
+    def __init__(self, capture: CpuCapture) -> None:
+        super().__init__()
+        self.cap = capture
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        cap = self.cap
+        name = str(func)
+        if name.startswith("profiler._record_function_enter"):
+            out = func(*args, **kwargs)
+            cap.annotate("START", out, str(args[0]))
+            return out
+        if name.startswith("profiler._record_function_exit"):
+            cap.annotate("END", args[0])
+            return func(*args, **kwargs)
+        inputs = [*_tensors(args), *_tensors(kwargs)]
+        if cap._force_device:
+            on_device = True
+        elif cap._host:
+            on_device = False
+        else:
+            on_device = not inputs or any(cap.is_device(t) for t in inputs)
+        autocast = func is _TO_COPY and bool(inputs) and _autocasting() and _is_parameter(cap, inputs[0])
+        out = func(*args, **kwargs)
+        if not on_device:
+            return out
+        cap._drain()          # a storage freed just now may have left its StorageImpl's address to an output
+        new, seen = [], set()
+        for t in _tensors(out):
+            st = _storage(t)
+            if st is None or st.nbytes() == 0:
+                continue
+            key = st._cdata
+            if key in seen:
+                continue
+            seen.add(key)
+            hit = cap.live.get(key)
+            if hit is None:
+                new.append((st, t))
+            elif int(st.nbytes()) != hit[0].size:
+                cap.resize(key, st, t, name, sys._getframe(0))
+        if new:
+            cap.allocate(new, name, sys._getframe(0), factory=not inputs, autocast=autocast)
+        if name.split(".")[1] in _SOFTMAX and isinstance(out, torch.Tensor):
+            cap.softmax(out)
+        return out
+
+
+def _autocasting() -> bool:
+    try:
+        return any(torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda"))
+    except TypeError:   # pragma: no cover - torch < 2.4 takes no device type
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+def _is_parameter(cap: CpuCapture, t: Any) -> bool:
+    st = _storage(t)
+    hit = cap.live.get(st._cdata) if st is not None else None
+    return hit is not None and ("parameter" in hit[0].roles or "buffer" in hit[0].roles)
