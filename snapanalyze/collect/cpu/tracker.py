@@ -28,6 +28,8 @@ is everything outside the allocator.
 
 from __future__ import annotations
 
+import inspect
+import re
 import sys
 import time
 import weakref
@@ -52,6 +54,8 @@ _SDPA_FUSED = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_effic
                "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_fused_attention")
 _SAVED = "_saved_"
 _BACKWARD_CALLS = ("backward", "grad", "_engine_run_backward")
+_TORCH_OPTIM = re.compile(r"(^|/)torch/optim/")
+_TORCH = re.compile(r"(^|/)torch/")
 _TAG = "snapanalyze.context"
 
 
@@ -236,6 +240,7 @@ class CpuCapture:
         self._roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self._params: Any = None                              # parameters hooked (a WeakIdKeyDictionary)
         self._optimizers: list[str] = []
+        self._optimizer_files: set[str] = set()
         self._spans: list[tuple[Any, str]] = []
         self._host = 0
         self._force_device = 0
@@ -413,10 +418,22 @@ class CpuCapture:
             forward = node.metadata.get(_TAG, -1) if hasattr(node, "metadata") else -1
             return Context("backward", module, classes, full_stack, function, op, _node_name(node), forward,
                            "", spans, False, autocast, factory, recompute=bool(module), calls=self.calls_now())
-        phase = "forward" if module else ("optimizer" if self._optimizers else "outside")
+        phase = "forward" if module else ("optimizer" if self._optimizers and self._optimizer_code(full_stack)
+                                          else "outside")
         return Context(phase, module, classes, full_stack, function, op, "", -1,
                        self._optimizers[-1] if self._optimizers else "", spans, self._copy_in > 0, autocast,
                        factory, calls=self.calls_now())
+
+    def _optimizer_code(self, stack_id: int) -> bool:
+        """Whether an allocation inside an optimizer step is the step's own (its innermost frame of code other than
+        torch's plumbing is the optimizer's: torch.optim or the optimizer class's file), not a closure's that the
+        step called (LBFGS, Lightning's automatic optimisation)."""
+        for filename, _, _ in self.stacks[stack_id]:
+            if filename in self._optimizer_files or _TORCH_OPTIM.search(filename):
+                return True
+            if not _TORCH.search(filename):
+                return False
+        return False
 
     def allocate(self, storages: list[tuple[Any, Any]], op: str, frame: Any, *, factory: bool,
                  autocast: bool) -> None:
@@ -585,6 +602,13 @@ class CpuCapture:
             return
         self._scan_optimizer(optimizer)
         self._optimizers.append(type(optimizer).__name__)
+        base = _torch().optim.Optimizer
+        for cls in type(optimizer).__mro__:
+            if isinstance(cls, type) and issubclass(cls, base):
+                try:
+                    self._optimizer_files.add(inspect.getsourcefile(cls) or "")
+                except TypeError:
+                    pass
 
     def _step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
