@@ -3,12 +3,14 @@
 Contract: `SourceIndex(roots)` answers `resolve(filename, line, name)` with a `FrameSource` (or None when
 the file cannot be found or parsed). A frame's file is read at its own path when that is a readable
 regular ``.py`` file, else found under the roots by the longest path suffix it shares with a file there
-(the unique best match; a tie or a bare file-name match among several files is left unresolved). Each file
-is read and parsed with `ast` once; lookups are cached per (file, line, name), so a caller resolves each
-distinct frame once. `qualname` is the chain of enclosing classes and functions (``SwiGLU.forward``,
-``outer.inner``); when the function at the line is not the frame's own name (line numbers drift between the
-snapshot and the checkout), the nearest definition with that name in the file is used, and the frame is
-`drifted`: the statement at its line is not the one that ran, so `code` and `call` are empty. `bases` are the
+(the unique best match; a tie or a bare file-name match among several files is left unresolved; a file of an
+installed package, ``…/site-packages/timm/layers/mlp.py``, only where its whole package-relative path matches,
+never by its name alone). Each file is read and parsed with `ast` once; lookups are cached per (file, line,
+name), so a caller resolves each distinct frame once. `qualname` is the chain of enclosing classes and
+functions (``SwiGLU.forward``, ``outer.inner``); when the function at the line is not the frame's own name
+(line numbers drift between the snapshot and the checkout), the nearest definition with that name in the file
+is used, and the frame is `drifted`: the statement at its line is not the one that ran, so `code` and `call`
+are empty; so is a frame whose line is blank or a comment there (nothing runs on such a line). `bases` are the
 enclosing class's base-class names (last dotted part, ``nn.Module`` → ``Module``), followed transitively
 through classes defined anywhere under the roots. `code` is the statement at the line (whitespace collapsed,
 at most 240 characters); `call` is the dotted name of the only call that statement makes ("" when it makes
@@ -209,7 +211,13 @@ class SourceIndex:
             parts = tuple(reversed([p for p in filename.replace("\\", "/").split("/") if p]))
             candidates = self._index().get(parts[0], []) if parts else []
             scored = sorted(((_common(parts, c), c) for c in candidates), reverse=True)
-            if scored and (len(scored) == 1 or scored[0][0] > scored[1][0]) and (scored[0][0] > 1 or len(scored) == 1):
+            # An installed package's file is that package's file only: under a root, its whole package-relative
+            # path must match (timm/layers/mlp.py is not a program's nets/mlp.py); a program's own file may match
+            # by the longest suffix, or by its name where it is the only file of that name.
+            installed = _PACKAGE.search(filename.replace("\\", "/"))
+            need = len(installed.group(1).split("/")) if installed else 2
+            if scored and (len(scored) == 1 or scored[0][0] > scored[1][0]) \
+                    and (scored[0][0] >= need or (len(scored) == 1 and not installed)):
                 found = str(Path(*reversed(scored[0][1])))
         if found is None and self.environment and (installed := _PACKAGE.search(filename)) is not None:
             found = _installed(installed.group(1))
@@ -281,6 +289,8 @@ class SourceIndex:
             elif here is None:
                 return None
         cls = here.cls if here else ""
+        if not drifted and here is not None and not _is_code_line(parsed, line):
+            drifted = True                  # a blank or comment line ran nothing: the checkout differs there
         code, call = ("", "") if drifted else _statement(parsed, line)
         return FrameSource(qualname=".".join(here.chain) if here else "<module>", cls=cls,
                            bases=self._bases(cls, parsed) if cls else (), code=code, call=call, path=path,
@@ -298,6 +308,14 @@ def _statement(parsed: _File, line: int) -> tuple[str, str]:
         text = parsed.lines[line - 1] if 0 < line <= len(parsed.lines) else ""
     calls = _calls(node) if node is not None else []
     return " ".join(text.split())[:240], calls[0] if len(calls) == 1 else ""
+
+
+def _is_code_line(parsed: _File, line: int) -> bool:
+    """Whether a line of the file can be one a frame points at: it exists and is neither blank nor a comment."""
+    if not 0 < line <= len(parsed.lines):
+        return False
+    text = parsed.lines[line - 1].strip()
+    return bool(text) and not text.startswith("#")
 
 
 def _installed(relative: str) -> str | None:

@@ -144,3 +144,33 @@ def test_a_skipped_file_is_named_in_the_attribution_notes(tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     assert ("1 file of the program's own code found under --source was skipped (model.py: not read: over 1 MiB)"
             in result.output)
+
+
+def test_an_installed_packages_file_never_resolves_to_a_program_file_of_the_same_name(tmp_path: Path) -> None:
+    """timm's layers/mlp.py is not the program's nets/mlp.py: an installed package's frame needs its whole
+    package-relative path under a root, while the program's own file still resolves by its name alone."""
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "nets" / "mlp.py").write_text("def forward(x):\n    return x\n")
+    index = SourceIndex.of(tmp_path)
+    assert index is not None
+    assert index.locate("/opt/conda/lib/python3.11/site-packages/timm/layers/mlp.py") is None
+    assert index.locate("/home/u/run/mlp.py") == str(tmp_path / "nets" / "mlp.py")     # the program's, by name
+    (tmp_path / "vendored" / "timm" / "layers").mkdir(parents=True)
+    (tmp_path / "vendored" / "timm" / "layers" / "mlp.py").write_text("def forward(x):\n    return x\n")
+    index = SourceIndex.of(tmp_path)
+    assert index is not None
+    assert index.locate("/opt/conda/lib/python3.11/site-packages/timm/layers/mlp.py") == \
+        str(tmp_path / "vendored" / "timm" / "layers" / "mlp.py")              # a checkout of the package
+
+
+def test_a_frame_on_a_blank_or_comment_line_of_the_checkout_has_drifted(tree: Path) -> None:
+    (tree / "pkg" / "commented.py").write_text(
+        "def forward(x):\n    # the old line\n\n    return x * 2\n")
+    index = SourceIndex.of(tree)
+    assert index is not None
+    comment = index.resolve("/r/pkg/commented.py", 2, "forward")
+    blank = index.resolve("/r/pkg/commented.py", 3, "forward")
+    code = index.resolve("/r/pkg/commented.py", 4, "forward")
+    assert comment is not None and comment.drifted and comment.code == ""
+    assert blank is not None and blank.drifted
+    assert code is not None and not code.drifted and code.code == "return x * 2"

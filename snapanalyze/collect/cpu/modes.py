@@ -112,11 +112,10 @@ class AllocMode(TorchDispatchMode):
         cap = self.cap
         name = str(func)
         if name.startswith("profiler._record_function_enter"):
-            out = func(*args, **kwargs)
-            cap.annotate("START", out, str(args[0]))
-            return out
+            cap.annotate("START", str(args[0]))
+            return func(*args, **kwargs)
         if name.startswith("profiler._record_function_exit"):
-            cap.annotate("END", args[0])
+            cap.annotate("END")
             return func(*args, **kwargs)
         inputs = [*_tensors(args), *_tensors(kwargs)]
         if cap._force_device:

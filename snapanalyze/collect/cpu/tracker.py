@@ -241,7 +241,7 @@ class CpuCapture:
         self._params: Any = None                              # parameters hooked (a WeakIdKeyDictionary)
         self._optimizers: list[str] = []
         self._optimizer_files: set[str] = set()
-        self._spans: list[tuple[Any, str]] = []
+        self._spans: list[str] = []
         self._host = 0
         self._force_device = 0
         self._copy_in = 0
@@ -413,7 +413,7 @@ class CpuCapture:
         node = torch._C._current_autograd_node()
         module, classes = self.module_now()
         function = self._functions[-1] if self._functions else ""
-        spans = tuple(name for _, name in self._spans)
+        spans = tuple(self._spans)
         if node is not None:
             forward = node.metadata.get(_TAG, -1) if hasattr(node, "metadata") else -1
             return Context("backward", module, classes, full_stack, function, op, _node_name(node), forward,
@@ -675,17 +675,14 @@ class CpuCapture:
             for _, _, call in self._modules:
                 self.softmax_shapes.setdefault(call, set()).add(shape)
 
-    def annotate(self, stage: str, handle: Any, name: str = "") -> None:
-        """A record_function span opened or closed (`external_annotations`)."""
+    def annotate(self, stage: str, name: str = "") -> None:
+        """A record_function span opened or closed (`external_annotations`); spans close in the order they nest."""
         if stage == "START":
-            self._spans.append((handle, name))
+            self._spans.append(name)
+        elif self._spans:
+            name = self._spans.pop()
         else:
-            for i in range(len(self._spans) - 1, -1, -1):
-                if self._spans[i][0] is handle:
-                    name = self._spans.pop(i)[1]
-                    break
-            else:
-                return
+            return
         if self.recording:
             self.annotations.append({"stage": stage, "name": name, "device": 0, "time_us": self._time()})
 
