@@ -17,8 +17,9 @@ model code it calls (`apply_rotary_pos_emb`, a hand-written `silu`), and what a 
 (a child with no role whose kinds, with those of the building blocks it calls, are building blocks only, such
 as a hand-written Linear; a child that calls nothing that shows anything is `elementwise`). [[roles]] then
 give nodes their categories, children first: the first role whose conditions the node's kinds (and its
-children's roles) meet. A node whose own calls show nothing but whose roled children all agree (a
-message-passing `propagate`) takes their role. An allocation is decided by its own node's role, or, where
+children's roles) meet. A node whose own calls are at most projections, dropouts and elementwise ops and whose
+roled children all agree, with no other composite module beside them (a message-passing `propagate`, diffusers'
+FeedForward around its GELU module), takes their role. An allocation is decided by its own node's role, or, where
 that node is a building block (it works for its caller) or a helper its caller calls by a name of a kind
 (`apply_rotary_pos_emb`), by the role of the nearest caller that has one, at most `_CLIMB` callers up. A
 node that shows nothing is no building block: nothing says it works for anyone.
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 CALLEES = "calltree.callees"
 _CLIMB = 4                 # callers a building block's allocation looks up for a role
 _SAME_FUNCTION_GAP = 30    # lines of one function name under one caller this far apart are two functions
+_WRAPPER_KINDS = frozenset({"linear", "matmul", "dropout", "elementwise"})
 _STDLIB = re.compile(r"(^|/)lib/python\d[\d.]*/(?!site-packages/|dist-packages/)|^<")
 
 
@@ -273,8 +275,12 @@ class CallTree:
                 named = list({words_text((examples[k],)): examples[k] for k in shown_kinds}.values())
                 node.via = words(f"{role.reason} (beneath it, in {node.stacks:,} stack{plural}: ",
                                  *(part for k, x in enumerate(named) for part in ((", ", x) if k else (x,))), ")")
-            elif kinds <= {"elementwise"} and len(child_roles) == 1 and not unroled_calls:
-                # Its own calls show nothing, and the model code it calls agrees: a dispatcher of that role.
+            elif kinds <= _WRAPPER_KINDS and len(child_roles) == 1 and not unroled_calls and all(
+                    self.nodes[c].role is not None or not self.nodes[c].children for c in node.children):
+                # Its own calls are at most projections, dropouts and elementwise ops (a Linear after an MLP's
+                # first half), and the model code it calls agrees — no other composite module beside it: a
+                # wrapper or dispatcher of that role. A node that also normalises, or calls another sublayer, is
+                # a block of a model's trunk (norm → sublayer → residual), never the sublayer's own.
                 category = next(iter(child_roles))
                 node.role = next(r for c in node.children if (r := self.nodes[c].role) is not None
                                  and r.category == category)

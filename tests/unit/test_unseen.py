@@ -167,7 +167,8 @@ def test_a_file_named_attention_that_holds_the_mlp_is_decided_by_what_its_code_c
         "ff_out": [*LINEAR, *FF],
     }, name="diffusers")
     assert got["category"].to_dict() == {"proj": "mlp", "gelu": "mlp", "ff_out": "mlp"}
-    assert got["inferred"].all() and got.loc["ff_out", "rule"] == "calltree.callees"
+    assert got["inferred"].all() and got.loc["ff_out", "rule"] == "calltree.mlp"
+    assert "calls only model code whose role is mlp" in got.loc["ff_out", "reason"]
 
 
 # -- 5. non-transformer models ------------------------------------------------------------------------------
