@@ -80,7 +80,7 @@ def capture(program: str, out: Path) -> dict[str, Any]:
         raise SystemExit(f"{program}: the capture recorded no block")
     dt = timeline[0]
     index = global_peak_index(dt)
-    mapping = Mapping.load()
+    mapping = Mapping.load(program)
     rows = rows_at(index, mapping.label)
     del alive
     total = sum(int(r["size"]) for r in rows)

@@ -44,11 +44,17 @@ class Mapping:
     attention_functions: re.Pattern[str] | None         # functions whose allocations are attention's (SDPA math)
 
     @classmethod
-    def load(cls, path: Path = HERE / "truth.toml") -> Mapping:
+    def load(cls, program: str | None = None, path: Path = HERE / "truth.toml") -> Mapping:
+        """The mapping for one program ("family/name"): entries with `programs` apply to those programs only."""
         doc = tomllib.loads(path.read_text())
         classes: dict[str, str] = {}
         patterns, paths, nodes, functions = [], [], [], []
         ops: dict[str, str] = {}
+
+        def mine(item: dict[str, Any]) -> bool:
+            return "programs" not in item or program in item["programs"]
+        for key in ("modules", "ops", "functions"):
+            doc[key] = [item for item in doc.get(key, []) if mine(item)]
         for item in doc.get("modules", []):
             cat = item["category"]
             for name in item.get("classes", []):
@@ -126,6 +132,6 @@ class Mapping:
         return "activations_other", f"an activation of {f.module or 'code outside modules'} that no mapping names"
 
 
-def labeller() -> Any:
-    """The zoo's labeller for `CpuCapture.rows`."""
-    return Mapping.load().label
+def labeller(program: str | None = None) -> Any:
+    """The zoo's labeller for `CpuCapture.rows`, for one program."""
+    return Mapping.load(program).label

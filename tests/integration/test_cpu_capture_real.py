@@ -1,9 +1,9 @@
-"""The CPU capture against a real GPU snapshot: the cs336 transformer of `fixtures/real` (its own model code, from
-the program's source folder) run through `collect.cpu` at the shapes its GPU run recorded (the 'medium' model,
-24 layers of d 1024, batch 4 × ctx 128, five warm-up forwards, then one recorded forward under
-inference_mode) gives the stacks and the peak the real file holds: the same files, functions and nesting in
-every allocating stack (torch's own line numbers aside: the run used torch 2.11), and the same live tensors at
-the global peak, byte for byte. Needs the program's imports (einops, einx, jaxtyping: the zoo extra)."""
+"""The CPU capture against a real GPU snapshot: the cs336 transformer of `fixtures/real` (its own model code, from the
+program's source folder) run through `collect.cpu` at the shapes its GPU run recorded (the 'medium' model, 24 layers
+of d 1024, batch 4 × ctx 128, five warm-up forwards, then one recorded forward under inference_mode) gives the stacks
+and the peak the real file holds: the same files, functions and nesting in every allocating stack (torch's own line
+numbers aside: the run used torch 2.11), each allocated as often and with the same sizes, and the same live tensors at
+the same global peak, byte for byte. Needs the program's imports (einops, einx, jaxtyping: the zoo extra)."""
 
 from __future__ import annotations
 
@@ -74,26 +74,28 @@ def captured() -> dict[str, Any]:
         return cap.snapshot("2.11")
 
 
-def _peak(snapshot_path: Path) -> tuple[int, collections.Counter[int]]:
+def _peak(snapshot_path: Path) -> tuple[int, int, collections.Counter[int]]:
     snap = sa.load(snapshot_path)
     dt = sa.replay(snap)[0]
     index = global_peak_index(dt)
-    return dt.active_at(index), collections.Counter(dt.live_at(index)["size"].tolist())
+    return index, dt.active_at(index), collections.Counter(dt.live_at(index)["size"].tolist())
 
 
 def test_the_capture_records_the_stacks_the_gpu_run_recorded(captured: dict[str, Any]) -> None:
     from support import read_builtins
     real = read_builtins(ROOT / "fixtures" / "real" / f"{STEM}.pickle")
-    ours = {_signature(e) for e in captured["device_traces"][0] if e["action"] == "alloc"}
-    theirs = {_signature(e) for e in real["device_traces"][0] if e["action"] == "alloc"}
-    assert len(theirs) > 20 and all(len(s) >= 4 for s in theirs)
-    assert ours == theirs
+    ours = collections.Counter((_signature(e), e["size"]) for e in captured["device_traces"][0]
+                               if e["action"] == "alloc")
+    theirs = collections.Counter((_signature(e), e["size"]) for e in real["device_traces"][0]
+                                 if e["action"] == "alloc")
+    assert len(theirs) > 20 and all(len(s) >= 4 for s, _ in theirs)
+    assert ours == theirs                 # every allocating site, with its sizes and how often each was allocated
 
 
 def test_the_capture_holds_the_real_runs_tensors_at_its_peak(captured: dict[str, Any], tmp_path: Path) -> None:
     path = tmp_path / "captured.pickle"
     path.write_bytes(pickle.dumps(captured))
-    ours_active, ours_sizes = _peak(path)
-    real_active, real_sizes = _peak(ROOT / "fixtures" / "real" / f"{STEM}.pickle")
+    ours_index, ours_active, ours_sizes = _peak(path)
+    real_index, real_active, real_sizes = _peak(ROOT / "fixtures" / "real" / f"{STEM}.pickle")
     assert ours_sizes == real_sizes
-    assert ours_active == real_active == 1_736_962_048
+    assert ours_active == real_active == 1_736_962_048 and ours_index == real_index == 292

@@ -1,21 +1,20 @@
 """The stack an allocation records, as `torch.cuda.memory._record_memory_history` would have recorded it on a GPU.
 
-Contract: `python_stack(frame, capture_code, in_backward)` walks the interpreter's frames from `frame` outward
-and returns the program's Python frames, innermost first, as (filename, line, function) — what CUDA's recorder
-keeps with ``stacks="python"``. It leaves out what only the capture put there: its own mode and hook frames, the
-``torch.compile``-disabling wrappers around a dispatch mode, the ``handle_torch_function`` detour (and the
-second entry into the same function) that a TorchFunctionMode causes, and ``Module._call_impl``'s ``inner``
-closure where only the capture's global hooks made the call take it (``_call_impl`` then shows the line of its
-fast path). In a backward pass it keeps only the frames entered from the autograd engine: on a GPU the engine
-runs a backward's ops on its own device thread, so an op of a C++ node has no Python frames at all, and a
-custom Function's backward or a checkpoint's recomputation shows only its own frames (`device_thread`).
+Contract: `python_stack(frame, capture_code, in_backward)` walks the interpreter's frames from `frame` outward and
+returns the program's Python frames, innermost first, as (filename, line, function) — what CUDA's recorder keeps with
+``stacks="python"``. It leaves out what only the capture put there: its own mode and hook frames, the
+``torch.compile``-disabling wrappers around a dispatch mode, the composite op it ran decomposed, the
+``handle_torch_function`` detour (and the second entry into the same function) that a TorchFunctionMode causes, and
+``Module._call_impl``'s ``inner`` closure where only the capture's global hooks made the call take it (``_call_impl``
+then shows the line of its fast path). In a backward pass it keeps only the frames entered from the autograd engine:
+on a GPU the engine runs a backward's ops on its own device thread, so an op of a C++ node has no Python frames at
+all, and a custom Function's backward or a checkpoint's recomputation shows only its own frames (`device_thread`).
 
-`cpp_frames(...)` makes the C++ frames of ``stacks="all"``: the snapshot's own capture and the caching allocator,
-the ATen op (and the torch function around it), the autograd node, the engine's thread, the interpreter between
-Python frames and the process entry — the names CUDA builds record (read from torch 2.11's recorded stacks in
-the cs336 corpus files), emulated, since a CPU run has no CUDA frames. Both return plain tuples; nothing here
-allocates a tensor.
-"""
+`cpp_frames(...)` makes the C++ frames of ``stacks="all"``: the snapshot's own capture and the caching allocator, the
+ATen op (and the torch function around it), the autograd node, the engine's thread, the interpreter between Python
+frames and the process entry — the names CUDA builds record (read from torch 2.11's recorded stacks in the cs336
+corpus files), emulated, since a CPU run has no CUDA frames. Both return plain tuples; nothing here allocates a
+tensor."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ Frame = tuple[str, int, str]
 # Wrappers that only the capture's modes put between a dispatch and the program (torch.compile's
 # disable-wrapper around __torch_dispatch__, the mode-stack helpers) and the __torch_function__ detour.
 _AROUND_MODE = re.compile(r"(^|/)torch/(utils/_python_dispatch|_compile|_dynamo/eval_frame|overrides)\.py$")
+_OPS_PY = re.compile(r"(^|/)torch/_ops\.py$")        # OpOverload.decompose: the dispatch mode runs a composite
 _MODULE_PY = re.compile(r"(^|/)torch/nn/modules/module\.py$")
 _ENGINE_ENTRY = re.compile(r"(^|/)torch/autograd/graph\.py$")
 _AUTOGRAD_API = re.compile(r"(^|/)torch/autograd/__init__\.py$")
@@ -68,7 +68,8 @@ class StackReader:
                 inner = last_kept if last_kept is not None and last_kept.f_back is f else None
                 is_function_mode = code is self.function_mode
                 f = f.f_back
-                while f is not None and _AROUND_MODE.search(f.f_code.co_filename):
+                while f is not None and (_AROUND_MODE.search(f.f_code.co_filename) or (
+                        f.f_code.co_name == "decompose" and _OPS_PY.search(f.f_code.co_filename))):
                     f = f.f_back
                 if is_function_mode and inner is not None and f is not None and f.f_code is inner.f_code:
                     f = f.f_back                      # has_torch_function → handle_torch_function → the same function

@@ -6,8 +6,10 @@ of a device tensor copies it to the host; ``device="cuda"`` in any call becomes 
 device. After each call it tags the autograd nodes the call made with the call's context
 (`CpuCapture.tag_nodes`). `AllocMode(capture)` is a TorchDispatchMode: after each aten op, the storages of its
 outputs that the device did not hold yet are new blocks (`CpuCapture.allocate`) when the op runs on the device
-(a device input, or no tensor input at all outside ``host()``); an autocast cast of a parameter is marked; the
-record_function enter/exit ops open and close spans. Both call the op itself unchanged.
+(a device input, or no tensor input at all outside ``host()``); an autocast cast of a parameter is marked (whether
+autocast is on is read by `DeviceMode`, above autocast's dispatch key); a composite op that reaches it whole (autograd
+off) runs decomposed under it, so the ops it is made of allocate one by one as on a GPU; the record_function
+enter/exit ops open and close spans. Both call the op itself unchanged.
 """
 
 from __future__ import annotations
@@ -47,10 +49,12 @@ class DeviceMode(TorchFunctionMode):
             cap._force_device += 1
         name = getattr(func, "__name__", "")
         cap._functions.append(name)
+        was, cap._autocast = cap._autocast, _autocasting()   # read here: autocast hides itself below its own key
         try:
             out = func(*args, **kwargs)
         finally:
             cap._functions.pop()
+            cap._autocast = was
             if forced:
                 cap._force_device -= 1
         if torch.is_grad_enabled() and not name.startswith("__"):
@@ -117,6 +121,14 @@ class AllocMode(TorchDispatchMode):
         if name.startswith("profiler._record_function_exit"):
             cap.annotate("END")
             return func(*args, **kwargs)
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            # Where autograd is off (inference_mode) a composite op reaches the mode whole; on a GPU its kernel
+            # runs the ops it is made of, each allocating through the allocator: run it the same way, with this
+            # mode on, so that they are seen one by one (as they are where autograd decomposes them).
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         inputs = [*_tensors(args), *_tensors(kwargs)]
         if cap._force_device:
             on_device = True
@@ -124,7 +136,7 @@ class AllocMode(TorchDispatchMode):
             on_device = False
         else:
             on_device = not inputs or any(cap.is_device(t) for t in inputs)
-        autocast = func is _TO_COPY and bool(inputs) and _autocasting() and _is_parameter(cap, inputs[0])
+        autocast = func is _TO_COPY and bool(inputs) and cap._autocast and _is_parameter(cap, inputs[0])
         out = func(*args, **kwargs)
         if not on_device:
             return out

@@ -245,6 +245,7 @@ class CpuCapture:
         self._host = 0
         self._force_device = 0
         self._copy_in = 0
+        self._autocast = False                               # autocast on in the torch call running (DeviceMode)
         self._workspaces: set[str] = set()
         self._functions: list[str] = []
         self._saved_names: dict[str, tuple[str, ...]] = {}
@@ -331,10 +332,20 @@ class CpuCapture:
         self._segment_entries(before, self._stack_now() if self.recording else -1)
 
     def scan_roles(self) -> None:
-        """Look at the objects the program holds (modules seen, their parameters, grads and buffers) and note the
-        roles of their blocks; run at each outermost module call, optimizer step and snapshot."""
-        for root in list(self._roots):
-            self._scan_module(root)
+        """Look at every module and optimizer the program holds (found through the garbage collector: a module
+        that never ran, such as an autoencoder's unused encoder, holds device memory too) and note the roles of
+        their blocks: parameters, buffers, grads, optimizer state. Run at each snapshot and at the end; the
+        outermost module calls and optimizer steps scan theirs as they run."""
+        import gc
+        torch = _torch()
+        self._drain()
+        module, optimizer = torch.nn.Module, torch.optim.Optimizer
+        for obj in gc.get_objects():
+            kind = type(obj)                  # not isinstance: some objects warn when asked for __class__
+            if issubclass(kind, module):
+                self._scan_module(obj)
+            elif issubclass(kind, optimizer):
+                self._scan_optimizer(obj)
 
     def snapshot(self, torch_version: str = "2.13", paths: Any = None) -> dict[str, Any]:
         """`torch.cuda.memory._snapshot()` now, in that torch's layout, file paths mapped by `paths`
@@ -361,6 +372,9 @@ class CpuCapture:
 
     # -- what the modes call ---------------------------------------------------------------------------------
     def is_device(self, t: Any) -> bool:
+        """Whether the device holds the tensor's storage (frees seen so far applied first: a storage freed just
+        now may have left its address to another)."""
+        self._drain()
         st = _storage(t)
         return st is not None and st._cdata in self.live
 
@@ -469,7 +483,7 @@ class CpuCapture:
             block = self._place(int(st.nbytes()), ctx_id, stack())
             block.shape, block.dtype = tuple(t.shape), str(t.dtype).removeprefix("torch.")
             self.live[key] = (block, weakref.ref(st, self._make_callback(key)))
-            if ctx.host_copy and ctx.phase == "outside":
+            if ctx.host_copy and ctx.phase == "outside" and not _moved_by_module(full):
                 block.roles.setdefault("input", "copied to the device")
             if autocast:
                 block.roles.setdefault("autocast_copy", op)
@@ -543,6 +557,8 @@ class CpuCapture:
 
     # -- roles from the objects ------------------------------------------------------------------------------------
     def note(self, t: Any, role: str, detail: str) -> None:
+        """Note a role of the block holding the tensor's storage, if the device holds it."""
+        self._drain()
         st = _storage(t)
         if st is None:
             return
@@ -580,9 +596,16 @@ class CpuCapture:
         self._calls += 1
         self._modules.append((module, self._paths.get(id(module), type(module).__name__), self._calls))
 
-    def _forward_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    def _forward_post(self, module: Any, args: Any, *rest: Any) -> None:
+        """(module, args, kwargs, output), or (module, args, output) where a forward raised (torch calls the
+        always-called hooks without their kwargs then)."""
+        kwargs, output = rest if len(rest) == 2 else ({}, rest[0] if rest else None)
         if not self.active:
             return
+        if _torch().is_grad_enabled():
+            # Nodes a torch function did not tag (an autograd.Function's, a recomputation's in a backward,
+            # where the function mode is off) are this module's.
+            self.tag_nodes(output, "")
         if self._modules and self._modules[-1][0] is module:
             self._modules.pop()
         if self._modules:
@@ -656,6 +679,8 @@ class CpuCapture:
                     todo.append(nxt)
 
     def _note_saved(self, node: Any) -> None:
+        if _torch()._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+            return          # reading a saved tensor would run saved-tensor hooks (a checkpoint recomputes)
         kind = type(node).__name__
         names = self._saved_names.get(kind)
         if names is None:
@@ -685,6 +710,12 @@ class CpuCapture:
             return
         if self.recording:
             self.annotations.append({"stage": stage, "name": name, "device": 0, "time_us": self._time()})
+
+
+def _moved_by_module(stack: tuple[Frame, ...]) -> bool:
+    """Whether a copy was made by `Module._apply` (`.to()` / `.cuda()` of a module: its parameters, buffers and
+    their grads, not a batch)."""
+    return any(name == "_apply" and filename.endswith("torch/nn/modules/module.py") for filename, _, name in stack)
 
 
 def _qualname(module: Any) -> str:
