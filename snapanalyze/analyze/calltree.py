@@ -265,7 +265,10 @@ class CallTree:
                     child_roles.add(child.role.category)
                 elif not child.block:
                     unroled_calls = True
-            only_blocks = all(self.nodes[c].block or not self.nodes[c].children for c in node.children)
+            # Building blocks only: a sublayer with a role of its own (an attention, an MLP) is no building block
+            # of its caller, even where it calls no model code itself.
+            only_blocks = all(self.nodes[c].block or (not self.nodes[c].children and self.nodes[c].role is None)
+                              for c in node.children)
             role = next((r for r in self.data.roles if r.fits(kinds, child_roles, only_blocks)), None)
             node.role, node.via, node.shown, node.examples = role, (), kinds, examples
             if role is not None:

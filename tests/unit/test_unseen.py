@@ -184,7 +184,8 @@ GAT = [py(PYG + "nn/conv/gat_conv.py", 360, "forward"), *CALL, py(GNN, 120, "for
        py("/home/u/gnn/train.py", 60, "main")]
 
 
-def test_per_node_mlps_and_graph_attention_are_named(tmp_path):
+def test_per_node_mlps_are_named_and_graph_attention_is_message_passing_not_attention(tmp_path):
+    """A GAT's edge softmax normalises over each node's edges: message passing, not attention over keys."""
     got = blocks(tmp_path, {
         "hidden": [*LINEAR, *NODES],
         "relu": [py("torch/nn/functional.py", 1704, "relu"), *NODES],
@@ -193,9 +194,38 @@ def test_per_node_mlps_and_graph_attention_are_named(tmp_path):
                   py(GEN, 95, "edge_updater"), *GAT],
         "message": [py(PYG + "nn/conv/gat_conv.py", 440, "message"), py(GEN, 160, "propagate"), *GAT],
     }, name="gnn")
-    assert got["category"].to_dict() == {"hidden": "mlp", "relu": "mlp", "out": "mlp", "alpha": "attention",
-                                         "message": "attention"}
+    assert got["category"].to_dict() == {"hidden": "mlp", "relu": "mlp", "out": "mlp", "alpha": "other",
+                                         "message": "other"}
     assert got.loc[["hidden", "relu", "out"], "inferred"].all()
+
+
+# -- 5b. a block beside its sublayers: DiT's adaLN modulation (facebookresearch/DiT models.py, with timm 1.0's
+# Attention and Mlp from timm/models/vision_transformer.py and timm/layers/mlp.py). DiTBlock.forward runs
+# self.adaLN_modulation(c) (nn.Sequential(nn.SiLU(), nn.Linear)), then
+# `x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))` and the same with
+# self.mlp: an activation between linear layers is not what the block is — the MLP is the sublayer it calls.
+
+DIT_FILE = "/home/u/DiT/models.py"
+DIT_BLOCK = [py(DIT_FILE, 150, "forward"), *CALL, py(DIT_FILE, 240, "forward"), *CALL,
+             py("/home/u/DiT/train.py", 60, "main")]
+SEQ = [py("torch/nn/modules/container.py", 250, "forward"), *CALL]
+
+
+def test_a_block_whose_own_calls_are_an_adaln_modulation_is_not_the_mlp_it_calls(tmp_path):
+    vit = "timm/models/vision_transformer.py"
+    got = blocks(tmp_path, {
+        "silu": [py("torch/nn/functional.py", 2380, "silu"), py("torch/nn/modules/activation.py", 432, "forward"),
+                 *CALL, *SEQ, py(DIT_FILE, 148, "forward"), *DIT_BLOCK[1:]],
+        "modulation": [*LINEAR, *SEQ, py(DIT_FILE, 148, "forward"), *DIT_BLOCK[1:]],
+        "qkv": [*LINEAR, py(vit, 88, "forward"), *CALL, py(DIT_FILE, 149, "forward"), *DIT_BLOCK[1:]],
+        "gated_attention": [py(DIT_FILE, 149, "forward"), *DIT_BLOCK[1:]],
+        "fc1": [*LINEAR, py(TIMM_MLP, 44, "forward"), *CALL, py(DIT_FILE, 150, "forward"), *DIT_BLOCK[1:]],
+        "gelu": [py("torch/nn/modules/activation.py", 734, "forward"), *CALL, py(TIMM_MLP, 45, "forward"), *CALL,
+                 py(DIT_FILE, 150, "forward"), *DIT_BLOCK[1:]],
+        "gated_mlp": [py(DIT_FILE, 150, "forward"), *DIT_BLOCK[1:]],
+    }, name="dit")
+    assert got.loc[["fc1", "gelu"], "category"].tolist() == ["mlp", "mlp"]             # timm's Mlp is the MLP
+    assert "mlp" not in got.loc[["silu", "modulation", "gated_attention", "gated_mlp", "qkv"], "category"].tolist()
 
 
 # -- 6. backward on the autograd thread: C++ frames only (torch 2.5, stacks="all") ---------------------------
@@ -434,3 +464,15 @@ def test_the_step_torch_optims_wrapper_calls_is_the_optimizers_own_update(tmp_pa
     }, name="subclass_step")
     assert got["category"].to_dict() == {"exp_avg": "optimizer_state", "own_loop_step": "other"}
     assert got.loc["exp_avg", "rule"] == "torch.optimizer_state.subclass_step"
+
+
+# -- PyG batches (torch_geometric 2.8.1 data/data.py: BaseData.to -> apply(lambda x: x.to(device)) ->
+# data/storage.py BaseStorage.apply -> recursive_apply) are the program's inputs.
+
+def test_a_graph_batch_moved_by_data_to_is_inputs(tmp_path):
+    got = blocks(tmp_path, {
+        "x": [py(PYG + "data/data.py", 377, "<lambda>"), py(PYG + "data/storage.py", 891, "recursive_apply"),
+              py(PYG + "data/storage.py", 198, "apply"), py(PYG + "data/data.py", 349, "apply"),
+              py(PYG + "data/data.py", 376, "to"), py("/home/u/gnn/train.py", 40, "main")],
+    }, name="pyg_batch")
+    assert got.loc["x", "category"] == "inputs" and got.loc["x", "rule"] == "pyg.inputs.data_to"
