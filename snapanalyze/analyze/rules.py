@@ -63,13 +63,15 @@ HEURISTICS = {
     "state.copies": "frame-less persistent sizes repeating k times in a training program are parameters and "
                     "k − 1 copies of state",
     "state.cublas_workspace": "a frame-less persistent block of PyTorch's default cuBLAS workspace size",
-    "lifetime.survived_backward": "made by the autograd engine and live after its backward: a .grad",
+    "lifetime.survived_backward": "made by the autograd engine's device thread and live after its backward, with a "
+                                  "live parameter's size: a .grad",
     "shape.autocast_weight_copy": "an autocast cast half the size of a live weight is its 16-bit copy",
     "shape.tokens_x_vocab": "tokens × a live vocabulary × 2 or 4 bytes is logits",
     "shape.gate_up_of_mlp": "twice a live MLP output, made right before it, is the fused gate/up projection",
     "shape.cublas_workspace": "a never-freed block of the default cuBLAS workspace size",
     "shape.attention_scores": "B·H·L² × 2 or 4 bytes under user attention code is materialised scores",
-    "shape.scores_backward": "a backward block of the size of live attention scores is their gradient",
+    "shape.backward_pairing": "a backward's temporary with the size of live activations of one category is the "
+                              "gradient of one of them",
 }
 _PACKAGE = "snapanalyze.analyze"   # where categories.toml, scopes.toml, roles.toml and rulepacks/ ship
 OWNERS = ("outermost", "innermost")

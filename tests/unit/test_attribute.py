@@ -673,3 +673,44 @@ def test_the_attribute_result_is_what_the_terminal_and_the_json_show() -> None:
     assert [c["category"] for c in doc["devices"][0]["categories"]] == [c.category for c in device.categories]
     text = render_attribution(result, top=2, explain=True)
     assert fmt_bytes(device.categories[0].bytes) in text and "why (rule → frame, largest first):" in text
+
+
+def test_a_backward_on_the_device_thread_leaves_gradients_and_temporaries_of_its_activations(tmp_path):
+    """With stacks="python" a backward's allocations carry no frames (CUDA runs them on the autograd device thread,
+    which has no Python): what one of them keeps past the backward with a parameter's size is a .grad; what it
+    frees before the program allocates again, with exactly the size of a live logits block, is the gradient of
+    those logits. Recorded by the CPU capture from real torch code."""
+    torch = pytest.importorskip("torch")
+    import itertools
+    import pickle
+
+    from snapanalyze.collect import cpu
+
+    ticks = itertools.count(1_780_000_000_000_000)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 4000))
+    with cpu.capture(clock=lambda: next(ticks)) as cap:
+        model.to("cuda")
+        cap.record_memory_history(stacks="python")
+        with cap.host():
+            x, y = torch.randn(128, 256), torch.randint(0, 4000, (128,))
+        x, y = x.to("cuda"), y.to("cuda")
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        after = torch.zeros(16)                          # the program allocates again: the backward is over
+        snapshot = cap.snapshot()
+        in_backward = next(i for i, e in enumerate(snapshot["device_traces"][0])
+                           if e["action"] == "alloc" and not e["frames"] and e["size"] == 128 * 4000 * 4)
+        truth = {int(r["address"]): r for r in cap.rows(len(snapshot["device_traces"][0]) - 1)}
+        dlogits = [f.address for f in cap.facts(in_backward) if f.context.phase == "backward"
+                   and f.context.node in ("NllLossBackward0", "LogSoftmaxBackward0")]
+    path = tmp_path / "train.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    snap = load(path)
+    end = attribute(snap, at=f"event:{len(snapshot['device_traces'][0]) - 1}").blocks
+    grads = end[end["address"].isin([a for a, r in truth.items() if r["lifecycle"] == "gradients"])]
+    assert len(grads) == 4 and set(grads["category"]) == {"gradients"}
+    assert set(grads["rule"]) == {"lifetime.survived_backward"} and grads["inferred"].all()
+    during = attribute(snap, at=f"event:{in_backward}").blocks.set_index("address")
+    assert dlogits and (during.loc[dlogits, "category"] == "logits").all()
+    assert (during.loc[dlogits, "rule"] == "shape.backward_pairing").all()
+    del after

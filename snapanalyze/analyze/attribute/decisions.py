@@ -65,8 +65,6 @@ class Decisions:
             "lifecycle": np.array([d.category in self.persistent for d in items], dtype=bool),
             "plain_other": np.array([d.category == "other" and not d.owner
                                      and not set(d.context) & {"autograd", "optimizer"} for d in items], dtype=bool),
-            "backward_other": np.array(["autograd" in d.context and d.category == "other" for d in items],
-                                       dtype=bool),
         }
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 from ...model import ALLOC, Snapshot
 from ...sites import Site, Words, site_of, words
 from ...stacks import StackInterner, is_python_frame
+from ..backward import Passes
 from ..calltree import CALLEES, CallTree
 from ..moves import apply_frame, grad_copy_frames
 from ..rules import Category, FrameFacts, RuleSet
@@ -38,6 +39,9 @@ SOURCE, RULES, CALLTREE = "stage.source", "stage.rules", "stage.calltree"
 FRAME_STAGES = (SOURCE, RULES, CALLTREE)
 # The program's own files are Python files outside installed packages and the standard library.
 INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages|lib/python\d[\d.]*)/|^<")
+# Python the autograd engine's device thread runs (its outermost frame there): a custom Function's backward, a
+# checkpoint's recomputation.
+_ENGINE_PYTHON = re.compile(r"(^|/)torch/(autograd/|utils/checkpoint\.py$)")
 
 
 class Decider:
@@ -82,9 +86,29 @@ class Decider:
         self.files_cache: dict[int, tuple[tuple[str, bool], ...]] = {}
         self.state_cache: dict[tuple[Any, ...], list[StateGuess]] = {}
         self.retained_cache: dict[int, tuple[pd.DataFrame, dict[int, Retained]]] = {}
+        self.passes_cache: dict[int, Passes] = {}           # device -> its backward passes (`backward`)
+        self._engine: np.ndarray | None = None
         # labelled instants (`attribute._labelled`): (device, index, markers key) -> (blocks, request, ambiguous)
         self.labelled: dict[tuple[Any, ...], tuple[pd.DataFrame, str | None, int]] = {}
         self.last_markers: tuple[pd.DataFrame | None, tuple[int, int] | None] | None = None
+
+    def engine_stacks(self) -> np.ndarray:
+        """The allocation stacks of the autograd engine's device thread: the engine's C++ frames (an `autograd`
+        context), or Python that only the engine calls into on that thread — a custom Function's backward
+        (torch/autograd/function.py), a checkpoint's recomputation (torch/utils/checkpoint.py) — at the stack's
+        outermost Python frame."""
+        if self._engine is None:
+            frames, stacks = self.interner.frames, self.interner.stacks
+            found = []
+            for sid in self.tree_stacks.tolist():
+                if "autograd" in self.decide(sid).context:
+                    found.append(sid)
+                    continue
+                outer = next((frames[f][0] for f in reversed(stacks[sid]) if is_python_frame(frames[f][0])), "")
+                if _ENGINE_PYTHON.search(outer):
+                    found.append(sid)
+            self._engine = np.array(found, dtype=np.int64)
+        return self._engine
 
     def program_files(self, stack_id: int) -> tuple[tuple[str, bool], ...]:
         """The program's own files in a stack (Python files outside installed packages and the standard
@@ -238,6 +262,9 @@ class Decider:
             if not owner and not op_match and source is not None and source.cls and not facts.passthrough:
                 owner = source.qualname
         found = {cat: hit for cat, hit in found.items() if not rules[hit[1]].confirm or cat in proven}
+        if any(not rules[hit[1]].weak for hit in found.values()):
+            # A guess from a file's name never outranks what a rule proves: it counts only where it is alone.
+            found = {cat: hit for cat, hit in found.items() if not rules[hit[1]].weak}
         ctx = tuple(dict.fromkeys(context))
         if not found or (len(found) == 1 and rules[next(iter(found.values()))[1]].weak):
             decision = self._from_tree(stack_id, found, ctx, owner)

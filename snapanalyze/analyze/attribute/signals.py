@@ -2,7 +2,8 @@
 
 - a private pool (named by the alloc entry's `pool_id` from torch 2.12, else by the end state) →
   `graph_capture` (unless frames prove a MemPool user: weights or KV cache in a pool);
-- made by the autograd engine and still live after that backward ended → `gradients`;
+- made by the autograd engine's device thread (no frames where the trace records frames, or the engine's C++
+  frames: `backward`) and still live after that backward ended, with a live parameter's size → `gradients`;
 - the request of the alloc entry (`user_metadata`, else a run's request marker span covering it: see
   `requests`) naming another request than the instant's → `concurrent_request`. The instant's request is
   the one whose allocation reached it (at an OOM, whose allocation failed), else the marker span running
@@ -10,7 +11,8 @@
 - size relations, only where the stack is consistent with them (never in a module the source says owns the
   block, in a backward pass or an optimizer step): an autocast copy of a live weight, tokens × vocab logits
   (`shapes`), a gate/up output twice a live MLP output, PyTorch's default cuBLAS workspace size, B·H·L²
-  attention scores under user attention code and their gradients in the backward.
+  attention scores under user attention code; then a backward's temporary (the device thread's, freed before the
+  backward ended) with exactly the size of live activations of one category → that category.
 Each is a named heuristic (`rules.HEURISTICS`) a rules file may disable, and flagged inferred where it rests
 on a size or a time. `stage(blocks, code)` decides once per distinct key of what the signals read.
 """
@@ -26,10 +28,12 @@ import numpy as np
 import pandas as pd
 
 from ...model import ALLOC
-from ...sites import words
+from ...sites import Site, words
+from ..backward import Passes, backward_passes
 from ..state import CUBLAS_DEFAULT_WORKSPACE
 from .blocks import Blocks
 from .decisions import Decisions, distinct, user_attention
+from .frames import shown_site
 from .result import Decision
 from .shapes import shape_logits, shape_scores, vocab_hints
 
@@ -56,7 +60,7 @@ class Context:
 
 
 def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bool, origin: str,
-             has_stack: bool, persistent: bool, alloc: int, ctx: Context) -> Decision:
+             has_stack: bool, persistent: bool, alloc: int, survived: int, ctx: Context) -> Decision:
     """Block-level signals over the frames' decision, strongest first (see the module docstring)."""
     if pool != "0,0" and d.category in ("weights", "kv_cache") and not d.inferred:
         # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames prove
@@ -67,14 +71,21 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
         return Decision("graph_capture", "signal.private_pool",
                         (f"allocated in private memory pool ({pool}): a CUDA graph capture or MemPool",), d.frame,
                         tuple(x for x in (d.category, *d.tags) if x not in ("other", "graph_capture")))
-    # A workspace its frames prove (a backward thread's cuBLAS handle caches one) is never a .grad.
+    # A workspace its frames prove (a backward thread's cuBLAS handle caches one) is never a .grad; nor is a
+    # block no parameter has the size of, where the parameters are known.
     on = ctx.enabled
-    if d.category not in (*ctx.persistent, "workspace") and "autograd" in d.context and not ctx.in_backward \
-            and on("lifetime.survived_backward"):
+    if survived != -1 and d.category not in (*ctx.persistent, "workspace") and on("lifetime.survived_backward") \
+            and (not ctx.weight_sizes or size in ctx.weight_sizes):
+        of_a = " with the size of a live parameter" if ctx.weight_sizes else ""
+        stack = "is the engine's" if has_stack else "has no frames: that thread runs no Python"
+        after = f"the program allocated again at event {survived:,}" if survived >= 0 else \
+            "a backward before the window began, kept since"
         return Decision("gradients", "lifetime.survived_backward",
-                        ("allocated by the autograd engine in a backward pass and still live after that backward "
-                         "ended: a parameter's .grad (the engine hands a gradient buffer to .grad)",), d.frame,
-                        tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
+                        (f"allocated by the autograd engine's device thread in a backward pass (its stack {stack}) "
+                         f"and still live after that backward ended ({after}){of_a}: a parameter's .grad (the engine "
+                         "hands a gradient buffer to .grad)",),
+                        d.frame, tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True,
+                        context=d.context)
     if d.category not in ctx.persistent and ctx.request and request and request != ctx.request:
         how = "by time: its alloc fell inside that request's marker span" if request_by_time else ""
         return Decision("concurrent_request", "signal.request_marker" if request_by_time else "signal.user_metadata",
@@ -120,24 +131,26 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
     return d
 
 
-def scores_backward(d: Decision, size: int, scores: frozenset[int]) -> Decision:
-    """A backward-pass block with the size of live materialised attention scores is a gradient of them."""
-    if "autograd" not in d.context or d.category != "other" or size not in scores:
-        return d
-    return Decision("fallback_kernel", "shape.scores_backward",
-                    (f"made in a backward pass with the size of live materialised attention scores ({size:,} B): a "
-                     "gradient of those scores (inferred from the size)",), d.frame, ("attention",), inferred=True,
-                    context=d.context)
+def paired(d: Decision, size: int, category: str, site: Site | None) -> Decision:
+    """A backward's block, made by the engine's device thread and freed before that backward ended, with exactly
+    the size of live activations of one category: most likely the gradient of one of them."""
+    return Decision(category, "shape.backward_pairing", words(
+        "made by the autograd engine's device thread in a backward pass and freed before it ended, with exactly "
+        f"the size of live {category} activations ({size:,} B, made at ", site, "): most likely the gradient of "
+        "one of them (inferred from the size)"), d.frame, tuple(x for x in d.tags if x != category),
+        inferred=True, context=d.context)
 
 
 def signals_by_key(table: Decisions, code: np.ndarray, sizes: np.ndarray, pools: np.ndarray,
                     metadata: np.ndarray, by_time: np.ndarray, origin: np.ndarray, stack: np.ndarray,
-                    free_index: np.ndarray, alloc_index: np.ndarray, ctx: Context) -> np.ndarray:
+                    free_index: np.ndarray, alloc_index: np.ndarray, survived: np.ndarray, ctx: Context
+                    ) -> np.ndarray:
     """`signals` of every block, made once per distinct key of what it reads: the frame decision, the pool,
     the request and whether it was named by time (only where it is another request than the instant's),
     whether the block came from the trace, whether it is a never-freed block of the default cuBLAS workspace
     size, the size (only where a size relation could hold: half a live weight's, a logits or a gate/up size,
-    attention scores') and the alloc index (only where a gate/up relation could hold). The codes after."""
+    attention scores, a gradient's), the alloc index (only where a gate/up relation could hold) and, for what
+    the device thread made and kept past its backward, where that backward ended. The codes after."""
     of = table.columns()
     from_trace = origin == "trace"
     plain = of["plain_other"][code] & from_trace
@@ -145,18 +158,20 @@ def signals_by_key(table: Decisions, code: np.ndarray, sizes: np.ndarray, pools:
     by_size = ((~of["lifecycle"][code] & of["autocast"][code]
                 & np.isin(sizes * 2, np.array(list(ctx.weight_sizes), dtype=np.int64)))
                | gate_up | (plain & bool(ctx.vocab) & (sizes >= 16 << 20))
-               | (of["user_attention"][code] & (sizes >= max(ctx.scores_floor, 8 << 20))))
+               | (of["user_attention"][code] & (sizes >= max(ctx.scores_floor, 8 << 20)))
+               | (survived >= 0))
     other_request = (metadata != "") & (metadata != ctx.request) if ctx.request else np.zeros(len(code), dtype=bool)
     keys = np.stack([
         code, pd.factorize(pools)[0],
         np.where(other_request, pd.factorize(metadata)[0], -1), by_time & other_request, from_trace,
         (sizes == CUBLAS_DEFAULT_WORKSPACE) & (free_index < 0),
-        np.where(by_size, sizes, -1), np.where(gate_up, alloc_index, -2)], axis=1).astype(np.int64)
+        np.where(by_size, sizes, -1), np.where(gate_up, alloc_index, -2), survived], axis=1).astype(np.int64)
     if not len(keys):
         return code.copy()
     first, inverse = distinct(keys)
     return table.codes([signals(table.items[int(code[i])], int(sizes[i]), pools[i], metadata[i], bool(by_time[i]),
-                                 origin[i], stack[i] >= 0, free_index[i] < 0, int(alloc_index[i]), ctx)
+                                 origin[i], stack[i] >= 0, free_index[i] < 0, int(alloc_index[i]),
+                                 int(survived[i]), ctx)
                         for i in first.tolist()])[inverse]
 
 
@@ -173,15 +188,26 @@ def _counts(sizes: np.ndarray) -> dict[int, int]:
 
 
 def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
-    """The signals over every block's decision, then gradients of materialised attention scores."""
+    """The signals over every block's decision, then the device thread's backward blocks paired by size."""
     table, sizes, alloc_index = b.table, b.sizes, b.alloc_index
     trace = b.snapshot.trace(b.device)
-    instant_stack = int(b.snapshot.event_stack_ids(b.device, np.array([b.event]))[0]) if b.event >= 0 else -1
+    passes = passes_of(b)
     of = table.columns()
     categories = of["category"][code]
     weights = categories == "weights"
     autocast = of["autocast"][code]
     attention = of["user_attention"][code]
+    # What the autograd engine's device thread made (no frames, or the engine's), the pass it ran in, and where
+    # that pass ended for those it kept past it (−1: made elsewhere, freed inside its backward, or the trace does
+    # not see that backward end; −2: made by a backward before the window began, as the engine's frames show).
+    made_in = np.full(len(code), -1, dtype=np.int64)
+    made_in[b.from_trace] = passes.of(alloc_index[b.from_trace])
+    engine = np.isin(b.stack, b.decider.engine_stacks())
+    device_thread = (made_in >= 0) & ((b.stack < 0) | engine)
+    ended = np.where(device_thread, passes.ends[np.maximum(made_in, 0)] if len(passes) else -1, -1)
+    kept = device_thread & (ended >= 0) & ((b.free_index < 0) | (b.free_index >= ended))
+    before = ~b.from_trace & engine & (b.stack >= 0) & (b.origin != "trace") & (not passes.opens_window)
+    survived = np.where(kept, ended, np.where(before, -2, -1))
     ctx = Context(
         request=b.request, request_why=b.request_why,
         vocab=vocab_hints(sizes[weights]),
@@ -190,19 +216,55 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
         scores_floor=(int(sizes[attention].max()) if attention.any() else 0) // 2,
         mlp_outputs=_indices_by_size(sizes, alloc_index, (categories == "mlp") & (sizes >= (1 << 20))),
         weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
-        in_backward="autograd" in b.decider.decide(instant_stack).context, enabled=b.decider.rules.enabled,
+        in_backward=b.event >= 0 and bool(passes.of(np.array([b.event]))[0] >= 0), enabled=b.decider.rules.enabled,
         persistent=b.decider.rules.persistent,
     )
     code = signals_by_key(table, code, sizes, b.pools, b.metadata, b.by_time, b.origin, b.stack, b.free_index,
-                          alloc_index, ctx)
-    of = table.columns()
-    final_cat = of["category"][code]
-    scores = frozenset(sizes[(final_cat == "fallback_kernel") & (sizes >= 8 << 20)].tolist())
-    if scores and b.decider.rules.enabled("shape.scores_backward"):
-        hit = np.flatnonzero(of["backward_other"][code] & np.isin(sizes, list(scores)))
-        if len(hit):
-            pairs = np.stack([code[hit], sizes[hit]], axis=1)
-            first, inverse = distinct(pairs)
-            code[hit] = table.codes([scores_backward(table.items[int(pairs[k, 0])], int(pairs[k, 1]), scores)
-                                     for k in first.tolist()])[inverse]
+                          alloc_index, survived, ctx)
+    temporary = device_thread & ~kept & (ended >= 0)
+    if b.decider.rules.enabled("shape.backward_pairing") and temporary.any():
+        code = _pair_backward(b, code, temporary)
     return code
+
+
+PAIRED = ("attention", "mlp", "logits", "fallback_kernel", "vision_encoder")
+PAIR_MIN = 1 << 20          # smaller sizes coincide too often to speak for a gradient of one activation
+
+
+def _pair_backward(b: Blocks, code: np.ndarray, temporary: np.ndarray) -> np.ndarray:
+    """Temporaries of a backward still `other` that have exactly the size of live activations of one category
+    made outside the device thread (the forward's) take it (`paired`)."""
+    table = b.table
+    of = table.columns()
+    categories = of["category"][code]
+    forward = ~temporary & np.isin(categories, PAIRED) & (b.sizes >= PAIR_MIN)
+    if not forward.any():
+        return code
+    by_size: dict[int, set[str]] = {}
+    site: dict[int, int] = {}
+    for size, cat, stack in zip(b.sizes[forward].tolist(), categories[forward].tolist(), b.stack[forward].tolist()):
+        by_size.setdefault(size, set()).add(cat)
+        site.setdefault(size, stack)
+    one = {size: next(iter(cats)) for size, cats in by_size.items() if len(cats) == 1}
+    hit = np.flatnonzero(temporary & (categories == "other") & np.isin(b.sizes, np.array(list(one), dtype=np.int64)))
+    if not len(hit):
+        return code
+    code = code.copy()
+    pairs = np.stack([code[hit], b.sizes[hit]], axis=1)
+    first, inverse = distinct(pairs)
+    code[hit] = table.codes([
+        paired(table.items[int(pairs[k, 0])], int(pairs[k, 1]), one[int(pairs[k, 1])],
+               shown_site(b.decider, site[int(pairs[k, 1])])) for k in first.tolist()])[inverse]
+    return code
+
+
+def passes_of(b: Blocks) -> Passes:
+    """The backward passes of the blocks' device (`backward.backward_passes`), kept on the decider."""
+    found = b.decider.passes_cache.get(b.device)
+    if found is None:
+        trace = b.snapshot.trace(b.device)
+        at = np.flatnonzero(trace.action == ALLOC)
+        stacks = b.snapshot.event_stack_ids(b.device, at)
+        engine = set(b.decider.engine_stacks().tolist())
+        found = b.decider.passes_cache[b.device] = backward_passes(at, stacks, engine.__contains__)
+    return found
