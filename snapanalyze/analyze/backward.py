@@ -14,6 +14,8 @@ allocations. It returns `Passes`: per backward its first and last device-thread 
 next allocation (`ends`: where the backward was over at the latest; −1 where the trace ends first).
 `Passes.of(indices)` names the pass an event ran in (−1: none) and `Passes.ended(indices)` where it was over.
 `Passes.opens_window`: whether the trace begins inside a backward (its first allocation is the device thread's).
+`kept_past(passes, alloc_index, free_index, device_thread)` says, for blocks, where their backward ended and
+whether they outlived it.
 Columns only: a pass over the allocations, no Python call per event.
 """
 
@@ -75,3 +77,18 @@ def backward_passes(allocations: np.ndarray, stacks: np.ndarray, engine: Callabl
     after = stops + 1
     ends = np.where(after < len(allocations), allocations[np.minimum(after, len(allocations) - 1)], -1)
     return Passes(allocations[starts], allocations[stops], ends.astype(np.int64), bool(device[0]))
+
+
+def kept_past(passes: Passes, alloc_index: np.ndarray, free_index: np.ndarray, device_thread: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """For blocks (their alloc and free trace indices, −1: none) of which `device_thread` says the autograd
+    engine's device thread made them: where the backward each was made in was over (−1: made in none, or the
+    trace does not see it end), and whether the block outlived that end (never freed, or freed at or after it)."""
+    alloc_index = np.asarray(alloc_index, dtype=np.int64)
+    made = np.full(len(alloc_index), -1, dtype=np.int64)
+    traced = alloc_index >= 0
+    made[traced] = passes.of(alloc_index[traced])
+    mine = device_thread & (made >= 0)
+    ended = np.where(mine, passes.ends[np.maximum(made, 0)] if len(passes) else -1, -1)
+    kept = mine & (ended >= 0) & ((free_index < 0) | (free_index >= ended))
+    return ended, kept

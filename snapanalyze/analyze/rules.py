@@ -62,6 +62,7 @@ HEURISTICS = {
                                  "window shows the program keeping is one of them",
     "state.copies": "frame-less persistent sizes repeating k times in a training program are parameters and "
                     "k − 1 copies of state",
+    "state.layers": "frame-less persistent sizes repeating as a model's layers do are its parameters and buffers",
     "state.cublas_workspace": "a frame-less persistent block of PyTorch's default cuBLAS workspace size",
     "lifetime.survived_backward": "made by the autograd engine's device thread and live after its backward, with a "
                                   "live parameter's size: a .grad",

@@ -1,6 +1,6 @@
 """Persistent state from before the trace window: what blocks with no frames most likely are, and why.
 
-Contract: `persistent_state(sizes, addresses, training, retained, enabled)` takes the blocks that were live
+Contract: `persistent_state(sizes, addresses, training, retained, enabled, second)` takes the blocks that were live
 before the window began, are never freed in it and carry no stack (allocated before `_record_memory_history`
 started, or after it stopped), and returns one `StateGuess` per block (category, rule, reason; every one is
 inferred). The evidence, strongest first:
@@ -10,16 +10,19 @@ inferred). The evidence, strongest first:
   of that size, made by attention, MLP, logits or vision code, never freed, at call sites none of whose
   allocations the window frees) is one of those activations, held since an earlier step (a retained graph,
   outputs kept with their grad_fn);
-- the rest is the program's persistent state: parameters and buffers, plus, in a training program, one
-  copy per parameter of each per-parameter state. Those copies repeat the parameters' size multiset, so
-  every size that occurs more than once occurs a multiple of k times, k − 1 being the number of state
-  copies: k = the greatest common divisor of those counts (`copies`). Only with evidence of training (`training`: a
-  backward or an optimizer seen in the snapshot) is k ≥ 2 read as state: 2 → weights + gradients,
-  3 → weights + two optimizer moments (Adam's exp_avg / exp_avg_sq, gradients set to None), 4 → weights +
-  gradients + two moments. Within one size, which block is the parameter is not recorded: the copies are
-  assigned in address order (the parameters were allocated first), a guess the reason states. Sizes that
-  occur once, or a number of times k does not divide, are taken as weights (buffers have no state).
-Without training evidence everything is `weights`. The caller flags all of it `inferred`.
+- in a training program (`training`: a backward or an optimizer seen in the snapshot), one copy per parameter
+  of each per-parameter state beside the parameters: the copies repeat the parameters' size multiset k times
+  (`copies`): 2 → weights + gradients, or weights + one optimizer state (SGD's momentum) where the window
+  makes the gradients afresh (`second`), 3 → weights + two optimizer moments (Adam's exp_avg / exp_avg_sq,
+  gradients set to None), 4 → weights + gradients + two moments. Within one size, which block is the
+  parameter is not recorded: the copies are assigned in address order (the parameters were allocated
+  first), a guess the reason states. Sizes that occur once, or a number of times k does not divide, are
+  taken as weights (buffers have no state);
+- without such copies, sizes that repeat as a model's layers do (`periodic`) are the model's parameters
+  and buffers;
+- the rest is unknown (`other`): nothing the snapshot holds says what it is, and the reason says how to
+  record who made it.
+The caller flags all of it `inferred`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ _ROLES = {2: ("weights", "gradients"), 3: ("weights", "optimizer_state", "optimi
           4: ("weights", "gradients", "optimizer_state", "optimizer_state")}
 _ROLE_WORDS = {2: "the parameters and their .grad", 3: "the parameters and two optimizer moments (Adam's "
                "exp_avg/exp_avg_sq; .grad set to None)", 4: "the parameters, their .grad and two optimizer moments"}
+SCALAR = 512                     # a block's minimum: what fits in it is a scalar or a counter, not a parameter
 ADVICE = "start torch.cuda.memory._record_memory_history before the model is built to record who allocated it"
 
 
@@ -50,10 +54,13 @@ class StateGuess:
 
 def copies(sizes: np.ndarray) -> int:
     """k: the greatest common divisor of the counts of the sizes that occur more than once (1 if none, or if
-    only one size repeats: one size says nothing about a multiset).
+    only one size repeats: one size says nothing about a multiset). Sizes of one allocator block or less (512 B:
+    step counters, scalars, BatchNorm's num_batches_tracked) are left out: buffers that share no copy.
 
     A size that occurs two or three times and breaks the pattern (a buffer or an input batch that happens to
     share a size) is left out, as long as the sizes that keep it hold 90 % of the repeated bytes."""
+    sizes = np.asarray(sizes)
+    sizes = sizes[sizes > SCALAR]
     if not len(sizes):
         return 1
     values, counts = np.unique(sizes, return_counts=True)
@@ -70,6 +77,18 @@ def copies(sizes: np.ndarray) -> int:
     return k
 
 
+def periodic(sizes: np.ndarray) -> bool:
+    """Whether the sizes look like a model's parameters: layers repeat, so at least three distinct sizes occur
+    more than once (one repeated size is a pool of equal buffers — a KV cache's layers — not a model), holding
+    a quarter of the bytes or more (an embedding of a size of its own can hold the rest)."""
+    if not len(sizes):
+        return False
+    values, counts = np.unique(sizes, return_counts=True)
+    repeated = counts > 1
+    held = values * counts
+    return int(repeated.sum()) >= 3 and held[repeated].sum() >= 0.25 * held.sum()
+
+
 @dataclass(frozen=True)
 class Retained:
     """Activations of one size the window shows the program keeping: their category and the evidence."""
@@ -80,11 +99,13 @@ class Retained:
 
 def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
                      retained: dict[int, Retained] | None = None,
-                     enabled: Callable[[str], bool] = lambda name: True) -> list[StateGuess]:
+                     enabled: Callable[[str], bool] = lambda name: True, second: str = "gradients"
+                     ) -> list[StateGuess]:
     """One guess per block (see the module docstring); `sizes` and `addresses` are parallel arrays;
     `enabled(name)`: whether the heuristic of that name (`state.cublas_workspace`, `state.retained_activation`,
-    `state.copies`) may decide. Blocks with the same guess share one StateGuess (a few distinct ones however
-    many blocks)."""
+    `state.copies`, `state.layers`) may decide; `second`: what a second copy of the parameters is (gradients, or
+    optimizer_state where the window shows the gradients made afresh). Blocks with the same guess share one
+    StateGuess (a few distinct ones however many blocks)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     addresses = np.asarray(addresses, dtype=np.uint64)
     workspace = (sizes == CUBLAS_DEFAULT_WORKSPACE) & enabled("state.cublas_workspace")
@@ -93,11 +114,19 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
     rest = np.flatnonzero(~workspace & ~kept)
     k = copies(sizes[rest]) if training and enabled("state.copies") else 1
     k = k if k in _ROLES else 1
-    plain = StateGuess("weights", "state.persistent",
-                       ("no frames, live before the window and never freed: persistent state, taken as the "
-                        "model's parameters and buffers" + ("" if training else
-                                                           " (the snapshot shows no backward or optimizer)")
-                        + f"; {ADVICE}",))
+    layered = k == 1 and enabled("state.layers") and periodic(sizes[rest])
+    if k > 1 or layered:
+        why = ("no frames, live before the window and never freed, and the sizes repeat as a model's layers do "
+               "(several sizes occur many times): persistent state, taken as the model's parameters and buffers"
+               if layered else "no frames, live before the window and never freed: persistent state, taken as "
+               "the model's parameters and buffers")
+        plain = StateGuess("weights", "state.layers" if layered else "state.persistent", (f"{why}; {ADVICE}",))
+    else:
+        plain = StateGuess("other", "state.unknown",
+                           ("no frames, live before the window and never freed: allocated before recording started, "
+                            "and nothing the snapshot holds says what it is (its sizes show no model's repeating "
+                            "layers" + (", nor copies of them that a training program keeps" if training else "")
+                            + ")" + f"; {ADVICE}",))
     out = np.full(len(sizes), plain, dtype=object)
     if workspace.any():
         out[workspace] = StateGuess("workspace", "state.cublas_workspace",
@@ -114,7 +143,9 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
                 "earlier step, still held (a retained autograd graph, or outputs kept with their grad_fn) — "
                 f"inferred from the size; {ADVICE}"))
     if k > 1:
-        roles = _ROLES[k]
+        roles = (_ROLES[k][0], second, *_ROLES[k][2:]) if k == 2 else _ROLES[k]
+        describe = _ROLE_WORDS[k] if k != 2 or second == "gradients" else \
+            "the parameters and one optimizer state each (SGD's momentum; the window makes the gradients afresh)"
         order = rest[np.lexsort((addresses[rest], sizes[rest]))]     # by size, then address
         by_size = sizes[order]
         starts = np.flatnonzero(np.r_[True, by_size[1:] != by_size[:-1]]) if len(order) else order
@@ -126,7 +157,7 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
                 out[order[start + copy * per:start + (copy + 1) * per]] = StateGuess(
                     roles[copy], f"state.copies_{k}",
                     (f"no frames, live before the window and never freed; in a training program the persistent "
-                     f"sizes repeat {k}× (every repeated size occurs a multiple of {k} times): {_ROLE_WORDS[k]}. "
-                     f"This is copy {copy + 1} of {k} of {size:,} B in address order, which tells which copy is "
-                     f"which only as a guess; {ADVICE}",))
+                     f"sizes repeat {k}× (the sizes holding most bytes occur a multiple of {k} times, a size of its "
+                     f"own exactly {k} times): {describe}. This is copy {copy + 1} of {k} of {size:,} B in address "
+                     f"order, which tells which copy is which only as a guess; {ADVICE}",))
     return list(out)

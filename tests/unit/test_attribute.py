@@ -69,15 +69,16 @@ def test_vllm_pools_holding_kv_and_weights_are_not_called_graph_capture():
 
 
 def test_persistent_blocks_without_frames_are_weights_inferred_with_the_fix():
-    """Inference: everything live before the window, never freed and without a stack is the model's state
-    (flagged inferred, the reason says why and how to record it); the cuBLAS-sized one is the workspace."""
+    """Inference: what is live before the window, never freed and without a stack, and whose sizes repeat as a
+    model's layers do, is the model's state (flagged inferred, the reason says why and how to record it); the
+    cuBLAS-sized one is the workspace."""
     result = attribute(load(REAL / "cs336-medium-ctx1024-inference-t2.11.pickle"))
     before = result.blocks[result.blocks["origin"] == "before window, live throughout"]
     assert int(before["size"].sum()) == result.instants[0].baseline_active_bytes
     assert before["inferred"].all() and set(before["category"]) == {"weights", "workspace"}
     weights = before[before["category"] == "weights"]
-    assert (weights["rule"] == "state.persistent").all()
-    assert weights.iloc[0]["reason"].count("no backward or optimizer") == 1
+    assert (weights["rule"] == "state.layers").all()
+    assert weights.iloc[0]["reason"].count("repeat as a model's layers do") == 1
     assert "_record_memory_history before the model is built" in weights.iloc[0]["reason"]
     assert before.loc[before["category"] == "workspace", "size"].tolist() == [8519680]
 

@@ -25,7 +25,7 @@ import pandas as pd
 from ...model import ALLOC, Snapshot
 from ...sites import Site, Words, site_of, words
 from ...stacks import StackInterner, is_python_frame
-from ..backward import Passes
+from ..backward import Passes, backward_passes
 from ..calltree import CALLEES, CallTree
 from ..moves import apply_frame, grad_copy_frames
 from ..rules import Category, FrameFacts, RuleSet
@@ -109,6 +109,17 @@ class Decider:
                     found.append(sid)
             self._engine = np.array(found, dtype=np.int64)
         return self._engine
+
+    def passes(self, snapshot: Snapshot, device: int) -> Passes:
+        """The backward passes of a device's trace (`backward.backward_passes`), found once."""
+        found = self.passes_cache.get(device)
+        if found is None:
+            trace = snapshot.trace(device)
+            at = np.flatnonzero(trace.action == ALLOC)
+            engine = set(self.engine_stacks().tolist())
+            found = self.passes_cache[device] = backward_passes(at, snapshot.event_stack_ids(device, at),
+                                                                engine.__contains__)
+        return found
 
     def program_files(self, stack_id: int) -> tuple[tuple[str, bool], ...]:
         """The program's own files in a stack (Python files outside installed packages and the standard

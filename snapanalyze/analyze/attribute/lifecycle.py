@@ -1,8 +1,10 @@
 """The before-window stage of attribution: blocks live before the trace window whose allocation carries no
 stack. Persistent state (`state`: cuBLAS workspace, activations of a size the window shows the program
-keeping — `kept_activations`, a retained graph — weights, and in a training program gradients / optimizer
-moments as copies of the parameters), or state an optimizer step freed (it replaced it), or unknown, said
-plainly with how to record it (`before_window`). `stage(blocks, code)` applies it to the blocks' codes.
+keeping — `kept_activations`, a retained graph — in a training program the parameters and their gradients /
+optimizer moments as copies of them (a second copy is optimizer state where the window's own backward makes
+the gradients afresh: `second_copy`), weights where the sizes repeat as a model's layers do, else unknown), or
+state an optimizer step freed (it replaced it), or unknown, said plainly with how to record it
+(`before_window`). `stage(blocks, code)` applies it to the blocks' codes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pandas as pd
 
 from ...model import OOM, Snapshot
 from ...sites import Site, words
+from ..backward import kept_past
 from ..state import ADVICE, Retained, StateGuess, persistent_state
 from .blocks import Blocks
 from .frames import Decider, shown_site
@@ -75,15 +78,32 @@ def retained(decider: Decider, snapshot: Snapshot, device: int, lifetimes: pd.Da
 
 
 def persistent(decider: Decider, device: int, sizes: np.ndarray, addresses: np.ndarray, training: bool,
-               kept: dict[int, Retained]) -> list[StateGuess]:
+               kept: dict[int, Retained], second: str) -> list[StateGuess]:
     """`state.persistent_state` of these blocks, kept on the decider: blocks live throughout the window are the
     same at every instant of a device."""
-    key = (device, training, sizes.tobytes() + addresses.tobytes(), tuple(sorted(kept.items())))
+    key = (device, training, sizes.tobytes() + addresses.tobytes(), tuple(sorted(kept.items())), second)
     found = decider.state_cache.get(key)
     if found is None:
         found = decider.state_cache[key] = persistent_state(sizes, addresses, training, kept,
-                                                            decider.rules.enabled)
+                                                            decider.rules.enabled, second)
     return found
+
+
+def second_copy(b: Blocks, sizes: np.ndarray) -> str:
+    """What a second copy of the parameters is: optimizer state where the window's own backward makes gradients
+    of those sizes afresh (the autograd device thread's allocations kept past their backward), else gradients."""
+    window = b.window
+    passes = b.decider.passes(b.snapshot, b.device)
+    if window is None or not len(passes) or not len(sizes):
+        return "gradients"
+    alloc = window["alloc_index"].to_numpy()
+    traced = alloc >= 0
+    stacks = np.full(len(window), -1, dtype=np.int64)
+    stacks[traced] = b.snapshot.event_stack_ids(b.device, alloc[traced])
+    device_thread = traced & ((stacks < 0) | np.isin(stacks, b.decider.engine_stacks()))
+    _, kept = kept_past(passes, alloc, window["free_index"].to_numpy(), device_thread)
+    fresh = np.isin(window["size"].to_numpy()[kept], sizes)
+    return "optimizer_state" if fresh.any() else "gradients"
 
 
 def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: Site | None) -> Decision:
@@ -117,8 +137,15 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     code[frameless_pre] = table.add(before_window(None, None, None))
     code[freed_pre] = table.codes([before_window(None, by, shown_site(decider, int(sid), by.frame))
                                    for sid, by in zip(freers.tolist(), freed_by)])[by_freer.reshape(-1)]
-    guesses = persistent(decider, device, b.sizes[kept], b.addr[kept], training,
-                         retained(decider, b.snapshot, device, b.window))
+    # Gradients and optimizer state that frames prove, of the sizes of these blocks, mean the copies are not
+    # among them: they are the parameters (and buffers) those copies belong to.
+    of = table.columns()
+    framed_state = np.isin(of["category"][code], TRAINING) & (b.stack >= 0)
+    twins = np.isin(b.sizes[kept], b.sizes[framed_state])
+    training_here = training and not (kept.any() and b.sizes[kept][twins].sum() >= 0.5 * b.sizes[kept].sum())
+    guesses = persistent(decider, device, b.sizes[kept], b.addr[kept], training_here,
+                         retained(decider, b.snapshot, device, b.window),
+                         second_copy(b, b.sizes[kept]) if training_here else "gradients")
     if guesses:                                          # a few distinct guesses, shared by many blocks
         _, first, inverse = np.unique(np.fromiter(map(id, guesses), dtype=np.uint64, count=len(guesses)),
                                       return_index=True, return_inverse=True)

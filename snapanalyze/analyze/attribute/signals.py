@@ -29,7 +29,7 @@ import pandas as pd
 
 from ...model import ALLOC
 from ...sites import Site, words
-from ..backward import Passes, backward_passes
+from ..backward import kept_past
 from ..state import CUBLAS_DEFAULT_WORKSPACE
 from .blocks import Blocks
 from .decisions import Decisions, distinct, user_attention
@@ -191,7 +191,7 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     """The signals over every block's decision, then the device thread's backward blocks paired by size."""
     table, sizes, alloc_index = b.table, b.sizes, b.alloc_index
     trace = b.snapshot.trace(b.device)
-    passes = passes_of(b)
+    passes = b.decider.passes(b.snapshot, b.device)
     of = table.columns()
     categories = of["category"][code]
     weights = categories == "weights"
@@ -200,12 +200,10 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     # What the autograd engine's device thread made (no frames, or the engine's), the pass it ran in, and where
     # that pass ended for those it kept past it (−1: made elsewhere, freed inside its backward, or the trace does
     # not see that backward end; −2: made by a backward before the window began, as the engine's frames show).
-    made_in = np.full(len(code), -1, dtype=np.int64)
-    made_in[b.from_trace] = passes.of(alloc_index[b.from_trace])
     engine = np.isin(b.stack, b.decider.engine_stacks())
-    device_thread = (made_in >= 0) & ((b.stack < 0) | engine)
-    ended = np.where(device_thread, passes.ends[np.maximum(made_in, 0)] if len(passes) else -1, -1)
-    kept = device_thread & (ended >= 0) & ((b.free_index < 0) | (b.free_index >= ended))
+    device_thread = b.from_trace & ((b.stack < 0) | engine)
+    ended, kept = kept_past(passes, alloc_index, b.free_index, device_thread)
+    device_thread &= ended >= 0
     before = ~b.from_trace & engine & (b.stack >= 0) & (b.origin != "trace") & (not passes.opens_window)
     survived = np.where(kept, ended, np.where(before, -2, -1))
     ctx = Context(
@@ -221,7 +219,7 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     )
     code = signals_by_key(table, code, sizes, b.pools, b.metadata, b.by_time, b.origin, b.stack, b.free_index,
                           alloc_index, survived, ctx)
-    temporary = device_thread & ~kept & (ended >= 0)
+    temporary = device_thread & ~kept
     if b.decider.rules.enabled("shape.backward_pairing") and temporary.any():
         code = _pair_backward(b, code, temporary)
     return code
@@ -256,15 +254,3 @@ def _pair_backward(b: Blocks, code: np.ndarray, temporary: np.ndarray) -> np.nda
         paired(table.items[int(pairs[k, 0])], int(pairs[k, 1]), one[int(pairs[k, 1])],
                shown_site(b.decider, site[int(pairs[k, 1])])) for k in first.tolist()])[inverse]
     return code
-
-
-def passes_of(b: Blocks) -> Passes:
-    """The backward passes of the blocks' device (`backward.backward_passes`), kept on the decider."""
-    found = b.decider.passes_cache.get(b.device)
-    if found is None:
-        trace = b.snapshot.trace(b.device)
-        at = np.flatnonzero(trace.action == ALLOC)
-        stacks = b.snapshot.event_stack_ids(b.device, at)
-        engine = set(b.decider.engine_stacks().tolist())
-        found = b.decider.passes_cache[b.device] = backward_passes(at, stacks, engine.__contains__)
-    return found
