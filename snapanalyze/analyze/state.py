@@ -18,8 +18,8 @@ inferred). The evidence, strongest first:
   parameter is not recorded: the copies are assigned in address order (the parameters were allocated
   first), a guess the reason states. Sizes that occur once, or a number of times k does not divide, are
   taken as weights (buffers have no state);
-- without such copies, sizes that repeat as a model's layers do (`periodic`) are the model's parameters
-  and buffers;
+- without such copies, sizes that repeat as a model's layers do (`periodic`: three sizes or more repeat, a number
+  of layers dividing the counts of two or more) are the model's parameters and buffers;
 - the rest is unknown (`other`): nothing the snapshot holds says what it is, and the reason says how to
   record who made it.
 The caller flags all of it `inferred`.
@@ -78,15 +78,18 @@ def copies(sizes: np.ndarray) -> int:
 
 
 def periodic(sizes: np.ndarray) -> bool:
-    """Whether the sizes look like a model's parameters: layers repeat, so at least three distinct sizes occur
-    more than once (one repeated size is a pool of equal buffers — a KV cache's layers — not a model), holding
-    a quarter of the bytes or more (an embedding of a size of its own can hold the rest)."""
+    """Whether the sizes look like a model's parameters: at least three distinct sizes repeat (one repeated size is
+    a pool of equal buffers — a KV cache's layers — not a model), and its L ≥ 2 layers divide the counts of two of
+    them or more (a final norm may add one to another's). Scalars and counters (one allocator block or less) say
+    nothing."""
+    sizes = np.asarray(sizes)
+    sizes = sizes[sizes > SCALAR]
     if not len(sizes):
         return False
-    values, counts = np.unique(sizes, return_counts=True)
-    repeated = counts > 1
-    held = values * counts
-    return int(repeated.sum()) >= 3 and held[repeated].sum() >= 0.25 * held.sum()
+    _, counts = np.unique(sizes, return_counts=True)
+    counts = counts[counts > 1]
+    return len(counts) >= 3 and any(int((counts % layers == 0).sum()) >= 2
+                                    for layers in range(2, int(counts.max()) + 1))
 
 
 @dataclass(frozen=True)
