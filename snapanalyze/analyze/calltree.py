@@ -165,13 +165,26 @@ class CallTree:
         return hit
 
     def kind(self, fid: int) -> str:
-        """The kind one frame shows ("" for none): library kinds for library frames, code kinds (by the
-        function's name) for frames of model code."""
+        """The kind one frame shows ("" for none): library kinds for library frames; for frames of model code,
+        the code kinds by the function's name — or by its class's name where the source names it (a
+        hand-written `NewGELU.forward` is an activation) — else a library kind its file proves (transformers'
+        Conv1D in pytorch_utils.py is a linear layer, its activations.py, timm's and diffusers' activation
+        modules are activations: library layers that are model code, not torch's pass-through)."""
         hit = self._kind.get(fid)
         if hit is None:
-            filename, _, function = self.interner.frames[fid]
-            code = self.is_code(fid)
-            hit = next((k.name for k in self.data.kinds if k.on_code == code and k.matches(filename, function)), "")
+            filename, _, function = frame = self.interner.frames[fid]
+            if not self.is_code(fid):
+                hit = next((k.name for k in self.data.kinds if not k.on_code and k.matches(filename, function)), "")
+            else:
+                names = [function]
+                source = self.facts(frame).source if self.rules.source is not None else None
+                if source is not None and source.cls:
+                    names.append(source.cls)
+                hit = next((k.name for k in self.data.kinds if k.on_code
+                            and any(k.matches(filename, n) for n in names)), "")
+                if not hit:
+                    hit = next((k.name for k in self.data.kinds if not k.on_code and k.file is not None
+                                and k.matches(filename, function)), "")
             self._kind[fid] = hit
         return hit
 
@@ -247,7 +260,8 @@ class CallTree:
             for c in node.children:
                 child = self.nodes[c]
                 name = _site(frames[child.frame])
-                by_name = self.kind(child.frame)
+                # A sublayer with a role of its own speaks by its role, not by its name or file.
+                by_name = self.kind(child.frame) if child.role is None else ""
                 if by_name:
                     kinds.add(by_name)
                     examples.setdefault(by_name, name)
