@@ -3,10 +3,10 @@
 Contract: `grade_stem(root, stem, source)` attributes ``root/STEM.pickle`` at its global peak (with
 ``root/source/STEM`` as `--source` when `source`) and compares every live block with ``labels/blocks-STEM.csv``
 by (device, address): `Grade` holds the shares of the peak's active bytes whose category equals the label
-(``activations_other`` and ``unknown`` agree with ``other``), whose lifecycle equals the label's (weights,
-gradients, optimizer_state, inputs, kv_cache, workspace, logits, activations; ``other`` is no claim and agrees
-only where the label is ``activations_other``/``unknown``), that got a different named category (wrong; ``other``
-is honest) and the part of that not flagged ``inferred``. `table(grades)` renders per-program rows and per-family
+(``activations_other`` and ``unknown`` agree with ``other``), whose lifecycle (attribute's ``lifecycle`` column)
+equals the label's (weights, gradients, optimizer_state, inputs, kv_cache, workspace, logits, activations;
+``unknown`` is no claim and agrees only where the label is ``activations_other``/``unknown``), that got a
+different named category (wrong; ``other`` is honest) and the part of that not flagged ``inferred``. `table(grades)` renders per-program rows and per-family
 medians, the held-out families (`zoo.HELD_OUT`) apart. ``python -m zoo.grade DIR [--source] [--show-held-out]``
 prints it; without ``--show-held-out`` the held-out families' rows stay hidden (their medians are shown), so rules
 are not written against them.
@@ -64,12 +64,13 @@ def grade_stem(root: Path, stem: str, source: bool) -> Grade:
     roots = [root / "source" / stem] if source and (root / "source" / stem).is_dir() else None
     snap = sa.load(root / f"{stem}.pickle", source=roots)
     blocks = sa.attribute(snap, device=0).blocks
-    got = {int(a): (c, bool(i)) for a, c, i in zip(blocks["address"], blocks["category"], blocks["inferred"])}
+    got = {int(a): (c, bool(i), life) for a, c, i, life in
+           zip(blocks["address"], blocks["category"], blocks["inferred"], blocks["lifecycle"])}
     total = int(truth["peak_active_bytes"])
     agree = life = wrong = unflagged = 0
     confusion: Counter[tuple[str, str]] = Counter()
     for addr, (label, truth_life, size) in labels.items():
-        cat, inferred = got.get(addr, ("(missing)", False))
+        cat, inferred, predicted = got.get(addr, ("(missing)", False, "unknown"))
         want = EQUIV.get(label, label)
         if cat == want:
             agree += size
@@ -78,7 +79,6 @@ def grade_stem(root: Path, stem: str, source: bool) -> Grade:
             if cat not in ("other", "(missing)"):
                 wrong += size
                 unflagged += 0 if inferred else size
-        predicted = lifecycle_of(cat)
         if predicted == (truth_life or lifecycle_of(want)) or (predicted == "unknown" and want == "other"):
             life += size
     share = (lambda x: x / total) if total else (lambda x: 1.0)

@@ -64,6 +64,7 @@ HEURISTICS = {
                     "k − 1 copies of state",
     "state.layers": "frame-less persistent sizes repeating as a model's layers do are its parameters and buffers",
     "state.cublas_workspace": "a frame-less persistent block of PyTorch's default cuBLAS workspace size",
+    "state.freed_by_zero_grad": "a frame-less block from before the window that zero_grad frees is a .grad",
     "lifetime.survived_backward": "made by the autograd engine's device thread and live after its backward, with a "
                                   "live parameter's size: a .grad",
     "shape.autocast_weight_copy": "an autocast cast half the size of a live weight is its 16-bit copy",
@@ -74,6 +75,9 @@ HEURISTICS = {
     "shape.backward_pairing": "a backward's temporary with the size of live activations of one category is the "
                               "gradient of one of them",
 }
+# What a block is across steps, coarser than its category: the `lifecycle` column of attribute's blocks.
+LIFECYCLES = ("weights", "gradients", "optimizer_state", "inputs", "kv_cache", "logits", "workspace",
+              "graph_capture", "activations", "unknown")
 _PACKAGE = "snapanalyze.analyze"   # where categories.toml, scopes.toml, roles.toml and rulepacks/ ship
 OWNERS = ("outermost", "innermost")
 SOURCE_KEYS = ("qualname", "class", "code", "call")
@@ -99,6 +103,9 @@ class Category:
     # State that lives across steps (weights, the KV pool, graph pools, gradients, optimizer state): the rest of
     # a peak rises on top of it, and a frame's decision in it is never overridden by a block-level heuristic.
     persistent: bool = False
+    # What the category's blocks are across steps (LIFECYCLES); "" for `other` and categories that do not say:
+    # such a block is an activation where it was made and freed inside the window, else unknown.
+    lifecycle: str = ""
 
 
 @dataclass(frozen=True)
@@ -370,11 +377,11 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category], ship
             raise RulesError(f"{where}: each [[categories]] entry needs a 'name'")
         name = item["name"]
         unknown = set(item) - {"name", "precedence", "owner", "description", "not_across", "context_tag", "color",
-                               "per_forward", "persistent"}
+                               "per_forward", "persistent", "lifecycle"}
         if unknown:
             raise RulesError(f"{where}: category '{name}': unknown key(s) {sorted(unknown)} (allowed: name, "
                              "precedence, owner, description, not_across, context_tag, color, per_forward, "
-                             "persistent)")
+                             "persistent, lifecycle)")
         base = into.get(name)
         precedence = item.get("precedence", base.precedence if base else 50)
         owner = item.get("owner", base.owner if base else "innermost")
@@ -398,9 +405,12 @@ def _categories(doc: dict[str, Any], where: str, into: dict[str, Category], ship
         for key, value in (("per_forward", per_forward), ("persistent", persistent)):
             if not isinstance(value, bool):
                 raise RulesError(f"{where}: category '{name}': {key} must be true or false")
+        lifecycle = item.get("lifecycle", base.lifecycle if base else ("activations" if per_forward else ""))
+        if lifecycle not in ("", *LIFECYCLES):
+            raise RulesError(f"{where}: category '{name}': lifecycle must be one of {', '.join(LIFECYCLES)}")
         into[name] = Category(name, precedence, owner, str(item.get("description", base.description
                                                                      if base else "")),
-                              tuple(not_across), context_tag, color, per_forward, persistent)
+                              tuple(not_across), context_tag, color, per_forward, persistent, lifecycle)
 
 
 def _rules_of(doc: dict[str, Any], where: str, pack: str, categories: dict[str, Category],

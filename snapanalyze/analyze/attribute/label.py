@@ -146,6 +146,11 @@ def _table(b: Blocks, live: pd.DataFrame, code: np.ndarray, by_size: bool) -> pd
     def decided(field: str) -> pd.Series:
         return texts(np.asarray(of[field], dtype=object)[code])
     owner_of = b.by_stack[rows]
+    named, which = np.unique(np.asarray(of["category"], dtype=object)[code].astype(str), return_inverse=True)
+    lifecycle = np.array([decider.rules.categories[c].lifecycle if c in decider.rules.categories else ""
+                          for c in named.tolist()], dtype=object)[which.reshape(-1)]
+    transient = (b.origin[rows] == "trace") & (b.free_index[rows] >= 0)
+    lifecycle[lifecycle == ""] = np.where(transient, "activations", "unknown")[lifecycle == ""]
     return pd.DataFrame({
         "device": np.full(len(live), b.device, dtype=np.int64), "address": b.addr[rows].astype(np.uint64),
         "size": b.sizes[rows].astype(np.int64),
@@ -157,6 +162,6 @@ def _table(b: Blocks, live: pd.DataFrame, code: np.ndarray, by_size: bool) -> pd
         "user_metadata": texts(b.metadata[rows]), "pool": texts(b.pools[rows]),
         "stream": live["stream"].to_numpy()[rows].astype(np.int64),
         "origin": texts(b.origin[rows]), "alloc_index": b.alloc_index[rows].astype(np.int64),
-        "annotation": texts(b.annotations[rows]), "span": texts(span[rows]),
+        "annotation": texts(b.annotations[rows]), "span": texts(span[rows]), "lifecycle": texts(lifecycle),
         "frame_id": shown[inverse], "owner_id": owners[owner_of], "decision": code.astype(np.int64)},
         columns=[*BLOCK_COLUMNS, *ID_COLUMNS])

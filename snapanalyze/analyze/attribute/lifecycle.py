@@ -91,26 +91,39 @@ def persistent(decider: Decider, device: int, sizes: np.ndarray, addresses: np.n
 
 def second_copy(b: Blocks, sizes: np.ndarray) -> str:
     """What a second copy of the parameters is: optimizer state where the window's own backward makes gradients
-    of those sizes afresh (the autograd device thread's allocations kept past their backward), else gradients."""
+    of those sizes afresh (the autograd device thread's allocations kept past their backward), or zero_grad
+    frees gradients of those sizes made before the window, else gradients."""
     window = b.window
     passes = b.decider.passes(b.snapshot, b.device)
-    if window is None or not len(passes) or not len(sizes):
+    if window is None or not len(sizes):
         return "gradients"
     alloc = window["alloc_index"].to_numpy()
     traced = alloc >= 0
     stacks = np.full(len(window), -1, dtype=np.int64)
     stacks[traced] = b.snapshot.event_stack_ids(b.device, alloc[traced])
     device_thread = traced & ((stacks < 0) | np.isin(stacks, b.decider.engine_stacks()))
-    _, kept = kept_past(passes, alloc, window["free_index"].to_numpy(), device_thread)
+    free = window["free_index"].to_numpy()
+    _, kept = kept_past(passes, alloc, free, device_thread)
     fresh = np.isin(window["size"].to_numpy()[kept], sizes)
+    # ... or where zero_grad frees, inside the window, frame-less gradients of those sizes made before it.
+    dropped = np.flatnonzero(~traced & (free >= 0) & np.isin(window["size"].to_numpy(), sizes))
+    if len(dropped):
+        by = np.unique(b.snapshot.event_stack_ids(b.device, free[dropped]))
+        if any("zero_grad" in b.decider.decide(int(sid)).context for sid in by.tolist()):
+            return "optimizer_state"
     return "optimizer_state" if fresh.any() else "gradients"
 
 
 def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: Site | None) -> Decision:
-    """A block live before the window whose allocation carries no stack: persistent state (`state`), state an
-    optimizer replaced (freed inside its step), or unknown, said plainly with the fix."""
+    """A block live before the window whose allocation carries no stack: persistent state (`state`), a .grad
+    (freed by zero_grad), state an optimizer replaced (freed inside its step), or unknown, said plainly with the
+    fix."""
     if guess is not None:
         return Decision(guess.category, guess.rule, guess.reason, -1, inferred=True)
+    if freed_by is not None and "zero_grad" in freed_by.context:
+        return Decision("gradients", "state.freed_by_zero_grad",
+                        words("no frames, live before the window, freed by zero_grad (", free_site,
+                              "), which sets each parameter's .grad to None: a parameter's .grad"), -1, inferred=True)
     if freed_by is not None and (freed_by.category == "optimizer_state" or "optimizer" in freed_by.context):
         return Decision("optimizer_state", "state.freed_by_optimizer",
                         words("no frames, live before the window, freed inside the optimizer step (", free_site,

@@ -8,7 +8,9 @@ function as Class.method where the source was found), owner (the innermost frame
 model library's code that made the block, as `frame` shows it; "" where the stack has none), inferred,
 stack_id, user_metadata, pool, stream, origin, alloc_index, annotation (the program's own text for the block,
 "" for none), span (the innermost `record_function` span open when the block was allocated, e.g.
-"Optimizer.step#AdamW.step" or a program's "prefill" range; "" for none or a block from before the window);
+"Optimizer.step#AdamW.step" or a program's "prefill" range; "" for none or a block from before the window),
+lifecycle (what the block is across steps, `rules.LIFECYCLES`: its category's, and for `other` "activations"
+where it was made and freed inside the window, else "unknown");
 then the ids the text columns are made from (`ID_COLUMNS`): frame_id and owner_id (the frames `frame` and
 `owner` show, indexes into `snapshot.interner.frames`; −1 for none: `Attribution.site` makes one a Site) and
 decision (the block's decision, `Attribution.decision`). Analyses read the ids; the text is what a table
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 
 BLOCK_COLUMNS = ["device", "address", "size", "allocated_est", "category", "tags", "rule", "reason", "frame",
                  "owner", "inferred", "stack_id", "user_metadata", "pool", "stream", "origin", "alloc_index",
-                 "annotation", "span"]
+                 "annotation", "span", "lifecycle"]
 ID_COLUMNS = ["frame_id", "owner_id", "decision"]
 SUMMARY_COLUMNS = ["device", "category", "bytes", "share", "blocks", "top_frames", "top_frame_bytes",
                    "inferred_bytes"]

@@ -225,7 +225,11 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     return code
 
 
-PAIRED = ("attention", "mlp", "logits", "fallback_kernel", "vision_encoder")
+# A backward's first allocations are the loss's gradients over the logits (NllLoss, LogSoftmax backward): the
+# logits pair only with those; materialised attention scores' gradients are of a size nothing else has (B·H·L²).
+# Other activations share sizes too often (a checkpointed block's MLP output is the logits' size) to pair.
+PAIRED = ("logits", "fallback_kernel")
+LOSS_FIRST = 4              # the allocations that open a backward: the loss's gradients
 PAIR_MIN = 1 << 20          # smaller sizes coincide too often to speak for a gradient of one activation
 
 
@@ -244,7 +248,16 @@ def _pair_backward(b: Blocks, code: np.ndarray, temporary: np.ndarray) -> np.nda
         by_size.setdefault(size, set()).add(cat)
         site.setdefault(size, stack)
     one = {size: next(iter(cats)) for size, cats in by_size.items() if len(cats) == 1}
-    hit = np.flatnonzero(temporary & (categories == "other") & np.isin(b.sizes, np.array(list(one), dtype=np.int64)))
+    passes = b.decider.passes(b.snapshot, b.device)
+    trace = b.snapshot.trace(b.device)
+    allocs = np.flatnonzero(trace.action == ALLOC)
+    # how many allocations of its pass came before each block's (the loss's gradients open a backward)
+    opened = np.searchsorted(allocs, b.alloc_index) - np.searchsorted(allocs, passes.first[np.maximum(
+        passes.of(b.alloc_index), 0)]) if len(passes) else np.zeros(len(b.alloc_index), dtype=np.int64)
+    scores = np.array([size for size, cat in one.items() if cat == "fallback_kernel"], dtype=np.int64)
+    logits = np.array([size for size, cat in one.items() if cat == "logits"], dtype=np.int64)
+    pairable = np.isin(b.sizes, scores) | (np.isin(b.sizes, logits) & (opened < LOSS_FIRST))
+    hit = np.flatnonzero(temporary & (categories == "other") & pairable)
     if not len(hit):
         return code
     code = code.copy()
