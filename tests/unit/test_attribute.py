@@ -715,3 +715,15 @@ def test_a_backward_on_the_device_thread_leaves_gradients_and_temporaries_of_its
     assert dlogits and (during.loc[dlogits, "category"] == "logits").all()
     assert (during.loc[dlogits, "rule"] == "shape.backward_pairing").all()
     del after
+
+
+def test_logits_of_any_vocabulary_are_told_by_the_vocabulary_matrix_and_the_tokens_lookup():
+    """T·V·b where a weight is V·H·b and an embedding lookup made T·H·b: the three sizes fix T, V and H together
+    (a vocabulary of the model's own, in no list); a size that fits only one of them is not logits."""
+    from snapanalyze.analyze.attribute.shapes import lookup_logits
+    tokens, vocab, hidden = 1024, 12_000, 256
+    weights, lookups = {vocab * hidden * 4, 4 * hidden * hidden * 4}, {tokens * hidden * 4}
+    assert lookup_logits(tokens * vocab * 4, weights, lookups) == (tokens, vocab, 4)
+    assert lookup_logits(tokens * vocab * 2, weights, lookups) == (tokens, vocab, 2)        # bf16 logits
+    assert lookup_logits(tokens * 4 * hidden * 4 * 8, weights, lookups) is None             # an MLP's, bigger
+    assert lookup_logits(tokens * vocab * 4, weights, {tokens * hidden * 4 + 512}) is None  # no such lookup

@@ -41,6 +41,7 @@ FRAME_STAGES = (SOURCE, RULES, CALLTREE)
 INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages|lib/python\d[\d.]*)/|^<")
 # Python the autograd engine's device thread runs (its outermost frame there): a custom Function's backward, a
 # checkpoint's recomputation.
+_EMBEDDING = re.compile(r"(^|/)torch/nn/(functional\.py:embedding|modules/sparse\.py:forward)$")
 _ENGINE_PYTHON = re.compile(r"(^|/)torch/(autograd/|utils/checkpoint\.py$)")
 
 
@@ -87,6 +88,8 @@ class Decider:
         self.state_cache: dict[tuple[Any, ...], list[StateGuess]] = {}
         self.retained_cache: dict[int, tuple[pd.DataFrame, dict[int, Retained]]] = {}
         self.passes_cache: dict[int, Passes] = {}           # device -> its backward passes (`backward`)
+        self.lookups_cache: dict[int, frozenset[int]] = {}  # device -> its embedding lookups' sizes
+        self._lookup_stacks: np.ndarray | None = None
         self._engine: np.ndarray | None = None
         # labelled instants (`attribute._labelled`): (device, index, markers key) -> (blocks, request, ambiguous)
         self.labelled: dict[tuple[Any, ...], tuple[pd.DataFrame, str | None, int]] = {}
@@ -109,6 +112,21 @@ class Decider:
                     found.append(sid)
             self._engine = np.array(found, dtype=np.int64)
         return self._engine
+
+    def lookups(self, snapshot: Snapshot, device: int) -> frozenset[int]:
+        """Sizes of the embedding lookups a device's trace made (an allocation in torch's F.embedding or
+        nn.Embedding.forward): the tokens' hidden states, T × H × b."""
+        found = self.lookups_cache.get(device)
+        if found is None:
+            if self._lookup_stacks is None:
+                frames, stacks = self.interner.frames, self.interner.stacks
+                self._lookup_stacks = np.array([sid for sid in self.tree_stacks.tolist() if any(
+                    _EMBEDDING.search(f"{frames[f][0]}:{frames[f][2]}") for f in stacks[sid][:4])], dtype=np.int64)
+            trace = snapshot.trace(device)
+            at = np.flatnonzero(trace.action == ALLOC)
+            made = np.isin(snapshot.event_stack_ids(device, at), self._lookup_stacks)
+            found = self.lookups_cache[device] = frozenset(np.unique(trace.size[at[made]]).tolist())
+        return found
 
     def passes(self, snapshot: Snapshot, device: int) -> Passes:
         """The backward passes of a device's trace (`backward.backward_passes`), found once."""

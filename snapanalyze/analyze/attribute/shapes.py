@@ -1,6 +1,7 @@
-"""Size arithmetic the shape heuristics test: attention scores (k·L²·b), logits (tokens × vocabulary × b) and the
-vocabulary a live embedding weight proves. Pure functions of sizes; the signals stage decides where they may
-apply (`signals`), and every result they give is flagged inferred there.
+"""Size arithmetic the shape heuristics test: attention scores (k·L²·b), logits (tokens × vocabulary × b: of a known
+vocabulary a live weight proves, or of any vocabulary where the vocabulary matrix and the tokens' embedding lookup
+fix it together) and the vocabulary a live embedding weight proves. Pure functions of sizes; the signals stage
+decides where they may apply (`signals`), and every result they give is flagged inferred there.
 """
 
 from __future__ import annotations
@@ -70,3 +71,28 @@ def vocab_hints(sizes: np.ndarray) -> frozenset[tuple[int, int]]:
             and hidden * b in present}
     return frozenset(fits) if len({v for v, _ in fits}) == 1 else frozenset()
 
+
+
+def lookup_logits(size: int, weights: AbstractSet[int], lookups: AbstractSet[int]) -> tuple[int, int, int] | None:
+    """(tokens, vocab, bytes per element) for a ≥ 16 MiB size = T·V·b' where a live weight is the vocabulary
+    matrix V·H·b and an embedding lookup made T·H·b (the tokens' hidden states): the three sizes fix H, then T
+    and V, together — H² = E·W·b' / (L·b²) must be a whole number that divides both — which a size fits by
+    coincidence far less often than one product of a known vocabulary. Whatever the vocabulary (a model's own
+    tokenizer is in no list). H ≥ 64, V ≥ 1,000 and T ≥ 1."""
+    if size < (16 << 20):
+        return None
+    for lookup in lookups:
+        for weight in weights:
+            for b in (2, 4):
+                for b_out in (4, 2):
+                    square, rest = divmod(lookup * weight * b_out, size * b * b)
+                    if rest or square <= 0:
+                        continue
+                    hidden = int(round(square ** 0.5))
+                    if hidden * hidden != square or hidden < 64 or (lookup % (hidden * b)) \
+                            or (weight % (hidden * b)):
+                        continue
+                    tokens, vocab = lookup // (hidden * b), weight // (hidden * b)
+                    if vocab >= 1000 and tokens * vocab * b_out == size:
+                        return tokens, vocab, b_out
+    return None

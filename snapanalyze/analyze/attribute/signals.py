@@ -35,7 +35,7 @@ from .blocks import Blocks
 from .decisions import Decisions, distinct, user_attention
 from .frames import shown_site
 from .result import Decision
-from .shapes import shape_logits, shape_scores, vocab_hints
+from .shapes import lookup_logits, shape_logits, shape_scores, vocab_hints
 
 GATE_UP_GAP = 16   # trace entries between a gate/up output and the activation made from it (read right after)
 
@@ -51,6 +51,7 @@ class Context:
     scores_floor: int              # half the largest block under a user-code attention function
     mlp_outputs: dict[int, tuple[int, ...]]   # size → alloc indices of live MLP activation outputs (≥ 1 MiB)
     weight_sizes: dict[int, int]   # size → live weights of that size (for autocast copies of them)
+    lookups: frozenset[int]        # sizes of the embedding lookups (F.embedding) the device's trace made
     copy_sizes: dict[int, int]     # size → live blocks made by an autocast cast, of that size
     in_backward: bool              # the allocation that reached the instant ran in a backward pass
     enabled: Callable[[str], bool]  # `RuleSet.enabled`: the heuristics a rules file kept
@@ -60,7 +61,7 @@ class Context:
 
 
 def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bool, origin: str,
-             has_stack: bool, persistent: bool, alloc: int, survived: int, ctx: Context) -> Decision:
+             has_stack: bool, persistent: bool, alloc: int, survived: int, backward: bool, ctx: Context) -> Decision:
     """Block-level signals over the frames' decision, strongest first (see the module docstring)."""
     if pool != "0,0" and d.category in ("weights", "kv_cache") and not d.inferred:
         # A MemPool user (e.g. vLLM's sleep-mode allocator) rather than a graph capture: the frames prove
@@ -102,13 +103,27 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
                         tuple(x for x in (d.category, *d.tags) if x != "other"), inferred=True)
     # Size coincidences only where the stack is consistent with them: never in a module the source says owns
     # the block, in a backward pass or under an optimizer step.
-    if d.category == "other" and origin == "trace" and not d.owner and not set(d.context) & {"autograd",
-                                                                                                "optimizer"}:
+    guessed = d.category == "other" or (d.inferred and d.category in ("attention", "mlp"))
+    if guessed and origin == "trace" and not backward and not d.owner \
+            and not set(d.context) & {"autograd", "optimizer"}:
         logits = shape_logits(size, ctx.vocab, ctx.allocated) if on("shape.tokens_x_vocab") else None
         if logits:
             return Decision("logits", "shape.tokens_x_vocab",
                             (f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
-                             "vocabulary whose weight is live (inferred from the size)",), d.frame, inferred=True)
+                             "vocabulary whose weight is live (inferred from the size)",), d.frame,
+                            tuple(x for x in (d.category,) if x != "other"), inferred=True)
+        # a vocabulary matrix is one of a size, or two (an untied embedding and output head): more weights of its
+        # size (an MLP's, where the vocabulary is 4 × hidden) leave which one it is open
+        vocab = {w for w, n in ctx.weight_sizes.items() if n <= 2}
+        looked = lookup_logits(size, vocab, ctx.lookups) if on("shape.tokens_x_vocab") else None
+        if looked:
+            return Decision("logits", "shape.tokens_x_vocab",
+                            (f"size = {looked[0]:,} tokens × {looked[1]:,} vocab × {looked[2]} bytes: a live weight is "
+                             f"a {looked[1]:,}-row vocabulary matrix and an embedding lookup made those {looked[0]:,} "
+                             "tokens' hidden states (the three sizes agree; inferred from the sizes)",), d.frame,
+                            tuple(x for x in (d.category,) if x != "other"), inferred=True)
+    if d.category == "other" and origin == "trace" and not d.owner and not set(d.context) & {"autograd",
+                                                                                                "optimizer"}:
         if size % 2 == 0 and on("shape.gate_up_of_mlp") and any(
                 0 < j - alloc <= GATE_UP_GAP for j in ctx.mlp_outputs.get(size // 2, ())):
             return Decision("mlp", "shape.gate_up_of_mlp",
@@ -143,8 +158,8 @@ def paired(d: Decision, size: int, category: str, site: Site | None) -> Decision
 
 def signals_by_key(table: Decisions, code: np.ndarray, sizes: np.ndarray, pools: np.ndarray,
                     metadata: np.ndarray, by_time: np.ndarray, origin: np.ndarray, stack: np.ndarray,
-                    free_index: np.ndarray, alloc_index: np.ndarray, survived: np.ndarray, ctx: Context
-                    ) -> np.ndarray:
+                    free_index: np.ndarray, alloc_index: np.ndarray, survived: np.ndarray, backward: np.ndarray,
+                    ctx: Context) -> np.ndarray:
     """`signals` of every block, made once per distinct key of what it reads: the frame decision, the pool,
     the request and whether it was named by time (only where it is another request than the instant's),
     whether the block came from the trace, whether it is a never-freed block of the default cuBLAS workspace
@@ -157,7 +172,8 @@ def signals_by_key(table: Decisions, code: np.ndarray, sizes: np.ndarray, pools:
     gate_up = plain & (sizes % 2 == 0) & np.isin(sizes // 2, np.array(list(ctx.mlp_outputs), dtype=np.int64))
     by_size = ((~of["lifecycle"][code] & of["autocast"][code]
                 & np.isin(sizes * 2, np.array(list(ctx.weight_sizes), dtype=np.int64)))
-               | gate_up | (plain & bool(ctx.vocab) & (sizes >= 16 << 20))
+               | gate_up | (plain & (bool(ctx.vocab) or bool(ctx.lookups)) & (sizes >= 16 << 20))
+               | (of["inferred"][code] & bool(ctx.lookups) & (sizes >= 16 << 20))
                | (of["user_attention"][code] & (sizes >= max(ctx.scores_floor, 8 << 20)))
                | (survived >= 0))
     other_request = (metadata != "") & (metadata != ctx.request) if ctx.request else np.zeros(len(code), dtype=bool)
@@ -165,13 +181,14 @@ def signals_by_key(table: Decisions, code: np.ndarray, sizes: np.ndarray, pools:
         code, pd.factorize(pools)[0],
         np.where(other_request, pd.factorize(metadata)[0], -1), by_time & other_request, from_trace,
         (sizes == CUBLAS_DEFAULT_WORKSPACE) & (free_index < 0),
-        np.where(by_size, sizes, -1), np.where(gate_up, alloc_index, -2), survived], axis=1).astype(np.int64)
+        np.where(by_size, sizes, -1), np.where(gate_up, alloc_index, -2), survived, backward], axis=1
+    ).astype(np.int64)
     if not len(keys):
         return code.copy()
     first, inverse = distinct(keys)
     return table.codes([signals(table.items[int(code[i])], int(sizes[i]), pools[i], metadata[i], bool(by_time[i]),
                                  origin[i], stack[i] >= 0, free_index[i] < 0, int(alloc_index[i]),
-                                 int(survived[i]), ctx)
+                                 int(survived[i]), bool(backward[i]), ctx)
                         for i in first.tolist()])[inverse]
 
 
@@ -214,11 +231,12 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
         scores_floor=(int(sizes[attention].max()) if attention.any() else 0) // 2,
         mlp_outputs=_indices_by_size(sizes, alloc_index, (categories == "mlp") & (sizes >= (1 << 20))),
         weight_sizes=_counts(sizes[weights & ~autocast]), copy_sizes=_counts(sizes[autocast]),
+        lookups=b.decider.lookups(b.snapshot, b.device),
         in_backward=b.event >= 0 and bool(passes.of(np.array([b.event]))[0] >= 0), enabled=b.decider.rules.enabled,
         persistent=b.decider.rules.persistent,
     )
     code = signals_by_key(table, code, sizes, b.pools, b.metadata, b.by_time, b.origin, b.stack, b.free_index,
-                          alloc_index, survived, ctx)
+                          alloc_index, survived, device_thread, ctx)
     temporary = device_thread & ~kept
     if b.decider.rules.enabled("shape.backward_pairing") and temporary.any():
         code = _pair_backward(b, code, temporary)
