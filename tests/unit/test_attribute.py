@@ -722,8 +722,8 @@ def test_logits_of_any_vocabulary_are_told_by_the_vocabulary_matrix_and_the_toke
     (a vocabulary of the model's own, in no list); a size that fits only one of them is not logits."""
     from snapanalyze.analyze.attribute.shapes import lookup_logits
     tokens, vocab, hidden = 1024, 12_000, 256
-    weights, lookups = {vocab * hidden * 4, 4 * hidden * hidden * 4}, {tokens * hidden * 4}
+    weights, lookups = {vocab * hidden * 4}, {tokens * hidden * 4}
     assert lookup_logits(tokens * vocab * 4, weights, lookups) == (tokens, vocab, 4)
     assert lookup_logits(tokens * vocab * 2, weights, lookups) == (tokens, vocab, 2)        # bf16 logits
-    assert lookup_logits(tokens * 4 * hidden * 4 * 8, weights, lookups) is None             # an MLP's, bigger
+    assert lookup_logits(tokens * 4 * hidden * 4 * 3, weights, lookups) is None             # an MLP's, bigger
     assert lookup_logits(tokens * vocab * 4, weights, {tokens * hidden * 4 + 512}) is None  # no such lookup

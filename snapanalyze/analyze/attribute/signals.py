@@ -112,9 +112,10 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
                             (f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
                              "vocabulary whose weight is live (inferred from the size)",), d.frame,
                             tuple(x for x in (d.category,) if x != "other"), inferred=True)
-        # a vocabulary matrix is one of a size, or two (an untied embedding and output head): more weights of its
-        # size (an MLP's, where the vocabulary is 4 × hidden) leave which one it is open
-        vocab = {w for w, n in ctx.weight_sizes.items() if n <= 2}
+        # a language model's vocabulary matrix is its largest weight, one of a size or two (an untied embedding and
+        # output head): more weights of its size (an MLP's, where the vocabulary is 4 × hidden) leave it open
+        top = max(ctx.weight_sizes, default=0)
+        vocab = {w for w, n in ctx.weight_sizes.items() if n <= 2 and w >= top // 2}
         looked = lookup_logits(size, vocab, ctx.lookups) if on("shape.tokens_x_vocab") else None
         if looked:
             return Decision("logits", "shape.tokens_x_vocab",
