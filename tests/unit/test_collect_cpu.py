@@ -283,3 +283,21 @@ def test_the_global_peak_holds_the_blocks_the_truth_lists(tmp_path: Path) -> Non
         rows = cap.rows(index)
     assert sorted(int(r["size"]) for r in rows) == [4 << 20, 8 << 20]
     del a, c
+
+
+def test_attention_dropout_runs_in_a_fused_kernel_as_on_cuda_unless_math_is_forced() -> None:
+    """CUDA's flash and memory-efficient kernels take attention dropout; the CPU's fused kernel does not and falls
+    back to the math path, which materialises the scores. The capture runs the call as CUDA would."""
+    def ops(forced: bool) -> list[str]:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with _capture() as cap:
+            q = torch.randn(2, 4, 128, 32, requires_grad=True)
+            cap.record_memory_history()
+            if forced:
+                with sdpa_kernel(SDPBackend.MATH):
+                    F.scaled_dot_product_attention(q, q, q, dropout_p=0.1, is_causal=True)
+            else:
+                F.scaled_dot_product_attention(q, q, q, dropout_p=0.1, is_causal=True)
+            return [cap.contexts[b.context].op.split(".")[1] for b in cap.blocks[1:]]
+    assert set(ops(False)) == {"_scaled_dot_product_flash_attention_for_cpu"}
+    assert "_safe_softmax" in ops(True)

@@ -1,15 +1,16 @@
 """The two torch modes of the CPU capture: one emulates the CUDA device's placement, one sees every allocation.
 
-Contract: `DeviceMode(capture)` is a TorchFunctionMode: ``.to("cuda")`` / ``.cuda()`` of a host tensor copies it
-to the device (a new device storage), of a device tensor changes at most its dtype; ``.cpu()`` / ``.to("cpu")``
-of a device tensor copies it to the host; ``device="cuda"`` in any call becomes the CPU with the result on the
-device. After each call it tags the autograd nodes the call made with the call's context
-(`CpuCapture.tag_nodes`). `AllocMode(capture)` is a TorchDispatchMode: after each aten op, the storages of its
-outputs that the device did not hold yet are new blocks (`CpuCapture.allocate`) when the op runs on the device
-(a device input, or no tensor input at all outside ``host()``); an autocast cast of a parameter is marked (whether
-autocast is on is read by `DeviceMode`, above autocast's dispatch key); a composite op that reaches it whole (autograd
-off) runs decomposed under it, so the ops it is made of allocate one by one as on a GPU; the record_function
-enter/exit ops open and close spans. Both call the op itself unchanged.
+Contract: `DeviceMode(capture)` is a TorchFunctionMode: ``scaled_dot_product_attention`` with attention dropout runs
+as on CUDA, in a fused kernel (`_as_on_cuda`); ``.to("cuda")`` / ``.cuda()`` of a host tensor copies it to the
+device (a new device storage), of a device tensor changes at most its dtype; ``.cpu()`` / ``.to("cpu")`` of a device
+tensor copies it to the host; ``device="cuda"`` in any call becomes the CPU with the result on the device. After
+each call it tags the autograd nodes the call made with the call's context (`CpuCapture.tag_nodes`).
+`AllocMode(capture)` is a TorchDispatchMode: after each aten op, the storages of its outputs that the device did not
+hold yet are new blocks (`CpuCapture.allocate`) when the op runs on the device (a device input, or no tensor input
+at all outside ``host()``); an autocast cast of a parameter is marked (whether autocast is on is read by
+`DeviceMode`, above autocast's dispatch key); a composite op that reaches it whole (autograd off) runs decomposed
+under it, so the ops it is made of allocate one by one as on a GPU; the record_function enter/exit ops open and
+close spans. Both call the op itself unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +31,20 @@ _TO, _CUDA, _CPU = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu
 _MOVES = {_TO, _CUDA, _CPU}
 _TO_COPY = torch.ops.aten._to_copy.default
 _SOFTMAX = ("_softmax", "softmax", "_safe_softmax")
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _as_on_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """scaled_dot_product_attention as a CUDA device would run it: its fused kernels (flash, memory-efficient)
+    take attention dropout, the CPU's fused kernel does not and falls back to the math path, which materialises
+    the scores. Unless the program forced the math backend (sdpa_kernel), the call runs without dropout, so the
+    CPU's fused kernel runs where CUDA's would (the values differ by the dropout, the memory as on CUDA)."""
+    dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+    if not dropout or not (torch._C._get_flash_sdp_enabled() or torch._C._get_mem_efficient_sdp_enabled()):
+        return args, kwargs
+    if "dropout_p" in kwargs:
+        return args, {**kwargs, "dropout_p": 0.0}
+    return (*args[:4], 0.0, *args[5:]), kwargs
 
 
 class DeviceMode(TorchFunctionMode):
@@ -43,6 +58,8 @@ class DeviceMode(TorchFunctionMode):
         cap = self.cap
         if func in _MOVES:
             return self._move(func, args, kwargs)
+        if func is _SDPA:
+            args, kwargs = _as_on_cuda(args, kwargs)
         forced = "device" in kwargs and _is_cuda(kwargs["device"])
         if forced:
             kwargs = {**kwargs, "device": "cpu"}
