@@ -6,10 +6,10 @@ by (device, address): `Grade` holds the shares of the peak's active bytes whose 
 (``activations_other`` and ``unknown`` agree with ``other``), whose lifecycle (attribute's ``lifecycle`` column)
 equals the label's (weights, gradients, optimizer_state, inputs, kv_cache, workspace, logits, activations;
 ``unknown`` is no claim and agrees only where the label is ``activations_other``/``unknown``), that got a
-different named category (wrong; ``other`` is honest) and the part of that not flagged ``inferred``. `table(grades)` renders per-program rows and per-family
-medians, the held-out families (`zoo.HELD_OUT`) apart. ``python -m zoo.grade DIR [--source] [--show-held-out]``
-prints it; without ``--show-held-out`` the held-out families' rows stay hidden (their medians are shown), so rules
-are not written against them.
+different named category (wrong; ``other`` is honest) and the part of that not flagged ``inferred``.
+`table(grades)` renders per-program rows and per-family medians, the held-out families (`zoo.HELD_OUT`) apart.
+``python -m zoo.grade DIR [--source] [--show-held-out]`` prints it; without ``--show-held-out`` the held-out
+families' rows stay hidden (their medians are shown), so rules are not written against them.
 """
 
 from __future__ import annotations

@@ -74,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             if error:
                 failed.append(program)
     truth = {}
-    for program in todo:
+    for program in programs():               # a partial run (--only) keeps the others' captures in the set
         part = a.out / "labels" / f"{program.replace('/', '-')}.truth.json"
         if program not in failed and part.exists():
             truth.update(json.loads(part.read_text()))
     (a.out / "labels" / "truth.json").write_text(json.dumps(dict(sorted(truth.items())), indent=1))
-    print(f"captured {len(truth)} of {len(todo)} programs in {time.monotonic() - start:.0f} s")
+    print(f"captured {len(todo) - len(failed)} of {len(todo)} programs in {time.monotonic() - start:.0f} s")
     if a.no_grade or not truth:
         return 1 if failed else 0
     report = []

@@ -75,11 +75,17 @@ class Mapping:
         return cls(classes, tuple(patterns), tuple(paths), ops, tuple(nodes), tuple(functions),
                    re.compile(attention) if attention else None)
 
-    def _function(self, code: tuple[Any, ...]) -> tuple[str, str, str] | None:
-        """A mapped function inside the innermost module call of the stack (before its first `_call_impl`)."""
+    def _function(self, code: tuple[Any, ...], classes: tuple[str, ...]) -> tuple[str, str, str] | None:
+        """A mapped function inside the innermost module call of the stack (before its first `_call_impl`), or
+        inside the one around it where the innermost is one of torch.nn's own layers that the mapping does not
+        name (the Dropout or Linear an `nn.TransformerEncoderLayer._ff_block` calls is its feed-forward's)."""
+        calls = 2 if classes and classes[-1].startswith("torch.nn.modules.") and \
+            self.class_category(classes[-1]) is None else 1
         for file, _, fn in code:
             if fn == "_call_impl" and file.endswith("torch/nn/modules/module.py"):
-                return None
+                calls -= 1
+                if not calls:
+                    return None
             cat = next((cat for pat, cat in self.functions if pat.search(f"{file}:{fn}")), None)
             if cat is not None:
                 return cat, file, fn
@@ -118,7 +124,7 @@ class Mapping:
                 return "logits", f"the backward of a log-softmax / loss over logits ({ctx.node})"
         elif self.ops.get(op) == "logits":
             return "logits", f"a log-softmax / loss op over logits ({op})"
-        by_function = self._function(code)
+        by_function = self._function(code, classes)
         if by_function is not None:
             return by_function[0], f"made in {by_function[2]} ({by_function[1].rsplit('/', 1)[-1]})"
         path = f.module

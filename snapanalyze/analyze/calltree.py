@@ -58,6 +58,7 @@ class Kind:
     file: re.Pattern[str] | None
     function: re.Pattern[str] | None
     on_code: bool                  # matches a function of model code the node calls (by its name)
+    on_call: bool = False          # matches the call of the node's own line, where the source names it
 
     def matches(self, filename: str, function: str) -> bool:
         return ((self.file is None or self.file.search(filename) is not None)
@@ -174,7 +175,8 @@ class CallTree:
         if hit is None:
             filename, _, function = frame = self.interner.frames[fid]
             if not self.is_code(fid):
-                hit = next((k.name for k in self.data.kinds if not k.on_code and k.matches(filename, function)), "")
+                hit = next((k.name for k in self.data.kinds if not k.on_code and not k.on_call
+                            and k.matches(filename, function)), "")
             else:
                 names = [function]
                 source = self.facts(frame).source if self.rules.source is not None else None
@@ -183,10 +185,22 @@ class CallTree:
                 hit = next((k.name for k in self.data.kinds if k.on_code
                             and any(k.matches(filename, n) for n in names)), "")
                 if not hit:
-                    hit = next((k.name for k in self.data.kinds if not k.on_code and k.file is not None
-                                and k.matches(filename, function)), "")
+                    hit = next((k.name for k in self.data.kinds if not k.on_code and not k.on_call
+                                and k.file is not None and k.matches(filename, function)), "")
             self._kind[fid] = hit
         return hit
+
+    def call_kind(self, fid: int) -> str:
+        """The kind the call of a frame's line shows ("" for none), where the source names its only call: the
+        allocation of a stack whose innermost Python frame is this line was made by that call's C++ code
+        (`F.scaled_dot_product_attention`, `x.softmax`, `torch.bmm`), which a stack of stacks="python" shows
+        by no frame of its own."""
+        if self.rules.source is None:
+            return ""
+        source = self.facts(self.interner.frames[fid]).source
+        if source is None or not source.call:
+            return ""
+        return next((k.name for k in self.data.kinds if k.on_call and k.matches("", source.call)), "")
 
     # -- building -----------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -246,13 +260,19 @@ class CallTree:
                     node.kinds.add(kind)
                     node.examples.setdefault(kind, _name(frames[stack[k]]))
                     break
+            else:
+                if not j and not any(is_python_frame(frames[stack[k]][0]) for k in range(i)):
+                    kind = self.call_kind(fid)              # C++ code its line calls made the allocation
+                    if kind:
+                        node.kinds.add(kind)
+                        node.examples.setdefault(kind, _site(frames[fid]))
             parent = node_id
         self._stack_node[sid] = parent
 
     def _assign(self) -> None:
         frames = self.interner.frames
         blocks = self.data.building_blocks
-        for node in sorted(self.nodes, key=lambda n: -n.depth):      # children before their callers
+        for node in _callees_first(self.nodes):
             kinds = set(node.kinds)
             examples = dict(node.examples)
             child_roles: set[str] = set()
@@ -358,6 +378,27 @@ class CallTree:
         return None
 
 
+def _callees_first(nodes: list[_Node]) -> list[_Node]:
+    """The nodes, each after every node it calls. A node can have several callers (one function called from one
+    line of a block that runs both in the forward and in a checkpoint's recomputation, whose stacks differ
+    above that line): the order is by height, the longest chain of calls beneath a node."""
+    height = [-1] * len(nodes)
+    for start in range(len(nodes)):
+        todo = [start]
+        while todo:
+            i = todo[-1]
+            if height[i] >= 0:
+                todo.pop()
+                continue
+            pending = [c for c in nodes[i].children if height[c] < 0 and c not in todo]
+            if pending:
+                todo.extend(pending)
+                continue
+            height[i] = 1 + max((height[c] for c in nodes[i].children), default=-1)
+            todo.pop()
+    return [nodes[i] for i in sorted(range(len(nodes)), key=height.__getitem__)]
+
+
 def _parts(lines: set[int]) -> dict[int, int]:
     """Each line's part: lines sorted, a new part wherever the gap to the previous exceeds
     _SAME_FUNCTION_GAP."""
@@ -396,12 +437,15 @@ def parse_roles(doc: dict[str, Any], where: str, categories: Sequence[str],
     for item in _tables(doc, "kinds", where):
         here = f"{where}: kind {item.get('name')!r}"
         _keys(item, {"name", "file", "function", "on"}, here)
-        if item.get("on", "library") not in ("library", "code") or not isinstance(item.get("name"), str):
-            raise RulesError(f"{here}: needs a name, and 'on' must be \"library\" or \"code\"")
+        if item.get("on", "library") not in ("library", "code", "call") or not isinstance(item.get("name"), str):
+            raise RulesError(f"{here}: needs a name, and 'on' must be \"library\", \"code\" or \"call\"")
         if "file" not in item and "function" not in item:
             raise RulesError(f"{here}: give 'file' or 'function'")
+        if item.get("on") == "call" and "file" in item:
+            raise RulesError(f"{here}: a kind on a line's call matches its dotted name ('function') only")
         kinds.append(Kind(item["name"], compile_pattern(item.get("file"), here, "file"),
-                          compile_pattern(item.get("function"), here, "function"), item.get("on") == "code"))
+                          compile_pattern(item.get("function"), here, "function"), item.get("on") == "code",
+                          item.get("on") == "call"))
     known = {k.name for k in kinds} | {"elementwise"}
     roles = []
     for item in _tables(doc, "roles", where):

@@ -60,6 +60,8 @@ HEURISTICS = {
     "order.apply_grad": "Module._apply's copy right after a parameter's, of its size, is that parameter's .grad",
     "state.retained_activation": "a frame-less block from before the window with the size of activations the "
                                  "window shows the program keeping is one of them",
+    "state.replaced_optimizer_state": "a frame-less block from before the window with the size of state the window "
+                                      "shows an optimizer keeping and replacing (LBFGS's history) is more of it",
     "state.copies": "frame-less persistent sizes repeating k times in a training program are parameters and "
                     "k − 1 copies of state",
     "state.layers": "frame-less persistent sizes repeating as a model's layers do are its parameters and buffers",

@@ -1,6 +1,6 @@
 """Persistent state from before the trace window: what blocks with no frames most likely are, and why.
 
-Contract: `persistent_state(sizes, addresses, training, retained, enabled, second)` takes the blocks that were live
+Contract: `persistent_state(sizes, addresses, training, retained, enabled, grads)` takes the blocks that were live
 before the window began, are never freed in it and carry no stack (allocated before `_record_memory_history`
 started, or after it stopped), and returns one `StateGuess` per block (category, rule, reason; every one is
 inferred). The evidence, strongest first:
@@ -9,12 +9,15 @@ inferred). The evidence, strongest first:
 - a block of a size that the window shows the program keeping as an activation (`retained`: in-window blocks
   of that size, made by attention, MLP, logits or vision code, never freed, at call sites none of whose
   allocations the window frees) is one of those activations, held since an earlier step (a retained graph,
-  outputs kept with their grad_fn);
+  outputs kept with their grad_fn); one of a size the window shows an optimizer keeping and replacing (its
+  code makes blocks of the size that outlive the window, its step frees older ones: `retained` with the
+  category optimizer_state) is more of that state;
 - in a training program (`training`: a backward or an optimizer seen in the snapshot), one copy per parameter
   of each per-parameter state beside the parameters: the copies repeat the parameters' size multiset k times
   (`copies`): 2 → weights + gradients, or weights + one optimizer state (SGD's momentum) where the window
-  makes the gradients afresh (`second`), 3 → weights + two optimizer moments (Adam's exp_avg / exp_avg_sq,
-  gradients set to None), 4 → weights + gradients + two moments. Within one size, which block is the
+  makes the gradients afresh (`grads`), 3 → weights + two optimizer moments (Adam's exp_avg / exp_avg_sq,
+  gradients set to None), or weights + gradients + one state where the window's backward accumulates into
+  .grad kept from before, 4 → weights + gradients + two moments. Within one size, which block is the
   parameter is not recorded: the copies are assigned in address order (the parameters were allocated
   first), a guess the reason states. Sizes that occur once, or a number of times k does not divide, are
   taken as weights (buffers have no state);
@@ -37,10 +40,7 @@ from ..sites import Site, Words, words
 
 # PyTorch's default cuBLAS workspace per (handle, stream) before Hopper: 4096 KiB × 2 + 16 KiB × 8.
 CUBLAS_DEFAULT_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8
-_ROLES = {2: ("weights", "gradients"), 3: ("weights", "optimizer_state", "optimizer_state"),
-          4: ("weights", "gradients", "optimizer_state", "optimizer_state")}
-_ROLE_WORDS = {2: "the parameters and their .grad", 3: "the parameters and two optimizer moments (Adam's "
-               "exp_avg/exp_avg_sq; .grad set to None)", 4: "the parameters, their .grad and two optimizer moments"}
+_ROLES = (2, 3, 4)               # copies of the parameters' sizes that say what the copies are (`_copies`)
 SCALAR = 512                     # a block's minimum: what fits in it is a scalar or a counter, not a parameter
 ADVICE = "start torch.cuda.memory._record_memory_history before the model is built to record who allocated it"
 
@@ -57,8 +57,9 @@ def copies(sizes: np.ndarray) -> int:
     only one size repeats: one size says nothing about a multiset). Sizes of one allocator block or less (512 B:
     step counters, scalars, BatchNorm's num_batches_tracked) are left out: buffers that share no copy.
 
-    A size that occurs two or three times and breaks the pattern (a buffer or an input batch that happens to
-    share a size) is left out, as long as the sizes that keep it hold 90 % of the repeated bytes."""
+    Where no k divides them all, the largest k ≤ 4 for which the blocks beyond whole copies (at most three of a
+    size: a buffer or an input batch that happens to share it) are an exception: in at most a quarter of the
+    repeated sizes, with at most 10 % of the repeated bytes."""
     sizes = np.asarray(sizes)
     sizes = sizes[sizes > SCALAR]
     if not len(sizes):
@@ -68,13 +69,33 @@ def copies(sizes: np.ndarray) -> int:
     if repeated.sum() < 2:
         return 1
     k = math.gcd(*counts[repeated].tolist())
-    if k == 1 and (counts > 3).sum() >= 2:
-        k = math.gcd(*counts[counts > 3].tolist())
-        breaks = repeated & (counts % k != 0)
-        total = (values[repeated] * counts[repeated]).sum()
-        if k == 1 or (counts[breaks] > 3).any() or (values[breaks] * counts[breaks]).sum() > 0.1 * total:
-            k = 1
-    return k
+    if k > 1:
+        return k
+    total = (values[repeated] * counts[repeated]).sum()
+    for k in (4, 3, 2):                  # the most copies first: a multiple of 4 is one of 2
+        extra = np.where(repeated, counts % k, 0)      # blocks beyond the copies: a buffer or input of the size
+        if ((counts >= k) & repeated).sum() >= 2 and not (extra > 3).any() and (values * extra).sum() <= 0.1 * total \
+                and 4 * (extra > 0).sum() <= repeated.sum():
+            return k
+    return 1
+
+
+def _copies(k: int, grads: str) -> tuple[tuple[str, ...], str]:
+    """What k copies of the parameters' sizes are, in the order they were made, and in words. `grads`: what the
+    window shows of the .grad — "fresh" (its backward makes them anew, or zero_grad frees them: not among the
+    copies), "before" (its backward makes none of their sizes to keep: it accumulates into .grad kept from
+    before), "" (no backward in the window)."""
+    if k == 2:
+        return (("weights", "optimizer_state"), "the parameters and one optimizer state each (SGD's momentum; the "
+                "window makes the gradients afresh)") if grads == "fresh" else \
+            (("weights", "gradients"), "the parameters and their .grad")
+    if k == 3:
+        return (("weights", "gradients", "optimizer_state"), "the parameters, their .grad (the window's backward "
+                "accumulates into them) and one optimizer state each (SGD's momentum)") if grads == "before" else \
+            (("weights", "optimizer_state", "optimizer_state"), "the parameters and two optimizer moments (Adam's "
+             "exp_avg/exp_avg_sq; .grad set to None)")
+    return ("weights", "gradients", "optimizer_state", "optimizer_state"), \
+        "the parameters, their .grad and two optimizer moments"
 
 
 def periodic(sizes: np.ndarray) -> bool:
@@ -102,17 +123,18 @@ class Retained:
 
 def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
                      retained: dict[int, Retained] | None = None,
-                     enabled: Callable[[str], bool] = lambda name: True, second: str = "gradients"
+                     enabled: Callable[[str], bool] = lambda name: True, grads: str = ""
                      ) -> list[StateGuess]:
     """One guess per block (see the module docstring); `sizes` and `addresses` are parallel arrays;
     `enabled(name)`: whether the heuristic of that name (`state.cublas_workspace`, `state.retained_activation`,
-    `state.copies`, `state.layers`) may decide; `second`: what a second copy of the parameters is (gradients, or
-    optimizer_state where the window shows the gradients made afresh). Blocks with the same guess share one
-    StateGuess (a few distinct ones however many blocks)."""
+    `state.replaced_optimizer_state`, `state.copies`, `state.layers`) may decide; `grads`: what the window shows
+    of the .grad (`_copies`). Blocks with the same guess share one StateGuess (a few distinct ones however many
+    blocks)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     addresses = np.asarray(addresses, dtype=np.uint64)
     workspace = (sizes == CUBLAS_DEFAULT_WORKSPACE) & enabled("state.cublas_workspace")
-    retained = (retained or {}) if enabled("state.retained_activation") else {}
+    retained = {size: r for size, r in (retained or {}).items() if enabled(
+        "state.replaced_optimizer_state" if r.category == "optimizer_state" else "state.retained_activation")}
     kept = np.isin(sizes, list(retained)) & ~workspace if retained else np.zeros(len(sizes), dtype=bool)
     rest = np.flatnonzero(~workspace & ~kept)
     k = copies(sizes[rest]) if training and enabled("state.copies") else 1
@@ -144,11 +166,14 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
                 f"{r.category} activations of exactly this size ({size:,} B): {r.blocks} made at ", r.site,
                 " are never freed, nor is any other allocation there. So this is most likely one of them from an "
                 "earlier step, still held (a retained autograd graph, or outputs kept with their grad_fn) — "
-                f"inferred from the size; {ADVICE}"))
+                f"inferred from the size; {ADVICE}")) if r.category != "optimizer_state" else StateGuess(
+            r.category, "state.replaced_optimizer_state", words(
+                "no frames, live before the window and never freed; the window shows the optimizer keeping state "
+                f"of exactly this size ({size:,} B) and replacing it: its step frees blocks of the size from before "
+                f"the window, and {r.blocks} it makes at ", r.site, " outlive the window (a history it pushes and "
+                f"pops, as LBFGS's). So this is most likely more of that state — inferred from the size; {ADVICE}"))
     if k > 1:
-        roles = (_ROLES[k][0], second, *_ROLES[k][2:]) if k == 2 else _ROLES[k]
-        describe = _ROLE_WORDS[k] if k != 2 or second == "gradients" else \
-            "the parameters and one optimizer state each (SGD's momentum; the window makes the gradients afresh)"
+        roles, describe = _copies(k, grads)
         order = rest[np.lexsort((addresses[rest], sizes[rest]))]     # by size, then address
         by_size = sizes[order]
         starts = np.flatnonzero(np.r_[True, by_size[1:] != by_size[:-1]]) if len(order) else order

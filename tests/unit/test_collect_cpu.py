@@ -301,3 +301,18 @@ def test_attention_dropout_runs_in_a_fused_kernel_as_on_cuda_unless_math_is_forc
             return [cap.contexts[b.context].op.split(".")[1] for b in cap.blocks[1:]]
     assert set(ops(False)) == {"_scaled_dot_product_flash_attention_for_cpu"}
     assert "_safe_softmax" in ops(True)
+
+
+def test_multihead_attention_dropout_runs_fused_too_but_its_explicit_weights_path_stays() -> None:
+    """nn.MultiheadAttention calls SDPA inside its functional form, out of the mode's sight: without attention
+    weights its dropout goes to the fused kernel as on CUDA; asking for the weights takes the explicit path, which
+    materialises (and drops out) the scores on CUDA as well."""
+    def ops(need_weights: bool) -> set[str]:
+        with _capture() as cap:
+            mha = torch.nn.MultiheadAttention(64, 4, dropout=0.1, batch_first=True)
+            x = torch.randn(2, 128, 64, requires_grad=True)
+            cap.record_memory_history()
+            mha(x, x, x, need_weights=need_weights)
+            return {cap.contexts[b.context].op.split(".")[1] for b in cap.blocks if cap.contexts[b.context].op}
+    assert "_scaled_dot_product_flash_attention_for_cpu" in ops(False) and "_softmax" not in ops(False)
+    assert {"_softmax", "bmm"} <= ops(True)

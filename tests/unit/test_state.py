@@ -22,6 +22,9 @@ def test_copies_is_the_gcd_of_the_repeated_counts_and_survives_a_coincidence() -
     assert copies(_layout(2)[0]) == 2 and copies(_layout(3)[0]) == 3
     with_inputs = np.concatenate([_layout(2)[0], [65536, 65536, 65536]])   # a buffer and two batches of one size
     assert copies(with_inputs) == 2
+    # four copies (Adam's moments and the .grad) and an input of one parameter's size: still four; a model's own
+    # layer counts (5, 8, 6 of three sizes) are no copies however some k nearly divides them
+    assert copies(np.concatenate([_layout(4)[0], [4 * 2**20]])) == 4 and copies(_layout(1)[0]) == 1
 
 
 def test_without_training_evidence_layered_sizes_are_weights_but_the_workspace() -> None:
@@ -63,7 +66,18 @@ def test_a_second_copy_is_optimizer_state_where_the_window_makes_the_gradients_a
     sizes = np.array([s for s in PARAMS * 2] + [4096] * 6 + [8] * 53, dtype=np.int64)
     assert copies(sizes) == 2
     addr = np.arange(len(sizes), dtype=np.uint64) * np.uint64(2**26)
-    momentum = persistent_state(sizes, addr, training=True, second="optimizer_state")
+    momentum = persistent_state(sizes, addr, training=True, grads="fresh")
     second = [g.category for g, size in zip(momentum[len(PARAMS):2 * len(PARAMS)], PARAMS) if size > 4096]
     assert set(second) == {"optimizer_state"}
     assert "momentum" in words_text(momentum[len(PARAMS)].reason)
+
+
+def test_three_copies_are_the_grad_and_one_state_where_the_backward_accumulates_into_grads_from_before() -> None:
+    """SGD with momentum and zero_grad(set_to_none=False): the window's backward keeps none of its gradients (it
+    adds them into the .grad from before), so of three copies the second is the .grad and the third the momentum;
+    without that (Adam, .grad set to None) they are the two moments."""
+    sizes, addr = _layout(3)
+    kept = persistent_state(sizes, addr, training=True, grads="before")
+    assert [kept[i * len(PARAMS)].category for i in range(3)] == ["weights", "gradients", "optimizer_state"]
+    adam = persistent_state(sizes, addr, training=True)
+    assert [adam[i * len(PARAMS)].category for i in range(3)] == ["weights", "optimizer_state", "optimizer_state"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import weakref
 from functools import cached_property
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -120,8 +121,10 @@ class Decider:
         if found is None:
             if self._lookup_stacks is None:
                 frames, stacks = self.interner.frames, self.interner.stacks
+                # the innermost Python frames (a stack of stacks="all" opens with C++ ones)
                 self._lookup_stacks = np.array([sid for sid in self.tree_stacks.tolist() if any(
-                    _EMBEDDING.search(f"{frames[f][0]}:{frames[f][2]}") for f in stacks[sid][:4])], dtype=np.int64)
+                    _EMBEDDING.search(f"{frames[f][0]}:{frames[f][2]}") for f in
+                    islice((f for f in stacks[sid] if is_python_frame(frames[f][0])), 4))], dtype=np.int64)
             trace = snapshot.trace(device)
             at = np.flatnonzero(trace.action == ALLOC)
             made = np.isin(snapshot.event_stack_ids(device, at), self._lookup_stacks)

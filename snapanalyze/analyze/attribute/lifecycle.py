@@ -1,8 +1,8 @@
 """The before-window stage of attribution: blocks live before the trace window whose allocation carries no
 stack. Persistent state (`state`: cuBLAS workspace, activations of a size the window shows the program
 keeping — `kept_activations`, a retained graph — in a training program the parameters and their gradients /
-optimizer moments as copies of them (a second copy is optimizer state where the window's own backward makes
-the gradients afresh: `second_copy`), weights where the sizes repeat as a model's layers do, else unknown), or
+optimizer moments as copies of them (which copy is which by what the window shows of the .grad:
+`gradients_seen`), weights where the sizes repeat as a model's layers do, else unknown), or
 state an optimizer step freed (it replaced it), or unknown, said plainly with how to record it
 (`before_window`). `stage(blocks, code)` applies it to the blocks' codes.
 """
@@ -65,38 +65,90 @@ def kept_activations(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, d
     return out
 
 
+def replaced_state(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, decider: Decider
+                   ) -> dict[int, Retained]:
+    """Sizes of the state an optimizer keeps replacing: in the window its own code (frames that decide
+    optimizer_state) makes blocks of the size that outlive the window, and its step frees frame-less blocks of
+    the size from before the window — LBFGS's history of flattened steps and gradient differences, pushed and
+    popped, its previous flat gradient cloned anew each iteration — of a size no parameter has (the window's
+    backward shows the parameters' sizes by the gradients it makes). An optimizer that makes its state once
+    (Adam's first step) frees none of it; one that replaces it out of place replaces state of its parameters'
+    sizes; neither reads this way, nor do the .grad that a zero_grad frees."""
+    if not len(lifetimes):
+        return {}
+    alloc = lifetimes["alloc_index"].to_numpy()
+    free = lifetimes["free_index"].to_numpy()
+    sizes = lifetimes["size"].to_numpy()
+    made = np.flatnonzero((alloc >= 0) & (free < 0))
+    dropped = np.flatnonzero((alloc < 0) & (free >= 0))
+    if not len(made) or not len(dropped):
+        return {}
+    # The parameters' sizes, from the gradients the window's backward makes (what the device thread made and
+    # kept past its backward): an optimizer that replaces its moments out of place (a hand-written AdamW's
+    # `m = beta1 * m + …`) replaces state of exactly those sizes, and then the blocks left of such a size are the
+    # parameters and their .grad, not more state. Where no backward shows them, nothing is said.
+    traced = alloc >= 0
+    stacks = np.full(len(alloc), -1, dtype=np.int64)
+    stacks[traced] = snapshot.event_stack_ids(device, alloc[traced])
+    device_thread = traced & ((stacks < 0) | np.isin(stacks, decider.engine_stacks()))
+    _, grads = kept_past(decider.passes(snapshot, device), alloc, free, device_thread)
+    if not grads.any():
+        return {}
+    parameters = np.unique(sizes[grads])
+
+    def by_optimizer(sids: np.ndarray, freeing: bool) -> np.ndarray:
+        ids, inverse = np.unique(sids, return_inverse=True)
+        ok = np.array([sid >= 0 and ((d := decider.decide(int(sid))).category == "optimizer_state"
+                                     or (freeing and "optimizer" in d.context))
+                       and not (freeing and "zero_grad" in d.context) for sid in ids.tolist()], dtype=bool)
+        return ok[inverse.reshape(-1)] if len(ids) else np.zeros(0, dtype=bool)
+    made_stacks = snapshot.event_stack_ids(device, alloc[made])
+    mine = by_optimizer(made_stacks, False)
+    freed = dropped[by_optimizer(snapshot.event_stack_ids(device, free[dropped]), True)]
+    out = {}
+    for size in np.setdiff1d(np.intersect1d(sizes[made[mine]], sizes[freed]), parameters).tolist():
+        at = mine & (sizes[made] == size)
+        sid = int(made_stacks[at][0])
+        out[int(size)] = Retained("optimizer_state", int(at.sum()), shown_site(decider, sid, decider.decide(sid).frame))
+    return out
+
+
 def retained(decider: Decider, snapshot: Snapshot, device: int, lifetimes: pd.DataFrame | None
              ) -> dict[int, Retained]:
-    """Activations the device's window shows the program keeping, by size (`kept_activations`), kept on the
-    decider: a window is the same at every instant of a device."""
+    """What the device's window shows the program keeping, by size: activations (`kept_activations`) and state
+    an optimizer keeps replacing (`replaced_state`), kept on the decider: a window is the same at every instant
+    of a device."""
     if lifetimes is None:
         return {}
     hit = decider.retained_cache.get(device)
     if hit is None or hit[0] is not lifetimes:
-        hit = decider.retained_cache[device] = (lifetimes, kept_activations(snapshot, device, lifetimes, decider))
+        kept = {**replaced_state(snapshot, device, lifetimes, decider),
+                **kept_activations(snapshot, device, lifetimes, decider)}
+        hit = decider.retained_cache[device] = (lifetimes, kept)
     return hit[1]
 
 
 def persistent(decider: Decider, device: int, sizes: np.ndarray, addresses: np.ndarray, training: bool,
-               kept: dict[int, Retained], second: str) -> list[StateGuess]:
+               kept: dict[int, Retained], grads: str) -> list[StateGuess]:
     """`state.persistent_state` of these blocks, kept on the decider: blocks live throughout the window are the
     same at every instant of a device."""
-    key = (device, training, sizes.tobytes() + addresses.tobytes(), tuple(sorted(kept.items())), second)
+    key = (device, training, sizes.tobytes() + addresses.tobytes(), tuple(sorted(kept.items())), grads)
     found = decider.state_cache.get(key)
     if found is None:
         found = decider.state_cache[key] = persistent_state(sizes, addresses, training, kept,
-                                                            decider.rules.enabled, second)
+                                                            decider.rules.enabled, grads)
     return found
 
 
-def second_copy(b: Blocks, sizes: np.ndarray) -> str:
-    """What a second copy of the parameters is: optimizer state where the window's own backward makes gradients
-    of those sizes afresh (the autograd device thread's allocations kept past their backward), or zero_grad
-    frees gradients of those sizes made before the window, else gradients."""
+def gradients_seen(b: Blocks, sizes: np.ndarray) -> str:
+    """What the window shows of the parameters' .grad (`state._copies`): "fresh" where its own backward makes
+    gradients of those sizes afresh (the autograd device thread's allocations kept past their backward), or
+    zero_grad frees gradients of those sizes made before the window; "before" where a backward runs in it and
+    makes none of those sizes to keep (it accumulates into .grad kept from before); "" without a backward."""
     window = b.window
     passes = b.decider.passes(b.snapshot, b.device)
     if window is None or not len(sizes):
-        return "gradients"
+        return ""
     alloc = window["alloc_index"].to_numpy()
     traced = alloc >= 0
     stacks = np.full(len(window), -1, dtype=np.int64)
@@ -110,8 +162,8 @@ def second_copy(b: Blocks, sizes: np.ndarray) -> str:
     if len(dropped):
         by = np.unique(b.snapshot.event_stack_ids(b.device, free[dropped]))
         if any("zero_grad" in b.decider.decide(int(sid)).context for sid in by.tolist()):
-            return "optimizer_state"
-    return "optimizer_state" if fresh.any() else "gradients"
+            return "fresh"
+    return "fresh" if fresh.any() else "before" if len(passes) else ""
 
 
 def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: Site | None) -> Decision:
@@ -158,7 +210,7 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     training_here = training and not (kept.any() and b.sizes[kept][twins].sum() >= 0.5 * b.sizes[kept].sum())
     guesses = persistent(decider, device, b.sizes[kept], b.addr[kept], training_here,
                          retained(decider, b.snapshot, device, b.window),
-                         second_copy(b, b.sizes[kept]) if training_here else "gradients")
+                         gradients_seen(b, b.sizes[kept]) if training_here else "")
     if guesses:                                          # a few distinct guesses, shared by many blocks
         _, first, inverse = np.unique(np.fromiter(map(id, guesses), dtype=np.uint64, count=len(guesses)),
                                       return_index=True, return_inverse=True)

@@ -104,14 +104,17 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
     # Size coincidences only where the stack is consistent with them: never in a module the source says owns
     # the block, in a backward pass or under an optimizer step.
     guessed = d.category == "other" or (d.inferred and d.category in ("attention", "mlp"))
-    if guessed and origin == "trace" and not backward and not d.owner \
-            and not set(d.context) & {"autograd", "optimizer"}:
+    forward = guessed and origin == "trace" and not backward and not set(d.context) & {"autograd", "optimizer"}
+    if forward and not d.owner:
         logits = shape_logits(size, ctx.vocab, ctx.allocated) if on("shape.tokens_x_vocab") else None
         if logits:
             return Decision("logits", "shape.tokens_x_vocab",
                             (f"size = {logits[0]:,} tokens × {logits[1]:,} vocab × {logits[2]} bytes, a "
                              "vocabulary whose weight is live (inferred from the size)",), d.frame,
                             tuple(x for x in (d.category,) if x != "other"), inferred=True)
+    # The three sizes agreeing hold in a module the source names too (a model's own forward, whose line applies
+    # its output head), as long as nothing but the call tree decided there.
+    if forward and (not d.owner or d.category == "other"):
         # a language model's vocabulary matrix is its largest weight, one of a size or two (an untied embedding and
         # output head): more weights of its size (an MLP's, where the vocabulary is 4 × hidden) leave it open
         top = max(ctx.weight_sizes, default=0)
@@ -174,7 +177,8 @@ def signals_by_key(table: Decisions, code: np.ndarray, sizes: np.ndarray, pools:
     by_size = ((~of["lifecycle"][code] & of["autocast"][code]
                 & np.isin(sizes * 2, np.array(list(ctx.weight_sizes), dtype=np.int64)))
                | gate_up | (plain & (bool(ctx.vocab) or bool(ctx.lookups)) & (sizes >= 16 << 20))
-               | (of["inferred"][code] & bool(ctx.lookups) & (sizes >= 16 << 20))
+               | ((of["inferred"][code] | (of["category"][code] == "other")) & bool(ctx.lookups)
+                  & (sizes >= 16 << 20))
                | (of["user_attention"][code] & (sizes >= max(ctx.scores_floor, 8 << 20)))
                | (survived >= 0))
     other_request = (metadata != "") & (metadata != ctx.request) if ctx.request else np.zeros(len(code), dtype=bool)

@@ -32,19 +32,26 @@ _MOVES = {_TO, _CUDA, _CPU}
 _TO_COPY = torch.ops.aten._to_copy.default
 _SOFTMAX = ("_softmax", "softmax", "_safe_softmax")
 _SDPA = torch.nn.functional.scaled_dot_product_attention
+_MHA = torch.nn.functional.multi_head_attention_forward
+_DROPOUT_AT = {_SDPA: 4, _MHA: 10}            # the position of dropout_p
 
 
-def _as_on_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _as_on_cuda(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """scaled_dot_product_attention as a CUDA device would run it: its fused kernels (flash, memory-efficient)
     take attention dropout, the CPU's fused kernel does not and falls back to the math path, which materialises
     the scores. Unless the program forced the math backend (sdpa_kernel), the call runs without dropout, so the
-    CPU's fused kernel runs where CUDA's would (the values differ by the dropout, the memory as on CUDA)."""
-    dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+    CPU's fused kernel runs where CUDA's would (the values differ by the dropout, the memory as on CUDA). The same
+    holds for F.multi_head_attention_forward without attention weights (nn.MultiheadAttention, the nn.Transformer
+    layers), which calls SDPA inside (out of this mode's sight) with its dropout."""
+    at = _DROPOUT_AT[func]
+    if func is _MHA and kwargs.get("need_weights", args[15] if len(args) > 15 else True):
+        return args, kwargs                   # the explicit path: its dropout of the weights runs on CUDA too
+    dropout = kwargs.get("dropout_p", args[at] if len(args) > at else 0.0)
     if not dropout or not (torch._C._get_flash_sdp_enabled() or torch._C._get_mem_efficient_sdp_enabled()):
         return args, kwargs
     if "dropout_p" in kwargs:
         return args, {**kwargs, "dropout_p": 0.0}
-    return (*args[:4], 0.0, *args[5:]), kwargs
+    return (*args[:at], 0.0, *args[at + 1:]), kwargs
 
 
 class DeviceMode(TorchFunctionMode):
@@ -58,8 +65,8 @@ class DeviceMode(TorchFunctionMode):
         cap = self.cap
         if func in _MOVES:
             return self._move(func, args, kwargs)
-        if func is _SDPA:
-            args, kwargs = _as_on_cuda(args, kwargs)
+        if func in _DROPOUT_AT:
+            args, kwargs = _as_on_cuda(func, args, kwargs)
         forced = "device" in kwargs and _is_cuda(kwargs["device"])
         if forced:
             kwargs = {**kwargs, "device": "cpu"}

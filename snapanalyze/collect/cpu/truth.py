@@ -3,8 +3,8 @@
 Contract: `facts(capture, index)` returns one `BlockFacts` per block live right after the snapshot trace's
 entry `index` (−1: before the first; the instant an analysis names by the same index), in allocation order.
 `lifecycle(facts)` is what the block is across steps: weights (a parameter or buffer, or autocast's copy of
-one), gradients (a parameter's ``.grad``), optimizer_state (an optimizer's state, or made inside its step
-outside any module and backward), kv_cache (held by a KV cache object), inputs (copied from the host, or an
+one), gradients (a parameter's ``.grad``), optimizer_state (an optimizer's state, or made by its step's own
+code: not by a closure the step calls), kv_cache (held by a KV cache object), inputs (copied from the host, or an
 argument of the outermost module made outside every module, backward and step), workspace (cuBLAS), else
 activations — a role seen at any time of the block's life counts from its allocation. `rows(capture, index,
 labeller)` are the rows of the labels table (`COLUMNS`, the labelled-set layout's ``blocks-STEM.csv`` with
@@ -72,7 +72,7 @@ def lifecycle(f: BlockFacts) -> str:
     for role, life in _ROLES:
         if role in f.roles:
             return life
-    if f.context.phase == "optimizer" or (f.context.phase == "outside" and f.context.optimizer):
+    if f.context.phase == "optimizer":          # the step's own code, not a closure it calls
         return "optimizer_state"
     return "activations"
 
