@@ -102,13 +102,35 @@ def capture(program: str, out: Path) -> dict[str, Any]:
                    "notes": " ".join((module.__doc__ or "").split())}}
     doc = json.dumps({stem: entry}, indent=1).encode()
     write_atomic(out / "labels" / f"{stem}.truth.json", lambda f: f.write(doc))
-    source = out / "source" / stem / "zoo" / "programs" / family
-    if source.exists():
-        shutil.rmtree(source)
+    root = out / "source" / stem
+    if root.exists():
+        shutil.rmtree(root)
+    source = root / "zoo" / "programs" / family
     source.mkdir(parents=True)
     for py in (ZOO / "programs" / family).glob("*.py"):
         shutil.copy(py, source / py.name)
+    for relative in library_files(snapshot):
+        # what `--source` reads on the machine that ran the program: the installed libraries its frames name
+        for key in ("purelib", "platlib"):
+            found = Path(sysconfig.get_paths()[key]) / relative
+            if found.is_file():
+                (root / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(found, root / relative)
+                break
     return entry
+
+
+def library_files(snapshot: dict[str, Any]) -> set[str]:
+    """The installed files (package-relative paths) that a snapshot's frames name."""
+    prefix = SHOWN["site"]
+    found: set[str] = set()
+    frames = [f for seg in snapshot.get("segments", []) for b in seg.get("blocks", []) for f in b.get("frames", [])]
+    frames += [f for trace in snapshot.get("device_traces", []) for e in trace for f in e.get("frames", [])]
+    for f in frames:
+        name = f.get("filename", "")
+        if name.startswith(prefix) and name.endswith(".py"):
+            found.add(name[len(prefix):])
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,12 @@ class Context:
 
 
 
+# The first matmul on a stream allocates the cuBLAS workspace inside whatever code ran it (a vision tower's
+# projection, an attention's): a never-freed block of its size made under any activation's frames is that.
+ACTIVATION_CATEGORIES = ("other", "attention", "mlp", "logits", "vision_encoder", "fallback_kernel")
+LOOKUP_LOGITS_MIN = 1 << 20   # three sizes agreeing (logits, vocabulary matrix, lookup) from a MiB of logits on
+
+
 def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bool, origin: str,
              has_stack: bool, persistent: bool, alloc: int, survived: int, backward: bool, ctx: Context) -> Decision:
     """Block-level signals over the frames' decision, strongest first (see the module docstring)."""
@@ -113,8 +119,9 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
                              "vocabulary whose weight is live (inferred from the size)",), d.frame,
                             tuple(x for x in (d.category,) if x != "other"), inferred=True)
     # The three sizes agreeing hold in a module the source names too (a model's own forward, whose line applies
-    # its output head), as long as nothing but the call tree decided there.
-    if forward and (not d.owner or d.category == "other"):
+    # its output head; an MLM head's decoder after its MLP-like transform), where nothing but the call tree
+    # decided (`guessed`).
+    if forward:
         # a language model's vocabulary matrix is its largest weight, one of a size or two (an untied embedding and
         # output head): more weights of its size (an MLP's, where the vocabulary is 4 × hidden) leave it open
         top = max(ctx.weight_sizes, default=0)
@@ -134,7 +141,7 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
                             (f"size = 2 × a live MLP activation output ({size // 2:,} bytes) allocated right after "
                              "it: the fused gate/up projection that feeds it (inferred from the size and order)",),
                             d.frame, inferred=True)
-    if size == CUBLAS_DEFAULT_WORKSPACE and persistent and d.category in ("other", "attention", "mlp", "logits") \
+    if size == CUBLAS_DEFAULT_WORKSPACE and persistent and d.category in ACTIVATION_CATEGORIES \
             and on("shape.cublas_workspace"):
         return Decision("workspace", "shape.cublas_workspace",
                         (f"never freed, and its size is PyTorch's default cuBLAS workspace ({size:,} B), which the "
@@ -178,7 +185,7 @@ def signals_by_key(table: Decisions, code: np.ndarray, sizes: np.ndarray, pools:
                 & np.isin(sizes * 2, np.array(list(ctx.weight_sizes), dtype=np.int64)))
                | gate_up | (plain & (bool(ctx.vocab) or bool(ctx.lookups)) & (sizes >= 16 << 20))
                | ((of["inferred"][code] | (of["category"][code] == "other")) & bool(ctx.lookups)
-                  & (sizes >= 16 << 20))
+                  & (sizes >= LOOKUP_LOGITS_MIN))
                | (of["user_attention"][code] & (sizes >= max(ctx.scores_floor, 8 << 20)))
                | (survived >= 0))
     other_request = (metadata != "") & (metadata != ctx.request) if ctx.request else np.zeros(len(code), dtype=bool)
