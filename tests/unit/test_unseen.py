@@ -149,7 +149,7 @@ def test_transformers_modeling_code_without_its_source_is_decided_by_what_it_cal
         "logits_fp32": "logits", "log_softmax": "logits"}
     tree = got.loc[["gate", "silu", "gate_x_up", "q_lora", "q_embed", "o_proj"]]    # the rest: transformers.toml
     assert tree["inferred"].all() and tree["rule"].str.startswith("calltree.").all()
-    assert "silu" in got.loc["gate", "reason"] and "apply_rotary_pos_emb" in got.loc["o_proj", "reason"]
+    assert "silu" in got.loc["gate", "reason"] and "sdpa_attention_forward" in got.loc["o_proj", "reason"]
 
 
 # diffusers 0.35.1: FeedForward lives in models/attention.py (forward: `for module in self.net: hidden_states =
@@ -333,14 +333,15 @@ def test_a_library_copy_of_another_version_decides_nothing_and_the_note_says_wha
               "silu": [py("torch/nn/functional.py", 2380, "silu"), py("torch/nn/modules/activation.py", 432,
                                                                       "forward"), *CALL, py(QWEN, 57, "forward"),
                        *DEC_MLP],
-              "q_embed": [py(QWEN, 96, "apply_rotary_pos_emb"), py(QWEN, 159, "forward"), *DEC_ATT]}
+              "q_embed": [py(QWEN, 96, "apply_rotary_pos_emb"), py(QWEN, 159, "forward"), *DEC_ATT],
+              "q_proj": [*LINEAR, py(QWEN, 153, "forward"), *DEC_ATT]}
     b = SnapshotBuilder()
     b.segment(BASE, [(4 * MiB, 4 * MiB, "active_allocated")] * len(stacks))
     for k, frames in enumerate(stacks.values()):
         b.alloc(BASE + k * 4 * MiB, 4 * MiB, frames=[{"filename": f, "line": n, "name": fn} for f, n, fn in frames])
     result = attribute(load(write_pickle(tmp_path / "drift.pickle", b.build()), source=tmp_path / "env"))
     got = result.blocks.sort_values("address").assign(name=list(stacks)).set_index("name")
-    assert got["category"].to_dict() == {"gate": "mlp", "silu": "mlp", "q_embed": "attention"}
+    assert got["category"].to_dict() == {"gate": "mlp", "silu": "mlp", "q_embed": "attention", "q_proj": "attention"}
     assert got["inferred"].all() and not got["rule"].str.startswith("transformers.").any()
     assert not got["frame"].str.contains("Qwen2Attention").any()
     note = next(n for n in result.notes if "modeling_qwen2.py" in n)
