@@ -77,8 +77,11 @@ class Role:
     blocks_only: bool = False
 
     def fits(self, kinds: set[str], child_roles: set[str], blocks_only: bool) -> bool:
+        """Whether a node's kinds and its children's roles meet the role. A node that calls sublayers of another
+        role (a block of a model's trunk calling its MLP beside nn.MultiheadAttention) is no sublayer of this one,
+        unless the role is one of calling those (`children`: a router calling its MLP experts)."""
         return (self.all <= kinds and (not self.any or bool(self.any & kinds)) and not self.none & kinds
-                and (not self.children or bool(self.children & child_roles))
+                and (bool(self.children & child_roles) if self.children else not child_roles - {self.category})
                 and (blocks_only or not self.blocks_only))
 
 

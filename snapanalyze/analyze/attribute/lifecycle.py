@@ -140,6 +140,34 @@ def persistent(decider: Decider, device: int, sizes: np.ndarray, addresses: np.n
     return found
 
 
+def state_made(b: Blocks) -> np.ndarray:
+    """The sizes of the optimizer state the whole window shows made in it, at any instant (its frames make blocks
+    that outlive the window: Adam's moments at its first step, made after a peak in the backward), where it
+    replaced none from before the window. Then the
+    optimizer's state is not among the frame-less blocks from before the window: those of its sizes are the
+    parameters (with their .grad, where the window's backward does not make them), not copies of state."""
+    window = b.window
+    if window is None or not len(window):
+        return np.zeros(0, dtype=np.int64)
+    alloc = window["alloc_index"].to_numpy()
+    kept = np.flatnonzero((alloc >= 0) & (window["free_index"].to_numpy() < 0))
+    stacks = b.snapshot.event_stack_ids(b.device, alloc[kept])
+    ids, inverse = np.unique(stacks, return_inverse=True)
+    optimizer = np.array([sid >= 0 and b.decider.decide(int(sid)).category == "optimizer_state"
+                          for sid in ids.tolist()], dtype=bool)
+    mine = kept[optimizer[inverse.reshape(-1)]] if len(ids) else kept[:0]
+    # ... made afresh, not in place of state from before the window that the step frees (a hand-written AdamW's
+    # out-of-place `m = beta1 * m + …`: then the blocks left of the size are the parameters and their .grad)
+    dropped = np.flatnonzero((alloc < 0) & (window["free_index"].to_numpy() >= 0))
+    freers, by = np.unique(b.snapshot.event_stack_ids(b.device, window["free_index"].to_numpy()[dropped]),
+                           return_inverse=True)
+    replaced = np.array([sid >= 0 and ((d := b.decider.decide(int(sid))).category == "optimizer_state"
+                                       or "optimizer" in d.context) and "zero_grad" not in d.context
+                         for sid in freers.tolist()], dtype=bool)
+    sizes = window["size"].to_numpy()
+    return np.setdiff1d(sizes[mine], sizes[dropped[replaced[by.reshape(-1)]]] if len(freers) else [])
+
+
 def gradients_seen(b: Blocks, sizes: np.ndarray) -> str:
     """What the window shows of the parameters' .grad (`state._copies`): "fresh" where its own backward makes
     gradients of those sizes afresh (the autograd device thread's allocations kept past their backward), or
@@ -206,7 +234,7 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     # among them: they are the parameters (and buffers) those copies belong to.
     of = table.columns()
     framed_state = np.isin(of["category"][code], TRAINING) & (b.stack >= 0)
-    twins = np.isin(b.sizes[kept], b.sizes[framed_state])
+    twins = np.isin(b.sizes[kept], np.union1d(b.sizes[framed_state], state_made(b)))
     training_here = training and not (kept.any() and b.sizes[kept][twins].sum() >= 0.5 * b.sizes[kept].sum())
     guesses = persistent(decider, device, b.sizes[kept], b.addr[kept], training_here,
                          retained(decider, b.snapshot, device, b.window),

@@ -235,7 +235,7 @@ class CpuCapture:
         self._pending: list[tuple[int, tuple[Frame, ...] | None]] = []   # frees weakref callbacks saw: key, stack
         self._modules: list[tuple[Any, str, int]] = []       # module stack: (module, path, call id)
         self._calls = 0
-        self.softmax_shapes: dict[int, set[tuple[int, ...]]] = {}   # module call → trailing 2 dims of its softmaxes
+        self.softmax_shapes: dict[int, set[tuple[int, ...]]] = {}   # module call → its softmaxes' (L, S, numel)
         self._paths: dict[int, str] = {}                      # id(module) → path under its outermost module
         self._roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self._params: Any = None                              # parameters hooked (a WeakIdKeyDictionary)
@@ -694,9 +694,10 @@ class CpuCapture:
                 self.note(t, "saved", _node_name(node))
 
     def softmax(self, t: Any) -> None:
-        """A softmax's output: its trailing two dims are the attention scores' shape in the calls running."""
+        """A softmax's output: its trailing two dims and its element count are the attention scores' in the calls
+        running (the heads flattened into the batch or not)."""
         if t.dim() >= 2 and not self._in_backward():
-            shape = tuple(t.shape[-2:])
+            shape = (*t.shape[-2:], t.numel())
             for _, _, call in self._modules:
                 self.softmax_shapes.setdefault(call, set()).add(shape)
 

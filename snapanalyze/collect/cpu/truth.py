@@ -14,6 +14,7 @@ module classes and ops; `lifecycle_label` without one).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -47,8 +48,8 @@ class BlockFacts:
     recorded: bool                     # its allocation lies in the trace window
     shape: tuple[int, ...] = ()        # of the first tensor made on it
     dtype: str = ""
-    scores: bool = False               # its trailing two dims are those of a softmax output of a module call it was
-                                       # made in (attention scores / probabilities, materialised)
+    scores: bool = False               # its trailing two dims and element count are those of a softmax output of a
+                                       # module call it was made in (attention scores / probabilities, materialised)
 
     @property
     def module(self) -> str:
@@ -101,7 +102,8 @@ def facts(cap: CpuCapture, index: int) -> list[BlockFacts]:
         ctx = cap.contexts[b.context]
         fwd = cap.contexts[ctx.forward] if ctx.forward >= 0 else None
         calls = ctx.calls or (fwd.calls if fwd is not None else ())
-        scores = len(b.shape) >= 2 and any(tuple(b.shape[-2:]) in cap.softmax_shapes.get(c, ()) for c in calls)
+        scores = len(b.shape) >= 2 and any((*b.shape[-2:], math.prod(b.shape)) in cap.softmax_shapes.get(c, ())
+                                           for c in calls)
         out.append(BlockFacts(b.addr, b.size, dict(b.roles), ctx, fwd, _stack(cap, ctx.code),
                               _stack(cap, fwd.code) if fwd is not None else (), b.alloc >= start, b.shape, b.dtype,
                               scores))
