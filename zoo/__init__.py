@@ -30,9 +30,13 @@ FAMILIES = {
     "handwritten": "hand-written models (minGPT, an NCA of 1×1 convs, MoE routing, an MLP, an LSTM)",
     "vocab": "prompt logprobs and sampling over a large vocabulary",
     "sdpa_math": "scaled_dot_product_attention's math fallback",
+    "hf_ssm": "transformers state-space and recurrent LMs (Mamba, Mamba-2, RWKV): training and generate()",
+    "hf_vision": "transformers image models (ViT, Swin, SegFormer, DETR)",
 }
 
-# Chosen before any rule was written against the zoo: six of the sixteen families (over a third), libraries and
-# program shapes the rules were never tuned on — other libraries' module code, GNN message passing, diffusion,
-# Lightning's loop, speech, mixed precision.
-HELD_OUT = ("timm", "pyg", "diffusers", "lightning", "hf_speech", "amp")
+# Held out in rounds (zoo/README.md, "Held-out families"). Round 1 — the first rules written against the zoo —
+# kept six of the sixteen families out of sight (timm, pyg, diffusers, lightning, hf_speech, amp); their figures
+# were then read, and timm and Lightning, the furthest off, were opened. Round 2 keeps the other four and two
+# families added unseen (hf_ssm, hf_vision): six of eighteen, a third.
+HELD_OUT = ("pyg", "diffusers", "hf_speech", "amp", "hf_ssm", "hf_vision")
+HELD_OUT_ROUNDS = {1: ("timm", "pyg", "diffusers", "lightning", "hf_speech", "amp"), 2: HELD_OUT}

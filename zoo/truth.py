@@ -8,8 +8,10 @@ autograd nodes and functions to categories); `mapping.label(facts)` returns (lab
    optimizer_state, kv_cache, inputs or workspace — that is its label.
 2. Otherwise it is an activation (made by a forward, or by the backward of what a forward made — then the forward
    call's modules, stack and ops decide), and, strongest first:
-   - fallback_kernel: a materialised attention score / probability block (its trailing dims are those of a softmax
-     output of the attention call it was made in, `facts.scores`) under attention;
+   - fallback_kernel: a materialised attention score / probability block (its trailing dims and size are those of
+     a softmax output of the attention call it was made in, `facts.scores`) under attention, or any block
+     scaled_dot_product_attention's math fallback made (its scaled query, mask, scores: what a fused kernel
+     avoids);
    - vision_encoder: made while a vision tower of a multimodal model ran (any enclosing module);
    - logits: a log-softmax / NLL / cross-entropy op or its backward node, a loss or sampling function of the
      program's stack outside op modules, or the output head's module path (lm_head);
@@ -47,6 +49,10 @@ class Mapping:
     def load(cls, program: str | None = None, path: Path = HERE / "truth.toml") -> Mapping:
         """The mapping for one program ("family/name"): entries with `programs` apply to those programs only."""
         doc = tomllib.loads(path.read_text())
+        for extra in sorted(HERE.glob("programs/*/_truth.toml")) if path == HERE / "truth.toml" else ():
+            more = tomllib.loads(extra.read_text())     # a family's entries while it is written (merged later)
+            for key in ("modules", "ops", "functions"):
+                doc[key] = [*doc.get(key, []), *more.get(key, [])]
         classes: dict[str, str] = {}
         patterns, paths, nodes, functions = [], [], [], []
         ops: dict[str, str] = {}
@@ -116,6 +122,8 @@ class Mapping:
         attention_ctx = (inner is not None and inner[1] == "attention") or in_attention_function
         if f.scores and attention_ctx:
             return "fallback_kernel", "a materialised attention score/probability block (softmax-shaped)"
+        if ctx.function == "scaled_dot_product_attention" and "_scaled_dot_product_" not in ctx.op:
+            return "fallback_kernel", "made by scaled_dot_product_attention's math fallback (not a fused kernel)"
         if vision is not None:
             return "vision_encoder", f"made while the vision tower ran ({vision.rsplit('.', 1)[-1]})"
         if ctx.phase == "backward":

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 CALLEES = "calltree.callees"
 _CLIMB = 4                 # callers a building block's allocation looks up for a role
+_BLOCK_HEIGHT = 1          # a building block speaks for its caller where it calls at most layers that call nothing
 _SAME_FUNCTION_GAP = 30    # lines of one function name under one caller this far apart are two functions
 _WRAPPER_KINDS = frozenset({"linear", "matmul", "dropout", "elementwise"})
 _STDLIB = re.compile(r"(^|/)lib/python\d[\d.]*/(?!site-packages/|dist-packages/)|^<")
@@ -133,6 +134,7 @@ class _Node:
     via: Words = ()                # how the role came (for the reason)
     block: bool = False            # a building block: it works for its caller
     shown: set[str] = field(default_factory=set)   # its kinds with those of the building blocks it calls
+    height: int = 0                # the longest chain of calls beneath it (0: it calls no model code)
 
 
 class CallTree:
@@ -327,8 +329,10 @@ class CallTree:
                 node.via = (f"calls only model code whose role is {category} (and helpers that show nothing)",)
             # A building block works for its caller: no role of its own, and what it and the code it calls
             # show is building blocks only (a hand-written Linear, a norm). One that shows nothing is no block:
-            # nothing says it works for anyone.
-            node.block = node.role is None and bool(kinds) and kinds <= blocks and only_blocks
+            # nothing says it works for anyone; nor is a deep stack of them (a whole ResNet of convolutions and
+            # norms): only a layer, and what calls nothing but layers, works for its caller.
+            node.block = node.role is None and bool(kinds) and kinds <= blocks and only_blocks \
+                and node.height <= _BLOCK_HEIGHT
 
     # -- answers ------------------------------------------------------------------------------------
     def role(self, stack_id: int) -> RoleHit | None:
@@ -398,6 +402,7 @@ def _callees_first(nodes: list[_Node]) -> list[_Node]:
                 todo.extend(pending)
                 continue
             height[i] = 1 + max((height[c] for c in nodes[i].children), default=-1)
+            nodes[i].height = height[i]
             todo.pop()
     return [nodes[i] for i in sorted(range(len(nodes)), key=height.__getitem__)]
 

@@ -65,8 +65,12 @@ HEURISTICS = {
     "state.copies": "frame-less persistent sizes repeating k times in a training program are parameters and "
                     "k − 1 copies of state",
     "state.layers": "frame-less persistent sizes repeating as a model's layers do are its parameters and buffers",
+    "state.gradient_sizes": "a frame-less persistent block of the size of a gradient the window's backward makes is "
+                            "a parameter",
     "state.cublas_workspace": "a frame-less persistent block of PyTorch's default cuBLAS workspace size",
     "state.freed_by_zero_grad": "a frame-less block from before the window that zero_grad frees is a .grad",
+    "state.freed_by_module_move": "a frame-less block from before the window that Module._apply frees (the module "
+                                  "moved off the device) is a parameter or buffer",
     "lifetime.survived_backward": "made by the autograd engine's device thread and live after its backward, with a "
                                   "live parameter's size: a .grad",
     "shape.autocast_weight_copy": "an autocast cast half the size of a live weight is its 16-bit copy",

@@ -23,6 +23,7 @@ inferred). The evidence, strongest first:
   taken as weights (buffers have no state);
 - without such copies, sizes that repeat as a model's layers do (`periodic`: three sizes or more repeat, a number
   of layers dividing the counts of two or more) are the model's parameters and buffers;
+- else a block of the size of a gradient the window's backward makes (`parameters`) is a parameter;
 - the rest is unknown (`other`): nothing the snapshot holds says what it is, and the reason says how to
   record who made it.
 The caller flags all of it `inferred`.
@@ -123,12 +124,13 @@ class Retained:
 
 def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
                      retained: dict[int, Retained] | None = None,
-                     enabled: Callable[[str], bool] = lambda name: True, grads: str = ""
-                     ) -> list[StateGuess]:
+                     enabled: Callable[[str], bool] = lambda name: True, grads: str = "",
+                     parameters: np.ndarray | None = None) -> list[StateGuess]:
     """One guess per block (see the module docstring); `sizes` and `addresses` are parallel arrays;
     `enabled(name)`: whether the heuristic of that name (`state.cublas_workspace`, `state.retained_activation`,
-    `state.replaced_optimizer_state`, `state.copies`, `state.layers`) may decide; `grads`: what the window shows
-    of the .grad (`_copies`). Blocks with the same guess share one StateGuess (a few distinct ones however many
+    `state.replaced_optimizer_state`, `state.copies`, `state.layers`, `state.gradient_sizes`) may decide;
+    `grads`: what the window shows of the .grad (`_copies`); `parameters`: the sizes of the gradients the
+    window's backward makes. Blocks with the same guess share one StateGuess (a few distinct ones however many
     blocks)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     addresses = np.asarray(addresses, dtype=np.uint64)
@@ -153,6 +155,14 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
                             "layers" + (", nor copies of them that a training program keeps" if training else "")
                             + ")" + f"; {ADVICE}",))
     out = np.full(len(sizes), plain, dtype=object)
+    if plain.category == "other" and parameters is not None and len(parameters) and enabled("state.gradient_sizes"):
+        # no copies, no layer pattern, but the window's backward makes gradients of exactly these sizes
+        # (what a parameter's .grad is): one copy of the parameters, made before the window
+        params = np.isin(sizes, parameters)
+        params[~np.isin(np.arange(len(sizes)), rest)] = False
+        out[params] = StateGuess("weights", "state.gradient_sizes", (
+            "no frames, live before the window and never freed, of the size of a gradient the window's backward "
+            f"makes (the autograd engine keeps one per parameter): a parameter; {ADVICE}",))
     if workspace.any():
         out[workspace] = StateGuess("workspace", "state.cublas_workspace",
                                     (f"no frames, live before the window and never freed; its size is PyTorch's "

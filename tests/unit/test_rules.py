@@ -30,7 +30,7 @@ def rules():
 
 def test_shipped_packs_load_with_every_category_known(rules):
     assert [s.split("/")[-1] for s in rules.sources] == [
-        "torch.toml", "kernels.toml", "vllm.toml", "sglang.toml", "transformers.toml", "training.toml",
+        "torch.toml", "kernels.toml", "vllm.toml", "sglang.toml", "transformers.toml", "timm.toml", "training.toml",
         "lightning.toml", "adapters.toml", "pyg.toml", "generic.toml"]
     assert set(rules.categories) >= {"weights", "kv_cache", "attention", "fallback_kernel", "mlp",
                                      "vision_encoder", "logits", "graph_capture", "concurrent_request",

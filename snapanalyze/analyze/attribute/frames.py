@@ -88,6 +88,7 @@ class Decider:
         self.files_cache: dict[int, tuple[tuple[str, bool], ...]] = {}
         self.state_cache: dict[tuple[Any, ...], list[StateGuess]] = {}
         self.retained_cache: dict[int, tuple[pd.DataFrame, dict[int, Retained]]] = {}
+        self.gradients_cache: dict[int, tuple[pd.DataFrame, np.ndarray]] = {}   # device -> its window's .grad sizes
         self.passes_cache: dict[int, Passes] = {}           # device -> its backward passes (`backward`)
         self.lookups_cache: dict[int, frozenset[int]] = {}  # device -> its embedding lookups' sizes
         self._lookup_stacks: np.ndarray | None = None

@@ -17,6 +17,7 @@ import pandas as pd
 from ...model import OOM, Snapshot
 from ...sites import Site, words
 from ..backward import kept_past
+from ..moves import apply_frame
 from ..state import ADVICE, Retained, StateGuess, persistent_state
 from .blocks import Blocks
 from .frames import Decider, shown_site
@@ -129,14 +130,15 @@ def retained(decider: Decider, snapshot: Snapshot, device: int, lifetimes: pd.Da
 
 
 def persistent(decider: Decider, device: int, sizes: np.ndarray, addresses: np.ndarray, training: bool,
-               kept: dict[int, Retained], grads: str) -> list[StateGuess]:
+               kept: dict[int, Retained], grads: str, parameters: np.ndarray) -> list[StateGuess]:
     """`state.persistent_state` of these blocks, kept on the decider: blocks live throughout the window are the
     same at every instant of a device."""
-    key = (device, training, sizes.tobytes() + addresses.tobytes(), tuple(sorted(kept.items())), grads)
+    key = (device, training, sizes.tobytes() + addresses.tobytes(), tuple(sorted(kept.items())), grads,
+           parameters.tobytes())
     found = decider.state_cache.get(key)
     if found is None:
         found = decider.state_cache[key] = persistent_state(sizes, addresses, training, kept,
-                                                            decider.rules.enabled, grads)
+                                                            decider.rules.enabled, grads, parameters)
     return found
 
 
@@ -168,6 +170,27 @@ def state_made(b: Blocks) -> np.ndarray:
     return np.setdiff1d(sizes[mine], sizes[dropped[replaced[by.reshape(-1)]]] if len(freers) else [])
 
 
+def gradient_sizes(b: Blocks) -> np.ndarray:
+    """The sizes of the gradients the window's backward makes: the autograd device thread's allocations kept past
+    their backward (each the size of a parameter), kept on the decider per device."""
+    window = b.window
+    if window is None or not len(window):
+        return np.zeros(0, dtype=np.int64)
+    hit = b.decider.gradients_cache.get(b.device)
+    if hit is not None and hit[0] is window:
+        return hit[1]
+    alloc = window["alloc_index"].to_numpy()
+    traced = alloc >= 0
+    stacks = np.full(len(window), -1, dtype=np.int64)
+    stacks[traced] = b.snapshot.event_stack_ids(b.device, alloc[traced])
+    device_thread = traced & ((stacks < 0) | np.isin(stacks, b.decider.engine_stacks()))
+    _, kept = kept_past(b.decider.passes(b.snapshot, b.device), alloc, window["free_index"].to_numpy(),
+                        device_thread)
+    found = np.unique(window["size"].to_numpy()[kept])
+    b.decider.gradients_cache[b.device] = (window, found)
+    return found
+
+
 def gradients_seen(b: Blocks, sizes: np.ndarray) -> str:
     """What the window shows of the parameters' .grad (`state._copies`): "fresh" where its own backward makes
     gradients of those sizes afresh (the autograd device thread's allocations kept past their backward), or
@@ -179,12 +202,8 @@ def gradients_seen(b: Blocks, sizes: np.ndarray) -> str:
         return ""
     alloc = window["alloc_index"].to_numpy()
     traced = alloc >= 0
-    stacks = np.full(len(window), -1, dtype=np.int64)
-    stacks[traced] = b.snapshot.event_stack_ids(b.device, alloc[traced])
-    device_thread = traced & ((stacks < 0) | np.isin(stacks, b.decider.engine_stacks()))
     free = window["free_index"].to_numpy()
-    _, kept = kept_past(passes, alloc, free, device_thread)
-    fresh = np.isin(window["size"].to_numpy()[kept], sizes)
+    fresh = np.isin(gradient_sizes(b), sizes)
     # ... or where zero_grad frees, inside the window, frame-less gradients of those sizes made before it.
     dropped = np.flatnonzero(~traced & (free >= 0) & np.isin(window["size"].to_numpy(), sizes))
     if len(dropped):
@@ -194,10 +213,12 @@ def gradients_seen(b: Blocks, sizes: np.ndarray) -> str:
     return "fresh" if fresh.any() else "before" if len(passes) else ""
 
 
-def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: Site | None) -> Decision:
+def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site: Site | None,
+                  moved: bool = False) -> Decision:
     """A block live before the window whose allocation carries no stack: persistent state (`state`), a .grad
-    (freed by zero_grad), state an optimizer replaced (freed inside its step), or unknown, said plainly with the
-    fix."""
+    (freed by zero_grad), the optimizer's state (freed by its code: replaced by its step, or moved off the
+    device), a module's tensor (freed when `Module._apply` moved the module: `moved`), or unknown, said plainly
+    with the fix."""
     if guess is not None:
         return Decision(guess.category, guess.rule, guess.reason, -1, inferred=True)
     if freed_by is not None and "zero_grad" in freed_by.context:
@@ -206,9 +227,14 @@ def before_window(guess: StateGuess | None, freed_by: Decision | None, free_site
                               "), which sets each parameter's .grad to None: a parameter's .grad"), -1, inferred=True)
     if freed_by is not None and (freed_by.category == "optimizer_state" or "optimizer" in freed_by.context):
         return Decision("optimizer_state", "state.freed_by_optimizer",
-                        words("no frames, live before the window, freed inside the optimizer step (", free_site,
-                              "): state that the step replaced (an out-of-place update of a moment)"), -1,
-                        inferred=True)
+                        words("no frames, live before the window, freed by the optimizer's code (", free_site,
+                              "): its state, which the step replaced (an out-of-place update of a moment) or "
+                              "which was moved off the device"), -1, inferred=True)
+    if moved:
+        return Decision("weights", "state.freed_by_module_move",
+                        words("no frames, live before the window, freed when Module._apply moved its module (",
+                              free_site, "; model.cpu(), .to()): a parameter or buffer of that module (or a "
+                              "parameter's .grad, which _apply moves right after it)"), -1, inferred=True)
     return Decision("other", "unknown.before_window",
                     words("allocated before the trace window began and no stack was recorded for it",
                           *(("; freed at ", free_site) if free_site is not None else ()), f"; {ADVICE}"), -1)
@@ -225,11 +251,14 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
         np.zeros(0, dtype=np.int64)
     freers, by_freer = np.unique(free_stacks, return_inverse=True)
     freed_by = [decider.decide(int(sid)) for sid in freers.tolist()]
+    frames, stacks = decider.interner.frames, decider.interner.stacks
+    moved = [sid >= 0 and apply_frame(frames, stacks[sid]) >= 0 and decider.rules.enabled("state.freed_by_module_move")
+             for sid in freers.tolist()]
     training = any(d.category in TRAINING or set(d.context) & {"autograd", "optimizer", "backward"}
                    for d in (*table.items, *freed_by)) or b.snapshot.frameless_allocations(device)
     code[frameless_pre] = table.add(before_window(None, None, None))
-    code[freed_pre] = table.codes([before_window(None, by, shown_site(decider, int(sid), by.frame))
-                                   for sid, by in zip(freers.tolist(), freed_by)])[by_freer.reshape(-1)]
+    code[freed_pre] = table.codes([before_window(None, by, shown_site(decider, int(sid), by.frame), move)
+                                   for sid, by, move in zip(freers.tolist(), freed_by, moved)])[by_freer.reshape(-1)]
     # Gradients and optimizer state that frames prove, of the sizes of these blocks, mean the copies are not
     # among them: they are the parameters (and buffers) those copies belong to.
     of = table.columns()
@@ -238,7 +267,7 @@ def stage(b: Blocks, code: np.ndarray) -> np.ndarray:
     training_here = training and not (kept.any() and b.sizes[kept][twins].sum() >= 0.5 * b.sizes[kept].sum())
     guesses = persistent(decider, device, b.sizes[kept], b.addr[kept], training_here,
                          retained(decider, b.snapshot, device, b.window),
-                         gradients_seen(b, b.sizes[kept]) if training_here else "")
+                         gradients_seen(b, b.sizes[kept]) if training_here else "", gradient_sizes(b))
     if guesses:                                          # a few distinct guesses, shared by many blocks
         _, first, inverse = np.unique(np.fromiter(map(id, guesses), dtype=np.uint64, count=len(guesses)),
                                       return_index=True, return_inverse=True)

@@ -82,7 +82,8 @@ def signals(d: Decision, size: int, pool: str, request: str, request_by_time: bo
     # block no parameter has the size of, where the parameters are known.
     on = ctx.enabled
     if survived != -1 and d.category not in (*ctx.persistent, "workspace") and on("lifetime.survived_backward") \
-            and (not ctx.weight_sizes or size in ctx.weight_sizes):
+            and (not ctx.weight_sizes or size in ctx.weight_sizes) \
+            and not (size == CUBLAS_DEFAULT_WORKSPACE and persistent):   # the device thread's cuBLAS handle's
         of_a = " with the size of a live parameter" if ctx.weight_sizes else ""
         stack = "is the engine's" if has_stack else "has no frames: that thread runs no Python"
         after = f"the program allocated again at event {survived:,}" if survived >= 0 else \
