@@ -233,6 +233,11 @@ class Snapshot(HtmlDisplay):
         ids = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
         return ids[ids >= 0]
 
+    def allocation_order(self) -> np.ndarray:
+        """The stack id of every allocation of the traces, in trace order, device after device (−1: no frames)."""
+        found = [self.event_stack_ids(d, np.flatnonzero(self.trace(d).action == ALLOC)) for d in self.devices]
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
     def block_stack_ids(self, rows: np.ndarray) -> np.ndarray:
         """Stack id of each given row of `blocks` (−1 where the block carries no frames, or none were kept)."""
         return _pick_ids(self.block_columns.get("stack_id"), rows)

@@ -49,10 +49,6 @@ class Mapping:
     def load(cls, program: str | None = None, path: Path = HERE / "truth.toml") -> Mapping:
         """The mapping for one program ("family/name"): entries with `programs` apply to those programs only."""
         doc = tomllib.loads(path.read_text())
-        for extra in sorted(HERE.glob("programs/*/_truth.toml")) if path == HERE / "truth.toml" else ():
-            more = tomllib.loads(extra.read_text())     # a family's entries while it is written (merged later)
-            for key in ("modules", "ops", "functions"):
-                doc[key] = [*doc.get(key, []), *more.get(key, [])]
         classes: dict[str, str] = {}
         patterns, paths, nodes, functions = [], [], [], []
         ops: dict[str, str] = {}

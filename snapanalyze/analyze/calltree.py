@@ -35,6 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import RulesError
 from ..sites import Site, Words, words, words_text
 from ..stacks import is_python_frame
@@ -135,20 +137,25 @@ class _Node:
     block: bool = False            # a building block: it works for its caller
     shown: set[str] = field(default_factory=set)   # its kinds with those of the building blocks it calls
     height: int = 0                # the longest chain of calls beneath it (0: it calls no model code)
+    lines: dict[int, set[str]] = field(default_factory=dict)   # its own calls' kinds, by the line that made them
+    line_roles: dict[int, Role] = field(default_factory=dict)  # a composite's sublayers inline, by line
 
 
 class CallTree:
     """The call tree of model code over an interner's stacks, with each node's role (see the module doc)."""
 
     def __init__(self, interner: StackInterner, rules: RuleSet, stacks: Sequence[int],
-                 facts: Callable[[tuple[str, int, str]], FrameFacts] | None = None) -> None:
+                 facts: Callable[[tuple[str, int, str]], FrameFacts] | None = None,
+                 order: Callable[[], np.ndarray] | None = None) -> None:
         self.interner, self.rules, self.data = interner, rules, rules.role_data
         self.facts = facts or rules.facts   # what the rules say about a frame (the caller may leave sources out)
         self.stacks = stacks               # the ids of the stacks it is built over
+        self.order = order                 # the allocations' stack ids in the order the trace made them
         self._code: dict[int, bool] = {}
         self._kind: dict[int, str] = {}
         self.nodes: list[_Node] = []
         self._stack_node: dict[int, int] = {}
+        self._stack_own: dict[int, tuple[str, int, int]] = {}  # stack -> its own call's kind, its line, that frame
         self._part: dict[tuple[str, str, int], dict[int, int]] = {}
         self._built = False
         self._hits: dict[int, RoleHit | None] = {}
@@ -195,17 +202,17 @@ class CallTree:
             self._kind[fid] = hit
         return hit
 
-    def call_kind(self, fid: int) -> str:
+    def call_kind(self, fid: int) -> tuple[str, str]:
         """The kind the call of a frame's line shows ("" for none), where the source names its only call: the
         allocation of a stack whose innermost Python frame is this line was made by that call's C++ code
         (`F.scaled_dot_product_attention`, `x.softmax`, `torch.bmm`), which a stack of stacks="python" shows
-        by no frame of its own."""
+        by no frame of its own; and the call's name."""
         if self.rules.source is None:
-            return ""
+            return "", ""
         source = self.facts(self.interner.frames[fid]).source
         if source is None or not source.call:
-            return ""
-        return next((k.name for k in self.data.kinds if k.on_call and k.matches("", source.call)), "")
+            return "", ""
+        return next((k.name for k in self.data.kinds if k.on_call and k.matches("", source.call)), ""), source.call
 
     # -- building -----------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -233,6 +240,7 @@ class CallTree:
             self._walk(sid, stacks[sid], code, index)
         self._built = True
         self._assign()
+        self._ordered_lines()
 
     def _function(self, fid: int, caller: int) -> tuple[str, str, int]:
         """A function of model code under its caller: file, name (its qualified name where the source says),
@@ -259,18 +267,22 @@ class CallTree:
             if parent >= 0:
                 self.nodes[parent].children.add(node_id)
             below = code[j - 1] + 1 if j else 0
+            found = ""
             for k in range(below, i):                       # innermost first: the first kind is the call's
-                kind = self.kind(stack[k])
-                if kind:
-                    node.kinds.add(kind)
-                    node.examples.setdefault(kind, _name(frames[stack[k]]))
+                found = self.kind(stack[k])
+                if found:
+                    node.examples.setdefault(found, _name(frames[stack[k]]))
                     break
             else:
                 if not j and not any(is_python_frame(frames[stack[k]][0]) for k in range(i)):
-                    kind = self.call_kind(fid)              # C++ code its line calls made the allocation
-                    if kind:
-                        node.kinds.add(kind)
-                        node.examples.setdefault(kind, _site(frames[fid]))
+                    found, call = self.call_kind(fid)       # C++ code its line calls made the allocation
+                    if found:
+                        node.examples.setdefault(found, call)
+            if found:
+                node.kinds.add(found)
+                node.lines.setdefault(frames[fid][1], set()).add(found)
+            if not j:
+                self._stack_own[sid] = (found, frames[fid][1], fid)
             parent = node_id
         self._stack_node[sid] = parent
 
@@ -309,6 +321,14 @@ class CallTree:
             only_blocks = all(self.nodes[c].block or (not self.nodes[c].children and self.nodes[c].role is None)
                               for c in node.children)
             role = next((r for r in self.data.roles if r.fits(kinds, child_roles, only_blocks)), None)
+            # Sublayers run inline, each from a line of its own (torch's nn.MultiheadAttention on one line, an
+            # nn.Sequential MLP on the next): where the lines' own calls show different roles, the function is a
+            # trunk holding them, and each line speaks for what its own calls made.
+            lines = {line: r for line, ks in node.lines.items()
+                     if (r := next((r for r in self.data.roles if r.fits(ks, set(), True)), None)) is not None}
+            if len({r.category for r in lines.values()}) > 1 or role is None:
+                node.line_roles = lines
+                role = None if len({r.category for r in lines.values()}) > 1 else role
             node.role, node.via, node.shown, node.examples = role, (), kinds, examples
             if role is not None:
                 shown_kinds = [k for k in (*sorted(role.all), *sorted(role.any & kinds)) if k in examples]
@@ -332,7 +352,34 @@ class CallTree:
             # nothing says it works for anyone; nor is a deep stack of them (a whole ResNet of convolutions and
             # norms): only a layer, and what calls nothing but layers, works for its caller.
             node.block = node.role is None and bool(kinds) and kinds <= blocks and only_blocks \
-                and node.height <= _BLOCK_HEIGHT
+                and node.height <= _BLOCK_HEIGHT and not node.line_roles
+
+    def _ordered_lines(self) -> None:
+        """An MLP is a structure: an activation between linear layers. A line whose own calls show both (an
+        nn.Sequential MLP called inline) is one only where the trace shows it so — a projection's allocation, then
+        an activation's, then a projection's again (Linear, GELU, Linear); an activation feeding one projection
+        (DiT's adaLN modulation, nn.Sequential(SiLU, Linear)) is none. Without the trace's order, nothing says it."""
+        lines = [(n, line) for n, node in enumerate(self.nodes) for line, r in node.line_roles.items()
+                 if r.category == "mlp"]
+        if not lines:
+            return
+        order = self.order() if self.order is not None else np.zeros(0, dtype=np.int64)
+        top = max(max(self._stack_own, default=-1), int(order.max()) if len(order) else -1) + 1
+        which = np.full(top, -1, dtype=np.int64)           # stack -> candidate line
+        step = np.zeros(top, dtype=np.int8)                # stack -> 1 projection, 2 activation
+        index = {key: k for k, key in enumerate(lines)}
+        for sid, (kind, line, _) in self._stack_own.items():
+            k = index.get((self._stack_node.get(sid, -1), line))
+            if k is not None and kind in ("linear", "matmul", "activation"):
+                which[sid], step[sid] = k, 2 if kind == "activation" else 1
+        order = order[order >= 0]
+        at, kind_at = which[order], step[order]
+        for k, (n, line) in enumerate(lines):
+            mine = at == k
+            projections = np.flatnonzero(mine & (kind_at == 1))
+            activations = np.flatnonzero(mine & (kind_at == 2))
+            if not (len(projections) and ((activations > projections[0]) & (activations < projections[-1])).any()):
+                del self.nodes[n].line_roles[line]
 
     # -- answers ------------------------------------------------------------------------------------
     def role(self, stack_id: int) -> RoleHit | None:
@@ -344,6 +391,17 @@ class CallTree:
         hit = None
         climbed = 0
         made = self.interner.frames[self.nodes[node_id].frame] if node_id >= 0 else None
+        own, line, fid = self._stack_own.get(stack_id, ("", -1, -1))
+        if node_id >= 0 and self.nodes[node_id].role is None and line in self.nodes[node_id].line_roles \
+                and own and own in self.nodes[node_id].lines.get(line, ()):
+            # a composite's line whose own calls show a sublayer (the allocation made by one of those calls)
+            node = self.nodes[node_id]
+            by = node.line_roles[line]
+            hit = RoleHit(by.category, by.name, words(_site(self.interner.frames[fid]), f" {by.reason} (its own "
+                                                      f"calls on that line: {', '.join(sorted(node.lines[line]))}; "
+                                                      "inferred from the call tree)"), fid)
+            self._hits[stack_id] = hit
+            return hit
         while node_id >= 0 and climbed <= _CLIMB:
             node = self.nodes[node_id]
             if node.role is not None:

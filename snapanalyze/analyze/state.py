@@ -139,6 +139,86 @@ def persistent_state(sizes: np.ndarray, addresses: np.ndarray, training: bool,
         "state.replaced_optimizer_state" if r.category == "optimizer_state" else "state.retained_activation")}
     kept = np.isin(sizes, list(retained)) & ~workspace if retained else np.zeros(len(sizes), dtype=bool)
     rest = np.flatnonzero(~workspace & ~kept)
+    params = np.asarray(parameters if parameters is not None else [], dtype=np.int64)
+    # The window's backward made each trained parameter's .grad: its sizes, as often as parameters have them,
+    # count the copies of each size exactly (layers repeat a size in the parameters and their .grad alike; a
+    # frozen parameter or a buffer has no gradient).
+    per_gradient = training and grads == "fresh" and len(params) > 0 and enabled("state.copies")
+    k = copies(sizes[rest]) if training and enabled("state.copies") and not per_gradient else 1
+    k = k if k in _ROLES else 1
+    layered = k == 1 and enabled("state.layers") and periodic(sizes[rest])
+    if k > 1 or layered or per_gradient:
+        why = ("no frames, live before the window and never freed, and the sizes repeat as a model's layers do "
+               "(several sizes occur many times): persistent state, taken as the model's parameters and buffers"
+               if layered else "no frames, live before the window and never freed: persistent state, taken as "
+               "the model's parameters and buffers")
+        plain = StateGuess("weights", "state.layers" if layered else "state.persistent", (f"{why}; {ADVICE}",))
+    else:
+        plain = StateGuess("other", "state.unknown",
+                           ("no frames, live before the window and never freed: allocated before recording started, "
+                            "and nothing the snapshot holds says what it is (its sizes show no model's repeating "
+                            "layers" + (", nor copies of them that a training program keeps" if training else "")
+                            + ")" + f"; {ADVICE}",))
+    out = np.full(len(sizes), plain, dtype=object)
+    if plain.category == "other" and len(params) and enabled("state.gradient_sizes"):
+        # no copies, no layer pattern, but the window's backward makes gradients of exactly these sizes
+        # (what a parameter's .grad is): one copy of the parameters, made before the window
+        mine = np.zeros(len(sizes), dtype=bool)
+        mine[rest] = np.isin(sizes[rest], params)
+        out[mine] = StateGuess("weights", "state.gradient_sizes", (
+            "no frames, live before the window and never freed, of the size of a gradient the window's backward "
+            f"makes (the autograd engine keeps one per parameter): a parameter; {ADVICE}",))
+    if workspace.any():
+        out[workspace] = StateGuess("workspace", "state.cublas_workspace",
+                                    (f"no frames, live before the window and never freed; its size is PyTorch's "
+                                     f"default cuBLAS workspace ({CUBLAS_DEFAULT_WORKSPACE:,} B = 4096 KiB × 2 + "
+                                     "16 KiB × 8)",))
+    for size in np.unique(sizes[kept]).tolist():
+        r = retained[size]
+        out[kept & (sizes == size)] = StateGuess(
+            r.category, "state.retained_activation", words(
+                "no frames, live before the window and never freed; the window shows this program keeping "
+                f"{r.category} activations of exactly this size ({size:,} B): {r.blocks} made at ", r.site,
+                " are never freed, nor is any other allocation there. So this is most likely one of them from an "
+                "earlier step, still held (a retained autograd graph, or outputs kept with their grad_fn) — "
+                f"inferred from the size; {ADVICE}")) if r.category != "optimizer_state" else StateGuess(
+            r.category, "state.replaced_optimizer_state", words(
+                "no frames, live before the window and never freed; the window shows the optimizer keeping state "
+                f"of exactly this size ({size:,} B) and replacing it: its step frees blocks of the size from before "
+                f"the window, and {r.blocks} it makes at ", r.site, " outlive the window (a history it pushes and "
+                f"pops, as LBFGS's). So this is most likely more of that state — inferred from the size; {ADVICE}"))
+    order = rest[np.lexsort((addresses[rest], sizes[rest]))]         # by size, then address
+    by_size = sizes[order]
+    starts = np.flatnonzero(np.r_[True, by_size[1:] != by_size[:-1]]) if len(order) else order
+    grad_sizes, grad_counts = np.unique(params, return_counts=True)
+    for start, count in zip(starts.tolist(), np.diff(np.r_[starts, len(order)]).tolist()):
+        size = int(by_size[start])
+        if per_gradient:
+            at = np.searchsorted(grad_sizes, size)
+            n = int(grad_counts[at]) if at < len(grad_sizes) and grad_sizes[at] == size else 0
+            copies_of, per = (count // n, n) if n else (1, count)
+            if not n or copies_of > 3:
+                continue                        # no gradient (a buffer, a frozen parameter), or no copies it makes
+            roles = ("weights", *["optimizer_state"] * (copies_of - 1))
+            describe = (f"the window's backward makes {n} gradient(s) of this size (one per trained parameter) and "
+                        f"{count} blocks of it predate the window: " + (
+                            f"each parameter and {copies_of - 1} optimizer state(s) (the gradients are made afresh)"
+                            if copies_of > 1 else "the parameters"))
+            rule = "state.copies_per_gradient"
+        else:
+            if k == 1 or count % k:                                  # k does not divide it: weights
+                continue
+            roles, describe = _copies(k, grads)
+            per, rule = count // k, f"state.copies_{k}"
+            describe = (f"in a training program the persistent sizes repeat {k}× (the sizes holding most bytes occur "
+                        f"a multiple of {k} times, a size of its own exactly {k} times): {describe}")
+        for copy in range(len(roles)):
+            out[order[start + copy * per:start + (copy + 1) * per]] = StateGuess(
+                roles[copy], rule,
+                (f"no frames, live before the window and never freed; {describe}. This is copy {copy + 1} of "
+                 f"{len(roles)} of {size:,} B in address order, which tells which copy is which only as a guess; "
+                 f"{ADVICE}",))
+    return list(out)
     k = copies(sizes[rest]) if training and enabled("state.copies") else 1
     k = k if k in _ROLES else 1
     layered = k == 1 and enabled("state.layers") and periodic(sizes[rest])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Callable
 from functools import cached_property
 from itertools import islice
 from typing import Any
@@ -67,13 +68,19 @@ class Decider:
         rules = rules.with_source(snapshot.sources if rules.enabled(SOURCE) else None)
         decider = cls._kept.get(snapshot)
         if decider is None or decider.rules is not rules:
+            held = weakref.ref(snapshot)                      # the decider must not keep its snapshot alive
+
+            def order() -> np.ndarray:
+                found = held()
+                return found.allocation_order() if found is not None else np.zeros(0, dtype=np.int64)
             decider = cls._kept[snapshot] = cls(snapshot.interner, rules, snapshot.allocation_stack_ids(),
-                                                grad_copies(snapshot))
+                                                grad_copies(snapshot), order)
         return decider
 
     def __init__(self, interner: StackInterner, rules: RuleSet, tree_stacks: np.ndarray,
-                 grad_frames: dict[int, Words]) -> None:
+                 grad_frames: dict[int, Words], order: Callable[[], np.ndarray] | None = None) -> None:
         self.interner, self.rules = interner, rules        # not the snapshot: it keys `_kept` weakly
+        self.order = order                                 # the allocations' stack ids in trace order (the tree's)
         self.bare = rules.with_source(None)                # the same rules without the source
         self.tree_stacks = tree_stacks                     # the stacks the call tree is built over
         # `Module._apply` lines that copy a .grad (`moves`), where the order heuristic is enabled
@@ -370,7 +377,7 @@ class Decider:
 
     @cached_property
     def tree(self) -> CallTree:
-        return CallTree(self.interner, self.rules, self.tree_stacks.tolist(), self.facts)
+        return CallTree(self.interner, self.rules, self.tree_stacks.tolist(), self.facts, self.order)
 
 
 def _caller(frames: list[tuple[str, int, str]], stack: tuple[int, ...], depth: int) -> tuple[str, int, str] | None:

@@ -171,8 +171,9 @@ def state_made(b: Blocks) -> np.ndarray:
 
 
 def gradient_sizes(b: Blocks) -> np.ndarray:
-    """The sizes of the gradients the window's backward makes: the autograd device thread's allocations kept past
-    their backward (each the size of a parameter), kept on the decider per device."""
+    """The sizes of the gradients one backward of the window makes, one per trained parameter (a size as often
+    as parameters have it): the autograd device thread's allocations kept past their backward, in the pass that
+    made the most bytes of them; kept on the decider per device."""
     window = b.window
     if window is None or not len(window):
         return np.zeros(0, dtype=np.int64)
@@ -184,9 +185,14 @@ def gradient_sizes(b: Blocks) -> np.ndarray:
     stacks = np.full(len(window), -1, dtype=np.int64)
     stacks[traced] = b.snapshot.event_stack_ids(b.device, alloc[traced])
     device_thread = traced & ((stacks < 0) | np.isin(stacks, b.decider.engine_stacks()))
-    _, kept = kept_past(b.decider.passes(b.snapshot, b.device), alloc, window["free_index"].to_numpy(),
-                        device_thread)
-    found = np.unique(window["size"].to_numpy()[kept])
+    passes = b.decider.passes(b.snapshot, b.device)
+    _, kept = kept_past(passes, alloc, window["free_index"].to_numpy(), device_thread)
+    sizes = window["size"].to_numpy()
+    # one gradient per trained parameter: those of the backward that made the most bytes of them (a window with
+    # two steps makes each .grad twice)
+    of = passes.of(alloc[kept])
+    best = int(np.bincount(of[of >= 0], weights=sizes[kept][of >= 0]).argmax()) if (of >= 0).any() else -1
+    found = np.sort(sizes[kept][of == best]) if best >= 0 else np.zeros(0, dtype=np.int64)
     b.decider.gradients_cache[b.device] = (window, found)
     return found
 

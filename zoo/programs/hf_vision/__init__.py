@@ -1,0 +1,1 @@
+"""transformers image models (ViT, Swin, SegFormer, DETR): training and inference."""
