@@ -10,8 +10,8 @@ autograd nodes and functions to categories); `mapping.label(facts)` returns (lab
    call's modules, stack and ops decide), and, strongest first:
    - fallback_kernel: a materialised attention score / probability block (its trailing dims and size are those of
      a softmax output of the attention call it was made in, `facts.scores`) under attention, or any block
-     scaled_dot_product_attention's math fallback made (its scaled query, mask, scores: what a fused kernel
-     avoids);
+     scaled_dot_product_attention's math fallback or an eager attention function (`eager_functions`) made (its
+     scaled query, mask, scores, the copies its matmuls make: what a fused kernel avoids);
    - vision_encoder: made while a vision tower of a multimodal model ran (any enclosing module);
    - logits: a log-softmax / NLL / cross-entropy op or its backward node, a loss or sampling function of the
      program's stack outside op modules, or the output head's module path (lm_head);
@@ -44,6 +44,7 @@ class Mapping:
     nodes: tuple[tuple[re.Pattern[str], str], ...]      # autograd node name → category
     functions: tuple[tuple[re.Pattern[str], str], ...]  # "file:function" of the stack → category
     attention_functions: re.Pattern[str] | None         # functions whose allocations are attention's (SDPA math)
+    eager_functions: re.Pattern[str] | None = None      # attention functions without a fused kernel
 
     @classmethod
     def load(cls, program: str | None = None, path: Path = HERE / "truth.toml") -> Mapping:
@@ -74,8 +75,9 @@ class Mapping:
             for pat in item.get("functions", []):
                 functions.append((re.compile(pat), item["category"]))
         attention = doc.get("attention_functions")
+        eager = doc.get("eager_functions")
         return cls(classes, tuple(patterns), tuple(paths), ops, tuple(nodes), tuple(functions),
-                   re.compile(attention) if attention else None)
+                   re.compile(attention) if attention else None, re.compile(eager) if eager else None)
 
     def _function(self, code: tuple[Any, ...], classes: tuple[str, ...]) -> tuple[str, str, str] | None:
         """A mapped function inside the innermost module call of the stack (before its first `_call_impl`), or
@@ -120,6 +122,9 @@ class Mapping:
             return "fallback_kernel", "a materialised attention score/probability block (softmax-shaped)"
         if ctx.function == "scaled_dot_product_attention" and "_scaled_dot_product_" not in ctx.op:
             return "fallback_kernel", "made by scaled_dot_product_attention's math fallback (not a fused kernel)"
+        eager = self.eager_functions
+        if eager is not None and any(eager.search(f"{file}:{fn}") for file, _, fn in code):
+            return "fallback_kernel", "made by an eager attention function (not a fused kernel)"
         if vision is not None:
             return "vision_encoder", f"made while the vision tower ran ({vision.rsplit('.', 1)[-1]})"
         if ctx.phase == "backward":
