@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help install test test-fast test-unit test-integration lint bench fixtures check-fixtures fuzz bench-fleet
+.PHONY: help install test test-fast test-unit test-integration lint bench fixtures check-fixtures fuzz bench-fleet zoo zoo-fixtures
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -26,7 +26,7 @@ fuzz: ## The loader/CLI fuzz at length (FUZZ_EXAMPLES, default 5000): every inpu
 	SNAPANALYZE_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),5000) $(PYTHON) -m pytest -q -s tests/integration/test_validate.py -k fuzz -p no:cacheprovider
 
 lint: ## ruff + mypy
-	$(PYTHON) -m ruff check snapanalyze tests benchmarks fixtures tools
+	$(PYTHON) -m ruff check snapanalyze tests benchmarks fixtures tools zoo
 	$(PYTHON) -m mypy snapanalyze
 
 bench: ## peaks/attribute vs a bare pickle.load (time and peak RSS, paired runs) on 1M-event snapshots: few segments and 250k segments
@@ -34,6 +34,12 @@ bench: ## peaks/attribute vs a bare pickle.load (time and peak RSS, paired runs)
 
 bench-fleet: ## Time `snapanalyze ranks` over 32 generated ranks x 100k events: --jobs 1, --jobs 2, a 2-worker Dask cluster
 	$(PYTHON) benchmarks/fleet.py --ranks 32 --events 100000 --workers 2 --repeat 3
+
+zoo: ## Capture the program zoo on the CPU into build/zoo and grade attribute against its truth (needs the zoo extra)
+	$(PYTHON) -m zoo.run --out build/zoo
+
+zoo-fixtures: ## Copy the zoo's one-program-per-family subset and its grades into fixtures/zoo (after make zoo)
+	$(PYTHON) -m zoo.fixtures
 
 fixtures: ## Regenerate the scenario, run and sweep fixtures and their expected answers
 	$(PYTHON) fixtures/generate.py --out fixtures/scenarios

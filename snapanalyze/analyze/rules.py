@@ -13,7 +13,8 @@ A rule matches a frame when every pattern it gives matches (Python regexes, `re.
 `qualname` (``Class.method``), `class` (the enclosing class or any of its bases), `code` (the statement at
 the line) and `call` (the only call that statement makes) on what the program's source says about the frame
 (`frame_source`), so a rule giving any of those four matches only frames whose source was found. `where =
-"allocating"` limits a rule to the allocating line (the innermost meaningful Python frame); `weak = true`
+"allocating"` limits a rule to the allocating line (the innermost meaningful Python frame), `where = "inside"` to
+a line whose call allocated (a frame that is not the allocating line); `weak = true`
 makes a rule a guess from a name that the call tree's role overrules (and that is flagged inferred);
 `caller` (a regex over the Python frame that called it, as "file:function") limits a rule to frames that
 frame calls (the method torch.optim's step wrapper calls is an optimizer's own step, whatever its file);
@@ -130,6 +131,7 @@ class Rule:
     code: re.Pattern[str] | None = None
     call: re.Pattern[str] | None = None
     allocating: bool = False          # where = "allocating": only on the allocating line
+    inside: bool = False              # where = "inside": only where a call the line makes allocated
     confirm: bool = False             # a hint another frame of the stack must confirm
     weak: bool = False                # a guess from a file name, which the call tree's evidence overrides
     caller: re.Pattern[str] | None = None   # over the calling Python frame, "file:function" (None: any)
@@ -322,8 +324,8 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
                          f"source, {', '.join(map(repr, SOURCE_KEYS))})")
     if kind == "plumbing" and any(k in item for k in SOURCE_KEYS):
         raise RulesError(f"{where}: plumbing matches on 'file' and 'function' only")
-    if item.get("where", "any") not in ("any", "allocating"):
-        raise RulesError(f"{where}: 'where' must be \"any\" or \"allocating\"")
+    if item.get("where", "any") not in ("any", "allocating", "inside"):
+        raise RulesError(f"{where}: 'where' must be \"any\", \"allocating\" or \"inside\"")
     for flag in ("confirm", "weak"):
         if not isinstance(item.get(flag, False), bool):
             raise RulesError(f"{where}: '{flag}' must be true or false")
@@ -339,7 +341,8 @@ def _rule(item: Any, where: str, pack: str, categories: dict[str, Category], kin
                 qualname=_compile(item.get("qualname"), where, "qualname"),
                 cls=_compile(item.get("class"), where, "class"),
                 code=_compile(item.get("code"), where, "code"), call=_compile(item.get("call"), where, "call"),
-                allocating=item.get("where") == "allocating", confirm=bool(item.get("confirm", False)),
+                allocating=item.get("where") == "allocating", inside=item.get("where") == "inside",
+                confirm=bool(item.get("confirm", False)),
                 weak=bool(item.get("weak", False)), caller=_compile(item.get("caller"), where, "caller"),
                 scope=scope if kind == "rules" else None)
 

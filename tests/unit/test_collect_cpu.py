@@ -316,3 +316,17 @@ def test_multihead_attention_dropout_runs_fused_too_but_its_explicit_weights_pat
             return {cap.contexts[b.context].op.split(".")[1] for b in cap.blocks if cap.contexts[b.context].op}
     assert "_scaled_dot_product_flash_attention_for_cpu" in ops(False) and "_softmax" not in ops(False)
     assert {"_softmax", "bmm"} <= ops(True)
+
+
+def test_dropout_keeps_a_one_byte_mask_as_cudas_fused_kernel_does() -> None:
+    """On CUDA at::dropout runs native_dropout, whose mask for the backward is bool; the CPU's own path keeps a
+    float mask. The capture runs the CUDA way: the output and a mask of one byte per element."""
+    with _capture() as cap:
+        x = torch.randn(64, 256, requires_grad=True)
+        cap.record_memory_history()
+        y = F.dropout(x.cuda(), p=0.1, training=True)
+        sizes = sorted(b.size for b in cap.blocks if cap.contexts[b.context].op.startswith("aten.native_dropout"))
+        assert sizes == [64 * 256, 64 * 256 * 4]           # the bool mask, the float32 output
+        y.sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
+        assert F.dropout(x, p=0.1, training=False) is x or torch.equal(F.dropout(x, p=0.1, training=False), x)

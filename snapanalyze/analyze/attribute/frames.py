@@ -276,7 +276,7 @@ class Decider:
             matched: set[str] = set()
             for ri in facts.matched if self.use_rules else ():
                 rule = rules[ri]
-                if rule.allocating and not here:
+                if (rule.allocating and not here) or (rule.inside and here):
                     continue
                 if rule.caller is not None and not rule.called_by(_caller(frames, stack, depth)):
                     continue

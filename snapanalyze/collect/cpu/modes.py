@@ -1,7 +1,8 @@
 """The two torch modes of the CPU capture: one emulates the CUDA device's placement, one sees every allocation.
 
 Contract: `DeviceMode(capture)` is a TorchFunctionMode: ``scaled_dot_product_attention`` with attention dropout runs
-as on CUDA, in a fused kernel (`_as_on_cuda`); ``.to("cuda")`` / ``.cuda()`` of a host tensor copies it to the
+as on CUDA, in a fused kernel (`_as_on_cuda`), as does F.dropout's (CUDA's native_dropout keeps a one-byte mask:
+`_fused_dropout`); ``.to("cuda")`` / ``.cuda()`` of a host tensor copies it to the
 device (a new device storage), of a device tensor changes at most its dtype; ``.cpu()`` / ``.to("cpu")`` of a device
 tensor copies it to the host; ``device="cuda"`` in any call becomes the CPU with the result on the device. After
 each call it tags the autograd nodes the call made with the call's context (`CpuCapture.tag_nodes`).
@@ -34,6 +35,7 @@ _SOFTMAX = ("_softmax", "softmax", "_safe_softmax")
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 _MHA = torch.nn.functional.multi_head_attention_forward
 _DROPOUT_AT = {_SDPA: 4, _MHA: 10}            # the position of dropout_p
+_F_DROPOUT = torch.nn.functional.dropout
 
 
 def _as_on_cuda(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -54,6 +56,19 @@ def _as_on_cuda(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tup
     return (*args[:at], 0.0, *args[at + 1:]), kwargs
 
 
+def _fused_dropout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """F.dropout as CUDA runs it: at::dropout calls the fused native_dropout on a CUDA tensor, which keeps a
+    one-byte mask for the backward; the CPU's path multiplies by a mask of the input's dtype (4× the bytes in
+    float32). In training, out of place, the call runs as native_dropout (the same values' distribution, the
+    memory CUDA's has); else None (the call as it is)."""
+    names = ("input", "p", "training", "inplace")
+    given = {**dict(zip(names, args)), **kwargs}
+    p, training, inplace = given.get("p", 0.5), given.get("training", True), given.get("inplace", False)
+    if not training or inplace or not 0.0 < p < 1.0 or not isinstance(given.get("input"), torch.Tensor):
+        return None
+    return lambda *_, **__: torch.native_dropout(given["input"], p, True)[0]
+
+
 class DeviceMode(TorchFunctionMode):
     def __init__(self, capture: CpuCapture) -> None:
         super().__init__()
@@ -67,6 +82,8 @@ class DeviceMode(TorchFunctionMode):
             return self._move(func, args, kwargs)
         if func in _DROPOUT_AT:
             args, kwargs = _as_on_cuda(func, args, kwargs)
+        elif func is _F_DROPOUT:
+            func = _fused_dropout(args, kwargs) or func
         forced = "device" in kwargs and _is_cuda(kwargs["device"])
         if forced:
             kwargs = {**kwargs, "device": "cpu"}
