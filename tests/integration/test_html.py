@@ -231,17 +231,17 @@ def _own_files(snapshot: Any) -> set[str]:
 
 
 def test_a_redacted_report_names_no_directory_of_the_programs_files_not_even_in_a_reason() -> None:
-    """Reasons name frames too ("freed inside the optimizer step (cs336_basics/optimizer.py:72:step)"): they
+    """Reasons name frames too ("freed by the optimizer's code (cs336_basics/optimizer.py:72:step)"): they
     carry the frame, not its label, so the report redacts them as every other frame it shows."""
     real = SCENARIOS.parent / "real"
     snap = load(real / "cs336-step-annotations-t2.10.pickle")
     own = _own_files(snap)
     assert len(own) > 5
     plain = html.unescape(build_report(snap, samples=4))
-    assert "optimizer step (assignment2-systems/cs336_basics/optimizer.py" in plain    # a reason names a frame
+    assert "optimizer's code (assignment2-systems/cs336_basics/optimizer.py" in plain    # a reason names a frame
     shared = html.unescape(build_report(snap, samples=4, redact_paths=True))
     assert not [f for f in own if f in shared]
-    assert re.search(r"freed inside the optimizer step \(\[[0-9a-f]{8}\]/optimizer\.py:\d+:step\)", shared)
+    assert re.search(r"freed by the optimizer's code \(\[[0-9a-f]{8}\]/optimizer\.py:\d+:step\)", shared)
 
 
 def test_a_compared_report_redacts_the_baselines_files_as_its_own() -> None:
