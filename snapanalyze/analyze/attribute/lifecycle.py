@@ -84,18 +84,6 @@ def replaced_state(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, dec
     dropped = np.flatnonzero((alloc < 0) & (free >= 0))
     if not len(made) or not len(dropped):
         return {}
-    # The parameters' sizes, from the gradients the window's backward makes (what the device thread made and
-    # kept past its backward): an optimizer that replaces its moments out of place (a hand-written AdamW's
-    # `m = beta1 * m + …`) replaces state of exactly those sizes, and then the blocks left of such a size are the
-    # parameters and their .grad, not more state. Where no backward shows them, nothing is said.
-    traced = alloc >= 0
-    stacks = np.full(len(alloc), -1, dtype=np.int64)
-    stacks[traced] = snapshot.event_stack_ids(device, alloc[traced])
-    device_thread = traced & ((stacks < 0) | np.isin(stacks, decider.engine_stacks()))
-    _, grads = kept_past(decider.passes(snapshot, device), alloc, free, device_thread)
-    if not grads.any():
-        return {}
-    parameters = np.unique(sizes[grads])
 
     def by_optimizer(sids: np.ndarray, freeing: bool) -> np.ndarray:
         ids, inverse = np.unique(sids, return_inverse=True)
@@ -105,9 +93,21 @@ def replaced_state(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, dec
         return ok[inverse.reshape(-1)] if len(ids) else np.zeros(0, dtype=bool)
     made_stacks = snapshot.event_stack_ids(device, alloc[made])
     mine = by_optimizer(made_stacks, False)
+    if not mine.any():
+        return {}
     freed = dropped[by_optimizer(snapshot.event_stack_ids(device, free[dropped]), True)]
+    candidates = np.intersect1d(sizes[made[mine]], sizes[freed])
+    if not len(candidates):
+        return {}
+    # The parameters' sizes, from the gradients the window's backward makes: an optimizer that replaces its
+    # moments out of place (a hand-written AdamW's `m = beta1 * m + …`) replaces state of exactly those sizes,
+    # and then the blocks left of such a size are the parameters and their .grad, not more state. Where no
+    # backward shows them, nothing is said.
+    parameters = window_gradients(snapshot, device, lifetimes, decider)
+    if not len(parameters):
+        return {}
     out = {}
-    for size in np.setdiff1d(np.intersect1d(sizes[made[mine]], sizes[freed]), parameters).tolist():
+    for size in np.setdiff1d(candidates, parameters).tolist():
         at = mine & (sizes[made] == size)
         sid = int(made_stacks[at][0])
         out[int(size)] = Retained("optimizer_state", int(at.sum()), shown_site(decider, sid, decider.decide(sid).frame))
@@ -170,31 +170,35 @@ def state_made(b: Blocks) -> np.ndarray:
     return np.setdiff1d(sizes[mine], sizes[dropped[replaced[by.reshape(-1)]]] if len(freers) else [])
 
 
-def gradient_sizes(b: Blocks) -> np.ndarray:
+def window_gradients(snapshot: Snapshot, device: int, lifetimes: pd.DataFrame, decider: Decider) -> np.ndarray:
     """The sizes of the gradients one backward of the window makes, one per trained parameter (a size as often
     as parameters have it): the autograd device thread's allocations kept past their backward, in the pass that
     made the most bytes of them; kept on the decider per device."""
-    window = b.window
-    if window is None or not len(window):
-        return np.zeros(0, dtype=np.int64)
-    hit = b.decider.gradients_cache.get(b.device)
-    if hit is not None and hit[0] is window:
+    hit = decider.gradients_cache.get(device)
+    if hit is not None and hit[0] is lifetimes:
         return hit[1]
-    alloc = window["alloc_index"].to_numpy()
+    alloc = lifetimes["alloc_index"].to_numpy()
     traced = alloc >= 0
-    stacks = np.full(len(window), -1, dtype=np.int64)
-    stacks[traced] = b.snapshot.event_stack_ids(b.device, alloc[traced])
-    device_thread = traced & ((stacks < 0) | np.isin(stacks, b.decider.engine_stacks()))
-    passes = b.decider.passes(b.snapshot, b.device)
-    _, kept = kept_past(passes, alloc, window["free_index"].to_numpy(), device_thread)
-    sizes = window["size"].to_numpy()
+    stacks = np.full(len(lifetimes), -1, dtype=np.int64)
+    stacks[traced] = snapshot.event_stack_ids(device, alloc[traced])
+    device_thread = traced & ((stacks < 0) | np.isin(stacks, decider.engine_stacks()))
+    passes = decider.passes(snapshot, device)
+    _, kept = kept_past(passes, alloc, lifetimes["free_index"].to_numpy(), device_thread)
+    sizes = lifetimes["size"].to_numpy()
     # one gradient per trained parameter: those of the backward that made the most bytes of them (a window with
     # two steps makes each .grad twice)
     of = passes.of(alloc[kept])
     best = int(np.bincount(of[of >= 0], weights=sizes[kept][of >= 0]).argmax()) if (of >= 0).any() else -1
     found = np.sort(sizes[kept][of == best]) if best >= 0 else np.zeros(0, dtype=np.int64)
-    b.decider.gradients_cache[b.device] = (window, found)
+    decider.gradients_cache[device] = (lifetimes, found)
     return found
+
+
+def gradient_sizes(b: Blocks) -> np.ndarray:
+    """`window_gradients` of the blocks' device (none without the window)."""
+    if b.window is None or not len(b.window):
+        return np.zeros(0, dtype=np.int64)
+    return window_gradients(b.snapshot, b.device, b.window, b.decider)
 
 
 def gradients_seen(b: Blocks, sizes: np.ndarray) -> str:
