@@ -60,6 +60,9 @@ FINAL_TAG = "final"
 OOM_TAG_PREFIX = "oom-"
 TAG_PREFIX = "tag="
 TABLES_META = "snapshot.json"
+# A snapshot's top-level key (and a converted run's snapshot.json key) saying it is an estimate, not a measurement:
+# `snapanalyze estimate` wrote it from fake tensors (how, with which shapes, what CUDA choices it modelled).
+ESTIMATE_KEY = "snapanalyze_estimate"
 PEAK_TABLE = "peak_categories.parquet"   # convert's answer beside the tables: categories at each device's peak
 
 MAX_WORLD_SIZE = 1_000_000

@@ -186,6 +186,7 @@ class Snapshot(HtmlDisplay):
     warnings: tuple[str, ...] = ()   # what validation found the analysis can live with (load.validate)
     host: Snapshot | None = None     # pinned host memory (torch ≥ 2.14), on device HOST_DEVICE; never in the above
     sources: FrameSources | None = field(default=None, repr=False)   # its frames' source (`load(source=...)`)
+    estimate: dict[str, Any] | None = None   # how `snapanalyze estimate` made it (layout.ESTIMATE_KEY): no measurement
 
     @cached_property
     def segments(self) -> pd.DataFrame:

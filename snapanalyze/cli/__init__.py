@@ -27,7 +27,7 @@ from .common import SIZE, WARNINGS_KEY
 COMMANDS = {"summary": "analyze", "peaks": "analyze", "attribute": "analyze", "convert": "convert",
             "ranks": "run", "phases": "run", "explain-oom": "run", "diff": "compare", "capacity": "compare",
             "check": "compare", "report": "report", "mcp": "mcp", "budget": "budget",
-            "whatif": "whatif"}
+            "whatif": "whatif", "estimate": "estimate"}
 
 
 class _Group(click.Group):

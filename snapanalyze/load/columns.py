@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..gcpause import gc_paused
+from ..layout import ESTIMATE_KEY
 from ..model import (
     ACTIONS,
     ALLOC,
@@ -675,6 +676,8 @@ def _to_snapshot(raw: Any, source: str, container: str, stream_bytes: int | None
         block_columns=block_columns,
         annotations_source=_annotations(annotations),
         allocator_settings=_plain(settings) if isinstance(settings, dict) else None,
+        estimate=_plain(made) if isinstance(made := raw.get(ESTIMATE_KEY) if isinstance(raw, dict) else None, dict)
+        else None,
         format=fmt,
         host=host,
         interner_source=(interner or StackInterner()).finish(),

@@ -95,7 +95,7 @@ def _fill(snapshot: Snapshot, staging: Path) -> None:
             "format": dataclasses.asdict(snapshot.format), "allocator_settings": snapshot.allocator_settings,
             "trace_devices": sorted(snapshot.traces),
             "action_names": {str(d): list(t.action_names) for d, t in snapshot.traces.items()},
-            "warnings": [*snapshot.warnings, *_not_kept(snapshot)]}
+            "warnings": [*snapshot.warnings, *_not_kept(snapshot)], layout.ESTIMATE_KEY: snapshot.estimate}
     (staging / layout.TABLES_META).write_text(json.dumps(meta, indent=1, default=str))
 
 
@@ -419,6 +419,8 @@ def check_tables_meta(meta: Any, path: Path) -> dict[str, Any]:
            path, "action_names", "an object of lists of action names", names)
     settings = meta.get("allocator_settings")
     expect(settings is None or isinstance(settings, dict), path, "allocator_settings", "an object", settings)
+    made = meta.get(layout.ESTIMATE_KEY)
+    expect(made is None or isinstance(made, dict), path, layout.ESTIMATE_KEY, "an object", made)
     warnings = meta.get("warnings", [])
     expect(isinstance(warnings, list) and all(isinstance(w, str) for w in warnings), path, "warnings",
            "a list of strings", warnings)
@@ -471,6 +473,7 @@ def _read_tables(directory: Path, meta: dict[str, Any]) -> Snapshot:
         segment_columns=segments, block_columns=blocks,
         annotations_source=functools.partial(_annotations, directory),
         allocator_settings=meta.get("allocator_settings"),
+        estimate=meta.get(layout.ESTIMATE_KEY),
         warnings=tuple(meta.get("warnings", [])),
         format=Format(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in fmt.items()}),  # type: ignore[arg-type]
         interner_source=functools.partial(_interner, directory),

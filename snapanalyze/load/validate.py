@@ -231,6 +231,14 @@ def _settings(settings: dict[str, Any] | None) -> tuple[dict[str, Any] | None, l
                   f"{where} is not a finite number: withheld" for where in withheld]
 
 
+def estimate_warning(made: dict[str, Any]) -> str:
+    """What every command says of an estimate: its numbers were not measured."""
+    shapes = made.get("shapes")
+    at = ", ".join(f"{k}={v}" for k, v in shapes.items()) if isinstance(shapes, dict) and shapes else ""
+    return ("an estimate, not a measurement: `snapanalyze estimate` ran the program with fake tensors on a CPU"
+            + (f" at {at}" if at else "") + "; every number from this file is estimated")
+
+
 def validate(snapshot: Snapshot) -> Snapshot:
     """The snapshot with its `warnings`, or BadInputError for values that make no sense (module docstring)."""
     try:
@@ -245,6 +253,8 @@ def validate(snapshot: Snapshot) -> Snapshot:
     for device, why in unordered.items():
         warnings.append(f"{why}: device {device}'s times are not used (no time windows or durations)")
         traces[device] = dataclasses.replace(traces[device], time_us=None)
+    if snapshot.estimate is not None:
+        warnings.insert(0, estimate_warning(snapshot.estimate))
     host = snapshot.host
     if host is not None:
         host = validate(host)

@@ -103,7 +103,7 @@ def render_summary(f: Summary) -> str:
 
 
 def render_attribution(result: AttributionResult, top: int, explain: bool, width: int | None = None) -> str:
-    out = [result.source]
+    out = [result.source + (f"  ({text.ESTIMATED})" if result.estimate else "")]
     for d in result.devices:
         where = "before the first event" if d.event_index < 0 else f"event {d.event_index:,}"
         out.append(f"\ndevice {d.device} at the {d.instant} ({where}"

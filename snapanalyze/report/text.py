@@ -128,6 +128,7 @@ def _records(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) 
     return "\n".join(out[:-1])
 
 
+ESTIMATED = "an estimate: fake tensors on a CPU, not a GPU measurement"
 INFERRED_LEGEND = ("inferred = bytes decided by sizes, lifetimes, layout, time, the call tree or a name rather "
                    "than proven by a frame, pool or metadata")
 

@@ -86,10 +86,11 @@ class AttributionResult:
     devices: tuple[DeviceAttribution, ...]
     notes: tuple[str, ...]
     rules: tuple[str, ...]              # the rule files consulted, first first
+    estimate: bool = False              # the file is an estimate (`snapanalyze estimate`), not a measurement
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "devices": [d.to_json() for d in self.devices], "notes": list(self.notes),
-                "rules": list(self.rules)}
+        return {"source": self.source, "estimate": self.estimate, "devices": [d.to_json() for d in self.devices],
+                "notes": list(self.notes), "rules": list(self.rules)}
 
 
 def attribution_result(attribution: Attribution, explain: bool = False, top: int = SUMMARY_TOP) -> AttributionResult:
@@ -105,7 +106,7 @@ def attribution_result(attribution: Attribution, explain: bool = False, top: int
             explain=rule_firings(attribution, device) if explain else None,
             kept=kept_across_step(attribution, device, instant.event_index, attribution.rules.per_forward)))
     return AttributionResult(str(attribution.snapshot.source), tuple(devices), tuple(attribution.notes),
-                             tuple(attribution.rules.sources))
+                             tuple(attribution.rules.sources), attribution.snapshot.estimate is not None)
 
 
 def rule_firings(attribution: Attribution, device: int) -> tuple[RuleFiring, ...]:

@@ -31,7 +31,10 @@ __all__ = ["capture", "CpuCapture"]
 
 def capture(**options: Any) -> CpuCapture:
     """A `CpuCapture` (a context manager) with these options: `settings` (PYTORCH_ALLOC_CONF text),
-    `capacity` (bytes the device may reserve, None: unbounded), `cublas_workspace` (bytes, None: none)."""
+    `capacity` (bytes the device may reserve, None: unbounded), `cublas_workspace` (bytes, None: none),
+    `default_device` (False: a tensor made without ``device=`` is the host's, as in a program without
+    ``torch.set_default_device``), `cuda_identity` (True: the program sees its device tensors' ``.device`` as
+    ``cuda:0`` and ``.is_cuda`` True, so ``torch.arange(n, device=x.device)`` is the device's too)."""
     from .tracker import CpuCapture
     return CpuCapture(**options)
 

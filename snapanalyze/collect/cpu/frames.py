@@ -48,10 +48,12 @@ def _fast_path_line() -> int:
 class StackReader:
     """Reads the program's frames for one capture (see the module docstring). `own` are the code objects and
     files of the capture itself; `function_mode` the code of its TorchFunctionMode's `__torch_function__`;
+    `outermost` files whose frames end the stack (what ran the program: runpy, a runner of its own);
     `other_global_hooks()` says whether global module hooks other than the capture's exist."""
 
-    def __init__(self, own_files: set[str], function_mode: CodeType | None) -> None:
+    def __init__(self, own_files: set[str], function_mode: CodeType | None, outermost: set[str] | None = None) -> None:
         self.own_files = own_files
+        self.outermost = outermost if outermost is not None else set()
         self.function_mode = function_mode
         self.fast_line = _fast_path_line()
         self.other_global_hooks = lambda: False     # set by the capture: whether hooks other than its own exist
@@ -64,6 +66,8 @@ class StackReader:
         while f is not None:
             code = f.f_code
             filename = code.co_filename
+            if filename in self.outermost:
+                break                                 # the runner's frames: the program's stack ends here
             if filename in self.own_files:
                 inner = last_kept if last_kept is not None and last_kept.f_back is f else None
                 is_function_mode = code is self.function_mode

@@ -36,6 +36,8 @@ _SDPA = torch.nn.functional.scaled_dot_product_attention
 _MHA = torch.nn.functional.multi_head_attention_forward
 _DROPOUT_AT = {_SDPA: 4, _MHA: 10}            # the position of dropout_p
 _F_DROPOUT = torch.nn.functional.dropout
+_DEVICE_GET, _IS_CUDA_GET = torch.Tensor.device.__get__, torch.Tensor.is_cuda.__get__  # type: ignore[attr-defined]
+_CUDA0 = torch.device("cuda", 0)
 
 
 def _as_on_cuda(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -80,6 +82,9 @@ class DeviceMode(TorchFunctionMode):
         cap = self.cap
         if func in _MOVES:
             return self._move(func, args, kwargs)
+        if cap.cuda_identity and (func == _DEVICE_GET or func == _IS_CUDA_GET) and args \
+                and cap.is_device(args[0]):
+            return _CUDA0 if func == _DEVICE_GET else True     # the program asks where its tensor lives
         if func in _DROPOUT_AT:
             args, kwargs = _as_on_cuda(func, args, kwargs)
         elif func is _F_DROPOUT:
@@ -162,6 +167,8 @@ class AllocMode(TorchDispatchMode):
         if name.startswith("profiler._record_function_exit"):
             cap.annotate("END")
             return func(*args, **kwargs)
+        if func.namespace != "aten":
+            return func(*args, **kwargs)      # prim::device, prim::layout … (a fake mode below asks them): no storage
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             # Where autograd is off (inference_mode) a composite op reaches the mode whole; on a GPU its kernel
             # runs the ops it is made of, each allocating through the allocator: run it the same way, with this
@@ -176,7 +183,7 @@ class AllocMode(TorchDispatchMode):
         elif cap._host:
             on_device = False
         else:
-            on_device = not inputs or any(cap.is_device(t) for t in inputs)
+            on_device = (not inputs and cap.default_device) or any(cap.is_device(t) for t in inputs)
         autocast = func is _TO_COPY and bool(inputs) and cap._autocast and _is_parameter(cap, inputs[0])
         out = func(*args, **kwargs)
         if not on_device:

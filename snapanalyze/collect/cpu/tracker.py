@@ -2,8 +2,9 @@
 CUDA caching allocator would have recorded, with the truth about every block.
 
 Contract: ``with CpuCapture(...) as cap:`` emulates one CUDA device for the code inside it. Tensors made inside
-it are the device's (as if ``torch.set_default_device("cuda")``), except inside ``cap.host()`` and for ops whose
-tensor inputs all live on the host; tensors made before it are the host's. ``.to("cuda")`` / ``.cuda()`` of a
+it are the device's (as if ``torch.set_default_device("cuda")``; with ``default_device=False`` only those made
+with ``device="cuda"``, as a plain program's), except inside ``cap.host()`` and for ops whose tensor inputs all live
+on the host; tensors made before it are the host's. ``.to("cuda")`` / ``.cuda()`` of a
 host tensor (``Module.to`` included) copies it onto the device, of a device tensor is a no-op; ``.cpu()`` /
 ``.to("cpu")`` of a device tensor copies it to the host; ``device="cuda"`` in any torch call means the device.
 Every storage made on the device is a block: the caching-allocator model (`snapanalyze.allocator`) places it
@@ -214,10 +215,13 @@ class CpuCapture:
     """See the module docstring."""
 
     def __init__(self, *, settings: str | AllocatorSettings = "", capacity: int | None = None,
-                 cublas_workspace: int | None = CUBLAS_WORKSPACE, clock: Callable[[], int] | None = None) -> None:
+                 cublas_workspace: int | None = CUBLAS_WORKSPACE, clock: Callable[[], int] | None = None,
+                 default_device: bool = True, cuda_identity: bool = False) -> None:
         self.settings = settings if isinstance(settings, AllocatorSettings) else \
             with_changes(AllocatorSettings(), [s for s in settings.split(",") if s.strip()])
         self.capacity = capacity
+        self.default_device = default_device    # a factory without device= makes a device tensor (else a host one)
+        self.cuda_identity = cuda_identity      # a device tensor's .device is cuda:0 and .is_cuda True to the program
         self.cublas_workspace = cublas_workspace
         self.clock = clock or (lambda: time.time_ns() // 1000)     # µs since the epoch, as `time_us`
         self.allocator = Allocator(self.settings, _Device(capacity))
@@ -254,6 +258,8 @@ class CpuCapture:
         self._modes: list[Any] = []
         self.active = False
         self.reader: StackReader | None = None
+        self.outermost: set[str] = set()      # files whose frames end a stack (a runner's: runpy, the estimate's)
+        self.peak_allocated = self.peak_reserved = 0   # max_memory_allocated / max_memory_reserved since reset
 
     # -- entering and leaving ----------------------------------------------------------------------------------
     def __enter__(self) -> CpuCapture:
@@ -270,7 +276,7 @@ class CpuCapture:
         self._params = WeakIdKeyDictionary()
         device_mode, alloc_mode = modes.DeviceMode(self), modes.AllocMode(self)
         self.reader = StackReader(frames_mod.own_files(this, modes, frames_mod),
-                                  type(device_mode).__torch_function__.__code__)
+                                  type(device_mode).__torch_function__.__code__, self.outermost)
 
         def others() -> bool:   # global module hooks besides the capture's two
             return len(module_mod._global_forward_pre_hooks) + len(module_mod._global_forward_hooks) \
@@ -314,6 +320,11 @@ class CpuCapture:
         if self.recording_from is None:
             self.recording_from = len(self.entries)
         self.stacks_kind, self.max_entries = stacks, max_entries
+
+    def reset_peaks(self) -> None:
+        """`torch.cuda.reset_peak_memory_stats()`: the peaks start again from what is allocated and reserved now."""
+        self._drain()
+        self.peak_allocated, self.peak_reserved = self.allocator.allocated_bytes, self.allocator.reserved
 
     @contextmanager
     def host(self) -> Iterator[None]:
@@ -509,6 +520,8 @@ class CpuCapture:
             self._oom(size, stack)
         assert got is not None
         self._segment_entries(before, stack)
+        self.peak_allocated = max(self.peak_allocated, self.allocator.allocated_bytes)
+        self.peak_reserved = max(self.peak_reserved, self.allocator.reserved)
         block = Tracked(len(self.blocks), size, got.addr, len(self.entries), ctx_id, stack)
         self.blocks.append(block)
         self.entries.append(Entry("alloc", got.addr, size, self._time(), stack if self.recording else -1, block.sid))
