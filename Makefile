@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: help install test test-fast test-unit test-integration lint bench fixtures check-fixtures fuzz bench-fleet zoo zoo-fixtures
+.PHONY: help install test test-fast test-unit test-integration lint bench fixtures check-fixtures fuzz bench-fleet zoo zoo-fixtures estimate-check
 
 help: ## Show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -12,6 +12,9 @@ install: ## Install snapanalyze with the dev tools (editable)
 
 test: ## Run the test suite
 	$(PYTHON) -m pytest -q
+
+estimate-check: ## The estimate against real GPU snapshots: the cs336 programs of fixtures/real at their own shapes
+	$(PYTHON) tools/estimate_check.py
 
 test-fast: ## The suite without the tests marked slow (browser, notebooks, Dask, fuzz, bombs): for the edit loop
 	$(PYTHON) -m pytest -q -m "not slow"

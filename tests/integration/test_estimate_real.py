@@ -1,0 +1,45 @@
+"""The estimate against real GPU snapshots (`tools/estimate_check.py`, `make estimate-check`): the cs336 programs of
+`fixtures/real` estimated at their own shapes, with fake tensors, give their real peak active and reserved bytes
+within ±5 % and `attribute`'s bytes per category at the peak within ±10 %, except where this test names the
+known miss (each named one is asserted to be still a miss, so that a fix is seen and the exception removed).
+Needs the programs' imports (einops, einx, jaxtyping: CI installs them)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+for name in ("einops", "einx", "jaxtyping"):
+    pytest.importorskip(name)
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import estimate_check  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# Known misses, each with its cause (the closing note of issue 47 lists them):
+KNOWN = {
+    # The GPU run's einsum allocated 4 + 2 + 4 MiB where the same code at ctx 128, 256 and 1024 (and the estimate)
+    # allocates 3 × 8 MiB: one more 64 MiB score block is live at the estimate's peak.
+    ("cs336-medium-ctx512-inference-t2.11", "peak reserved"),
+    ("cs336-medium-ctx512-inference-t2.11", "fallback_kernel"),
+    # attribute reads 8 MiB autocast copies of the SwiGLU input as copies of the same-sized w1/w3 weights in the
+    # estimate, and as MLP activations in the real file: the same bytes, another category (the peak is exact).
+    ("cs336-medium-ctx1024-training-t2.11", "weights"),
+    ("cs336-medium-ctx1024-training-t2.11", "mlp"),
+}
+
+
+@pytest.mark.parametrize("case", estimate_check.CASES, ids=[c[0] for c in estimate_check.CASES])
+def test_the_estimate_gives_the_real_peak(case: tuple[str, int, str], tmp_path: Path) -> None:
+    rows = estimate_check.check(*case, tmp_path)
+    assert {r.what for r in rows} >= {"peak active", "peak reserved"}
+    for r in rows:
+        if (r.stem, r.what) in KNOWN:
+            assert not r.ok, f"{r.stem} {r.what} is within tolerance now: drop it from KNOWN"
+        else:
+            assert r.ok, f"{r.stem} {r.what}: real {r.real:,} B, estimated {r.estimated:,} B ({r.error:+.1%})"
