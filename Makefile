@@ -34,6 +34,8 @@ lint: ## ruff + mypy
 
 bench: ## peaks/attribute vs a bare pickle.load (time and peak RSS, paired runs) on 1M-event snapshots: few segments and 250k segments
 	$(PYTHON) benchmarks/run.py --events 1000000 --segments 250000
+	@if $(PYTHON) -c "import transformers" 2>/dev/null; then $(PYTHON) benchmarks/estimate_7b.py; \
+	else echo "bench: the 7B estimate needs transformers (the zoo extra): skipped"; fi
 
 bench-fleet: ## Time `snapanalyze ranks` over 32 generated ranks x 100k events: --jobs 1, --jobs 2, a 2-worker Dask cluster
 	$(PYTHON) benchmarks/fleet.py --ranks 32 --events 100000 --workers 2 --repeat 3
