@@ -1,7 +1,7 @@
 """`snapanalyze estimate` at scale: a 7B-parameter decoder's training step (transformers' Llama at the Llama-2-7B
 shape: 32 layers of d 4096, d_ff 11008, 32 heads, vocabulary 32,000; bf16 weights, AdamW, batch 8 × 4096 tokens,
-SDPA attention, no KV cache, gradient checkpointing off) estimated with fake tensors on this machine. Prints the wall time, the
-process's peak RSS and the estimate (must hold: under 60 s and 2 GiB RSS on the 2-core machine). Needs the zoo
+SDPA attention, no KV cache, gradient checkpointing off) estimated with fake tensors on this machine. Prints the wall
+time, the process's peak RSS and the estimate (must hold: under 60 s and 2 GiB RSS on the 2-core machine). Needs the zoo
 extra's transformers."""
 
 from __future__ import annotations

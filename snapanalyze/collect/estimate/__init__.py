@@ -77,7 +77,7 @@ def run(fn: Callable[..., Any], *args: Any, capacity: int | None = None, setting
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     # Module._apply swaps a fake parameter with its moved or cast copy, which torch refuses while the converter's
     # memo holds a weak reference to it; the memo only maps a fresh meta tensor to its fake, which nothing reuses.
-    fake.fake_tensor_converter.set_tensor_memo = lambda *_: None
+    fake.fake_tensor_converter.set_tensor_memo = lambda *_: None  # type: ignore[method-assign]
     oom, oom_at = False, ""
     import torch
 

@@ -124,9 +124,9 @@ def cuda_defaults(choices: Choices) -> Iterator[None]:
     patched = [m for name, m in list(sys.modules.items())
                if name.startswith("torch.optim") and getattr(m, "_default_to_fused_or_foreach", None) is original]
     for m in patched:
-        m._default_to_fused_or_foreach = as_on_cuda
+        m._default_to_fused_or_foreach = as_on_cuda  # type: ignore[attr-defined]
     try:
         yield
     finally:
         for m in patched:
-            m._default_to_fused_or_foreach = original
+            m._default_to_fused_or_foreach = original  # type: ignore[attr-defined]
