@@ -29,7 +29,7 @@ fuzz: ## The loader/CLI fuzz at length (FUZZ_EXAMPLES, default 5000): every inpu
 	SNAPANALYZE_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),5000) $(PYTHON) -m pytest -q -s tests/integration/test_validate.py -k fuzz -p no:cacheprovider
 
 lint: ## ruff + mypy
-	$(PYTHON) -m ruff check snapanalyze tests benchmarks fixtures tools zoo
+	$(PYTHON) -m ruff check snapanalyze tests benchmarks fixtures tools zoo examples
 	$(PYTHON) -m mypy snapanalyze
 
 bench: ## peaks/attribute vs a bare pickle.load (time and peak RSS, paired runs) on 1M-event snapshots: few segments and 250k segments

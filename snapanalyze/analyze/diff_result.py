@@ -151,4 +151,16 @@ def diff_result(d: Diff, everything: bool = False) -> DiffResult:
                                int(r.transient_bytes_b), int(r.blocks_a), int(r.blocks_b))
                      for r in stacks.itertuples()),
         counts=StackCounts(*(int((d.stacks["status"] == s).sum()) for s in STATUSES)),
-        notes=tuple(d.notes))
+        notes=(*_estimates(d), *d.notes))
+
+
+def _estimates(d: Diff) -> tuple[str, ...]:
+    """Which side is an estimate (`snapanalyze estimate`: fake tensors, no GPU), said before anything else."""
+    made = [side for side, s in (("A", d.a.snapshot), ("B", d.b.snapshot)) if s.estimate is not None]
+    if not made:
+        return ()
+    if len(made) == 2:
+        return ("both sides are estimates (fake tensors on a CPU), not measurements",)
+    other = "B" if made[0] == "A" else "A"
+    return (f"{made[0]} is an estimate (fake tensors on a CPU), {other} a measurement: Δ is what the estimate "
+            "missed or added",)

@@ -204,10 +204,11 @@ class Peaks:
     devices: tuple[DevicePeaks, ...]
     host: tuple[DevicePeaks, ...] | None        # pinned host memory, apart from the devices (torch >= 2.14)
     replay_problems: tuple[str, ...]            # what proves the replay wrong against the end state
+    estimate: bool = False                      # the file is an estimate (`snapanalyze estimate`), not a measurement
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (the replay's problems are the terminal's warning, not part of it)."""
-        return {"source": self.source, "devices": [d.to_json() for d in self.devices],
+        return {"source": self.source, "estimate": self.estimate, "devices": [d.to_json() for d in self.devices],
                 "host": [d.to_json() for d in self.host] if self.host is not None else None,
                 "notes": dict(NOTES)}
 
@@ -220,7 +221,7 @@ def peaks_of(timeline: Timeline, top: int = 5, device: int | None = None,
         raise ValueError("top must be at least 1")
     return Peaks(timeline.snapshot.source, _devices_of(timeline, top, device),
                  _devices_of(host, top, None, "host") if host is not None else None,
-                 tuple(timeline.check_invariants()))
+                 tuple(timeline.check_invariants()), timeline.snapshot.estimate is not None)
 
 
 def _devices_of(timeline: Timeline, top: int, device: int | None,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def render_peaks(result: Peaks, width: int | None = None) -> str:
-    out = [f"{result.source}"]
+    out = [result.source + (f"  ({text.ESTIMATED})" if result.estimate else "")]
     if not result.devices:
         out.append("  no devices: the snapshot holds no segments and no trace")
     for d in result.devices:

@@ -157,3 +157,15 @@ def test_a_shape_sweep_gives_the_capacity_contract(made: Path, tmp_path: Path) -
     fit = _cli("capacity", *map(str, files), "--format", "json")
     assert fit.returncode == 0, fit.stderr
     assert json.loads(fit.stdout)
+
+
+def test_the_readme_example_says_what_fits(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    out = _cli("estimate", "--capacity", "24GiB", "-o", str(tmp_path / "est.pickle"), "--", "python",
+               str(root / "examples" / "train_gpt.py"), "--batch", "4", "--tokens", "4096", "--checkpoint")
+    assert out.returncode == 0, out.stderr
+    assert "of 24.00 GiB: fits" in out.stdout and "flash" in out.stdout
+    out = _cli("estimate", "--capacity", "24GiB", "-o", str(tmp_path / "big.pickle"), "--", "python",
+               str(root / "examples" / "train_gpt.py"), "--batch", "8", "--tokens", "4096", "--checkpoint")
+    assert out.returncode == 1 and "does NOT fit in 24.00 GiB (out of memory at " in out.stdout
+    assert _cli("explain-oom", str(tmp_path / "big.pickle")).returncode == 0

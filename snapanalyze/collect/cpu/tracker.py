@@ -517,6 +517,7 @@ class CpuCapture:
         before = len(self.allocator.events)
         got: Block | None = self.allocator.malloc(size, 0)
         if got is None:
+            self._segment_entries(before, stack)      # the cached segments it released trying, then the oom
             self._oom(size, stack)
         assert got is not None
         self._segment_entries(before, stack)
