@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
-import os
-import pickle
-import subprocess
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +12,9 @@ from ..errors import UsageError
 from . import main
 from .common import SIZE, emit_json, format_option
 from .progress import Progress
+
+if TYPE_CHECKING:
+    from ..session.estimate import EstimateSummary
 
 
 def _shapes(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict[str, list[int]]:
@@ -73,145 +70,70 @@ def estimate(program: tuple[str, ...], output: str, shapes: dict[str, list[int]]
         from .estimate_prefill import chunked_prefill
         chunked_prefill(chunked, model, prompt_tokens, check_tokens, capacity, settings, output, force, fmt)
         return
+    from ..session.estimate import estimate_file, estimate_sweep
     if not program:
         raise UsageError("estimate: give the program after --, e.g. snapanalyze estimate -o est.pickle -- python "
                          "train.py")
     points = [dict(zip(shapes, values)) for values in itertools.product(*shapes.values())]
     if len(points) > 1:
-        _sweep(program, points, output, capacity, changes, torch_layout, force, fmt)
+        with Progress() as progress:
+            progress.step(f"estimating {len(points)} shapes (fake tensors), one interpreter each")
+            rows = estimate_sweep(program, points, output, capacity=capacity, changes=changes,
+                                  torch_layout=torch_layout, force=force)
+        if fmt == "json":
+            emit_json({"sweep": output, "points": [r.to_json() for r in rows]})
+        else:
+            click.echo(_render_sweep(output, rows, capacity))
         return
-    shape = points[0] if points else {}
-    summary = _one(program, shape, Path(output), capacity, settings, torch_layout, force)
+    with Progress() as progress:
+        progress.step("estimating (fake tensors)")
+        summary = estimate_file(program, points[0] if points else {}, output, capacity=capacity, settings=settings,
+                                torch_layout=torch_layout, force=force)
     if fmt == "json":
-        emit_json(summary)
+        emit_json(summary.to_json())
     else:
         click.echo(_render(summary))
-    if summary["oom"]:
+    if summary.oom:
         sys.exit(1)
 
 
-def _argv(program: tuple[str, ...], shape: dict[str, int]) -> list[str]:
-    out = []
-    for arg in program:
-        for name, value in shape.items():
-            arg = arg.replace("{" + name + "}", str(value))
-        out.append(arg)
-    return out
-
-
-def _one(program: tuple[str, ...], shape: dict[str, int], output: Path, capacity: int | None, settings: str,
-         torch_layout: str, force: bool) -> dict[str, Any]:
-    from ..atomic import write_atomic
-    from ..collect.estimate import run_script
-
-    if output.exists() and not force:
-        raise UsageError(f"{output}: exists (--force replaces it)")
-    if output.is_dir():
-        raise UsageError(f"{output}: is a folder; give the estimate's file name")
-    saved = {k: os.environ.get(k) for k in (f"SNAPANALYZE_SHAPE_{n.upper()}" for n in shape)}
-    os.environ.update({f"SNAPANALYZE_SHAPE_{n.upper()}": str(v) for n, v in shape.items()})
-    try:
-        with Progress() as progress:
-            progress.step("estimating (fake tensors)")
-            with contextlib.redirect_stdout(sys.stderr):      # the program's prints: not this command's output
-                result = run_script(_argv(program, shape), capacity=capacity, settings=settings,
-                                    torch_version=torch_layout, shapes=shape)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    write_atomic(output, lambda f: pickle.dump(result.snapshot, f, protocol=4))
-    return {"estimate": str(output), "program": list(program), "shapes": shape, "capacity": capacity,
-            "peak_allocated": result.peak_allocated, "peak_reserved": result.peak_reserved, "fits": result.fits,
-            "oom": result.oom, "oom_at": result.oom_at, "choices": list(result.choices),
-            "categories": _categories(output)}
-
-
-def _categories(path: Path) -> list[dict[str, Any]]:
-    """What holds the estimate's peak: `attribute`'s categories at its global peak."""
-    import warnings
-
-    from ..analyze.attribute import attribute
-    from ..analyze.attribute.compact import attribution_result
-    from ..load import load
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        snapshot = load(path, frames="allocations")
-    result = attribution_result(attribute(snapshot))
-    if not result.devices:
-        return []
-    return [{"category": c.category, "bytes": c.bytes, "inferred_bytes": c.inferred_bytes}
-            for c in result.devices[0].categories]
-
-
-def _render(s: dict[str, Any]) -> str:
+def _render(s: EstimateSummary) -> str:
     from ..units import fmt_bytes
-    out = [f"{s['estimate']}: an estimate (fake tensors on this CPU, no GPU) of {' '.join(s['program'])}"]
-    if s["shapes"]:
-        out.append("  shapes: " + ", ".join(f"{k}={v}" for k, v in s["shapes"].items()))
-    line = f"  peak active {fmt_bytes(s['peak_allocated'])}, peak reserved {fmt_bytes(s['peak_reserved'])}"
-    if s["capacity"] is not None:
-        if s["oom"]:
-            line += f": does NOT fit in {fmt_bytes(s['capacity'])} (out of memory" + \
-                (f" at {s['oom_at']})" if s["oom_at"] else ")")
+    out = [f"{s.estimate}: an estimate (fake tensors on this CPU, no GPU) of {' '.join(s.program)}"]
+    if s.shapes:
+        out.append("  shapes: " + ", ".join(f"{k}={v}" for k, v in s.shapes.items()))
+    line = f"  peak active {fmt_bytes(s.peak_allocated)}, peak reserved {fmt_bytes(s.peak_reserved)}"
+    if s.capacity is not None:
+        if s.oom:
+            line += f": does NOT fit in {fmt_bytes(s.capacity)} (out of memory" + \
+                (f" at {s.oom_at})" if s.oom_at else ")")
         else:
-            line += f" of {fmt_bytes(s['capacity'])}: fits ({fmt_bytes(s['capacity'] - s['peak_reserved'])} to spare)"
+            line += f" of {fmt_bytes(s.capacity)}: fits ({fmt_bytes(s.capacity - s.peak_reserved)} to spare)"
     out.append(line)
-    if s["categories"]:
-        total = sum(c["bytes"] for c in s["categories"]) or 1
+    if s.categories:
+        total = sum(c["bytes"] for c in s.categories) or 1
         out.append("  what holds the peak: " + ", ".join(
             f"{c['category']} {fmt_bytes(c['bytes'])} ({c['bytes'] / total:.0%}"
             + (", inferred" if c["inferred_bytes"] * 2 > c["bytes"] else "") + ")"
-            for c in s["categories"][:6]))
-    for choice in s["choices"]:
+            for c in s.categories[:6]))
+    for choice in s.choices:
         out.append(f"  modelled as on CUDA: {choice}")
-    out.append(f"  next: snapanalyze attribute {s['estimate']}  ·  snapanalyze report {s['estimate']}")
+    out.append(f"  next: snapanalyze attribute {s.estimate}  ·  snapanalyze report {s.estimate}")
     return "\n".join(out)
 
 
-def _sweep(program: tuple[str, ...], points: list[dict[str, int]], output: str, capacity: int | None,
-           changes: tuple[str, ...], torch_layout: str, force: bool, fmt: str) -> None:
-    """One estimate per shape, each in a fresh interpreter (no state carried between them), into a folder whose
-    file names carry the shapes (`capacity` reads them)."""
-    folder = Path(output)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{folder}: exists and is not a folder (a sweep writes one estimate per shape into a folder)")
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for shape in points:
-        name = "-".join(f"{k}={v}" for k, v in shape.items()) + ".pickle"
-        cmd = [sys.executable, "-m", "snapanalyze", "estimate", "-o", str(folder / name), "--format", "json",
-               "--torch-layout", torch_layout]
-        cmd += [a for k, v in shape.items() for a in ("--shape", f"{k}={v}")]
-        cmd += [a for c in changes for a in ("--set", c)]
-        if capacity is not None:
-            cmd += ["--capacity", f"{capacity}B"]
-        if force:
-            cmd.append("--force")
-        done = subprocess.run([*cmd, "--", *program], capture_output=True, text=True)
-        if done.returncode not in (0, 1) or not done.stdout.strip():
-            error = (done.stderr.strip().splitlines() or ["failed"])[-1].removeprefix("snapanalyze: error: ")
-            raise UsageError(f"estimate at {name.removesuffix('.pickle')}: {error}")
-        rows.append(json.loads(done.stdout))
-    _sweep_table(folder, rows, capacity, fmt)
-
-
-def _sweep_table(folder: Path, rows: list[dict[str, Any]], capacity: int | None, fmt: str) -> None:
+def _render_sweep(folder: str, rows: list[EstimateSummary], capacity: int | None) -> str:
     from ..units import fmt_bytes
-    if fmt == "json":
-        emit_json({"sweep": str(folder), "points": rows})
-        return
-    click.echo(f"{folder}: {len(rows)} estimates (fake tensors on this CPU, no GPU)")
+    out = [f"{folder}: {len(rows)} estimates (fake tensors on this CPU, no GPU)"]
     for r in rows:
-        text = ", ".join(f"{k}={v}" for k, v in r["shapes"].items())
-        verdict = "" if r["capacity"] is None else ("  OUT OF MEMORY" if r["oom"] else "  fits")
-        click.echo(f"  {text:<30} peak active {fmt_bytes(r['peak_allocated']):>11}  reserved "
-                   f"{fmt_bytes(r['peak_reserved']):>11}{verdict}")
-    fitting = [r for r in rows if r["fits"]]
+        text = ", ".join(f"{k}={v}" for k, v in r.shapes.items())
+        verdict = "" if r.capacity is None else ("  OUT OF MEMORY" if r.oom else "  fits")
+        out.append(f"  {text:<30} peak active {fmt_bytes(r.peak_allocated):>11}  reserved "
+                   f"{fmt_bytes(r.peak_reserved):>11}{verdict}")
+    fitting = [r for r in rows if r.fits]
     if capacity is not None:
-        click.echo("  largest that fits: " + (", ".join(f"{k}={v}" for k, v in fitting[-1]["shapes"].items())
+        out.append("  largest that fits: " + (", ".join(f"{k}={v}" for k, v in fitting[-1].shapes.items())
                                               if fitting else "none"))
-    click.echo(f"  next: snapanalyze capacity {folder}/*.pickle" + (f" --budget {capacity / 2**30:g}GiB"
-                                                                     if capacity is not None else ""))
+    out.append(f"  next: snapanalyze capacity {folder}/*.pickle"
+               + (f" --budget {capacity / 2**30:g}GiB" if capacity is not None else ""))
+    return "\n".join(out)

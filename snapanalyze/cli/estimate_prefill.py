@@ -3,11 +3,6 @@ outputs held (`collect.estimate.prefill`)."""
 
 from __future__ import annotations
 
-import functools
-import pickle
-from pathlib import Path
-from typing import Any
-
 import click
 
 from ..errors import UsageError
@@ -17,33 +12,19 @@ from .progress import Progress
 
 def chunked_prefill(chunked: str, model: str | None, prompt_tokens: int | None, check_tokens: int,
                     capacity: int | None, settings: str, output: str, force: bool, fmt: str) -> None:
-    from ..atomic import write_atomic
-    from ..collect.estimate.prefill import chunked_prefill as run
-    from ..collect.estimate.prefill import model_factory, parse_chunks
+    from ..session.estimate import chunked_prefill_files
 
     if model is None or prompt_tokens is None:
         raise UsageError("--chunked-prefill needs --model (a model folder or package.module:function) and "
                          "--prompt-tokens")
-    chunks = parse_chunks(chunked)
-    folder = Path(output)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not force:
-        raise UsageError(f"{folder}: exists (--force replaces the estimates in it)")
     with Progress() as progress:
-        progress.step(f"estimating {len(chunks)} chunk sizes (fake tensors) and checking their outputs on CPU")
-        result = run(model_factory(model), chunks, prompt_tokens, capacity=capacity, settings=settings,
-                     check_tokens=check_tokens)
-    folder.mkdir(parents=True, exist_ok=True)
-    for row, snapshot in zip(result.rows, result.snapshots):
-        name = f"tokens={prompt_tokens}" + (f"-chunk={row.chunk}" if row.chunk else "") + ".pickle"
-        write_atomic(folder / name, functools.partial(_dump, snapshot))
+        progress.step("estimating each chunk size (fake tensors) and checking its outputs on CPU")
+        result = chunked_prefill_files(model, chunked, prompt_tokens, output, check_tokens=check_tokens,
+                                       capacity=capacity, settings=settings, force=force)
     if fmt == "json":
-        emit_json({**result.to_json(), "folder": str(folder)})
+        emit_json({**result.to_json(), "folder": output})
         return
-    click.echo(render(result, str(folder)))
-
-
-def _dump(snapshot: dict[str, Any], f: Any) -> None:
-    pickle.dump(snapshot, f, protocol=4)
+    click.echo(render(result, output))
 
 
 def render(result: object, folder: str) -> str:
