@@ -1,8 +1,8 @@
 """`make estimate-check`: the estimate against reality. Each cs336 program of `fixtures/real` (the 'medium' model:
 24 layers of d 1024, 16 heads, d_ff 4096, vocabulary 10,000, batch 4) is estimated at the shapes its GPU run used —
 its own model code from the file's source folder, driven as its `cs336_systems/nsys_profile.py --memory-profile
-true` drove it (five warm-up steps, then the recorded one; the training step under bf16 autocast, as its
-run used `--autocast true`), with fake tensors — and compared with the real
+true` drove it (five warm-up steps, then the recorded one; ctx 512 and the training step under bf16 autocast,
+as their runs used `--autocast true`), with fake tensors — and compared with the real
 snapshot: peak active and peak reserved (each within ±5 %), and each category's bytes at the global peak as
 `attribute` reads both files (within ±10 %, for categories holding ≥ 1 % of the peak).
 
@@ -27,8 +27,9 @@ CASES = (("cs336-medium-ctx128-inference-t2.11", 128, "forward-only"),
          ("cs336-medium-ctx512-inference-t2.11", 512, "forward-only"),
          ("cs336-medium-ctx1024-inference-t2.11", 1024, "forward-only"),
          ("cs336-medium-ctx1024-training-t2.11", 1024, "full-training-step"))
-# How each was run (labels/truth.json's notes, from the repository's commit): the training step with --autocast true.
-AUTOCAST = {"cs336-medium-ctx1024-training-t2.11": True}
+# How each was run (labels/truth.json's notes, from the repository's commit): ctx 512 and the training step with
+# --autocast true.
+AUTOCAST = {"cs336-medium-ctx512-inference-t2.11": True, "cs336-medium-ctx1024-training-t2.11": True}
 PEAK_TOLERANCE, CATEGORY_TOLERANCE, CATEGORY_FLOOR = 0.05, 0.10, 0.01
 
 
@@ -78,11 +79,13 @@ def program(stem: str, context: int, pattern: str) -> Any:
             model.eval()
             with torch.inference_mode():
                 for i in range(warmup_steps):
-                    model(warmup_inputs[i])
+                    with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast):
+                        model(warmup_inputs[i])
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
                 torch.cuda.memory._record_memory_history(max_entries=1000000)
-                model(execution_inputs[0])
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=autocast):
+                    model(execution_inputs[0])
             torch.cuda.memory._dump_snapshot("inference_memory_snapshot.pickle")
             return
         warmup_targets = torch.randint(0, 10000, shape, dtype=torch.long, device=device)

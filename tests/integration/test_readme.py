@@ -52,13 +52,18 @@ def _fill(tokens: list[str], tmp: Path) -> list[str]:
                "DIR": str(FIXTURES / "real" / "source" / STEM), "mine.toml": str(tmp / "mine.toml"),
                "report.html": str(tmp / "report.html"), "D": "0", "K": "2", "N": "1", "SPEC": "peak",
                "NAME": "score", "manifest.csv": "filename",                      # NAME: diff's, of A and B
-               "LOG": str(FIXTURES / "sweeps" / "vllm_budget" / "vllm.log")}
+               "LOG": str(FIXTURES / "sweeps" / "vllm_budget" / "vllm.log"), "est.pickle": str(tmp / "est.pickle"),
+               "train.py": str(ROOT / "examples" / "train_gpt.py"), "KEY:VALUE": "expandable_segments:True"}
     out: list[str] = []
     for token in tokens:
         if token.startswith("FILES"):
             out.extend(SWEEP)
             continue
         if token in ("…", "...") or token.endswith("…"):
+            continue
+        if token == "ARGS":                                               # the example program, small
+            out.extend(["--batch", "2", "--tokens", "64", "--layers", "1", "--d-model", "64", "--heads", "2",
+                        "--vocab", "128"])
             continue
         if token == "A":
             out.append(str(FIXTURES / "sweeps" / "logits_float_fix" / "before.pickle"))
@@ -91,6 +96,8 @@ def test_every_command_the_readme_shows_runs(command: str, tmp_path: Path) -> No
         args = _fill(tokens, tmp_path)
         if args[0] == "report":
             args += ["--samples", "2", "--force"]
+        if args[0] == "estimate":                                        # both variants write est.pickle
+            args.insert(1, "--force")
         if args[0] == "mcp":                                             # a server: test_mcp talks to it
             args.append("--help")
         if args[0] == "convert":

@@ -16,7 +16,9 @@ close spans. Both call the op itself unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -173,7 +175,7 @@ class AllocMode(TorchDispatchMode):
             # Where autograd is off (inference_mode) a composite op reaches the mode whole; on a GPU its kernel
             # runs the ops it is made of, each allocating through the allocator: run it the same way, with this
             # mode on, so that they are seen one by one (as they are where autograd decomposes them).
-            with self:
+            with self, _autocast_again(cap._autocast):
                 out = func.decompose(*args, **kwargs)
             if out is not NotImplemented:
                 return out
@@ -184,7 +186,7 @@ class AllocMode(TorchDispatchMode):
             on_device = False
         else:
             on_device = (not inputs and cap.default_device) or any(cap.is_device(t) for t in inputs)
-        autocast = func is _TO_COPY and bool(inputs) and cap._autocast and _is_parameter(cap, inputs[0])
+        autocast = func is _TO_COPY and bool(inputs) and bool(cap._autocast) and _is_parameter(cap, inputs[0])
         out = func(*args, **kwargs)
         if not on_device:
             return out
@@ -210,11 +212,23 @@ class AllocMode(TorchDispatchMode):
         return out
 
 
-def _autocasting() -> bool:
+def _autocasting() -> tuple[tuple[str, Any], ...]:
+    """The autocasts on (device type, dtype); empty when none."""
     try:
-        return any(torch.is_autocast_enabled(kind) for kind in ("cpu", "cuda"))
+        return tuple((kind, torch.get_autocast_dtype(kind)) for kind in ("cpu", "cuda")
+                     if torch.is_autocast_enabled(kind))
     except TypeError:   # pragma: no cover - torch < 2.4 takes no device type
-        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+        return (("cuda", torch.get_autocast_gpu_dtype()),) if torch.is_autocast_enabled() else ()
+
+
+@contextlib.contextmanager
+def _autocast_again(autocasts: tuple[tuple[str, Any], ...]) -> Iterator[None]:
+    """Autocast as it was above this mode: a composite op reaching the mode whole is below autocast's key, where a
+    GPU's composite kernel is not — its ops dispatch from the top again, through autocast."""
+    with contextlib.ExitStack() as stack:
+        for kind, dtype in autocasts:
+            stack.enter_context(torch.amp.autocast_mode.autocast(kind, dtype=dtype))
+        yield
 
 
 def _is_parameter(cap: CpuCapture, t: Any) -> bool:

@@ -249,7 +249,7 @@ class CpuCapture:
         self._host = 0
         self._force_device = 0
         self._copy_in = 0
-        self._autocast = False                               # autocast on in the torch call running (DeviceMode)
+        self._autocast: tuple[tuple[str, Any], ...] = ()     # autocasts on in the torch call running (DeviceMode)
         self._workspaces: set[str] = set()
         self._functions: list[str] = []
         self._saved_names: dict[str, tuple[str, ...]] = {}
