@@ -5,8 +5,8 @@ Modules: `inputs` — one snapshot a user names with its rank's markers (`open_i
 directory (`run_ranks`), --source, an engine's log and a user's rules file (`load_rules`) read; `convert` —
 which pickle becomes which tables directory (`convert_plan`); `runs` — a run read once (`open_run`), its
 ranks compared, OOMs explained, sweeps, capacity and engine budgets measured (pandas); `estimate` — a program's
-estimate (`collect.estimate`) written where the user asked, a sweep of them, the chunked-prefill check's. The names below are
-imported on first use (PEP 562), so that `import snapanalyze.session.inputs` stays light.
+estimate (`collect.estimate`) written where the user asked, a sweep of them, the chunked-prefill check's. The
+names below are imported on first use (PEP 562), so that `import snapanalyze.session.inputs` stays light.
 """
 
 from typing import TYPE_CHECKING
