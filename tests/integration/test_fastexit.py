@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from snapanalyze.cli import main
@@ -40,3 +41,18 @@ def test_the_console_entry_point_keeps_main_s_exit_codes(tmp_path: Path) -> None
     assert over.returncode == 1 and "\nFAIL  peak active" in over.stdout
     usage = _console("attribute")
     assert usage.returncode == 2 and "Missing argument" in usage.stderr
+
+
+@pytest.mark.slow
+def test_parquet_reads_of_bytes_end_without_an_abort() -> None:
+    """fixtures/sweeps.py --check compares Parquet bytes; read pre-buffered (pq.read_table's default), Arrow's I/O
+    thread could free a buffer wrapping them during interpreter shutdown: "terminate called without an active
+    exception", exit 134, about once in twenty runs. Fifty fresh interpreters run that comparison and exit cleanly."""
+    code = ("import sys; sys.path.insert(0, 'fixtures'); import sweeps, pathlib; "
+            "data = pathlib.Path(sys.argv[1]).read_bytes(); "
+            "assert all(sweeps._same('m.parquet', data, data) for _ in range(20))")
+    markers = next(REPO.glob("fixtures/sweeps/**/markers.parquet"))
+    for _ in range(50):
+        done = subprocess.run([sys.executable, "-c", code, str(markers)], capture_output=True, text=True, cwd=REPO,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
