@@ -1441,6 +1441,43 @@ def generate(events: int, seed: int, segments: int = 0) -> tuple[dict[str, Any],
     return snapshot, stats
 
 
+def distinct_stacks(snapshot: dict[str, Any], stacks: int, seed: int, frames: int = 850) -> None:
+    """The many-stacks shape: every recorded stack is replaced by one of `stacks` distinct stacks of 25–55 frames
+    drawn at random (random nesting: no call tree a frame always sits in) from `frames` distinct frames, a third
+    of them C++; what shared a frames list keeps sharing one (a free pair, a block and its alloc). In place."""
+    rng = random.Random(seed ^ 0x5EED)
+    pool: list[dict[str, Any]] = []
+    for i in range(frames):
+        if i % 3 == 0:
+            pool.append({"filename": "??", "line": 0, "name": f"at::native::kernel_{i}(at::Tensor const&)"})
+        else:
+            package = rng.choice(("vllm/model_executor/layers", "torch/nn/modules", "transformers/models/llama",
+                                  "myproject/serving", "flash_attn", "torch/_ops"))
+            pool.append({"filename": f"/usr/lib/python3/site-packages/{package}/mod_{i % 97}.py",
+                         "line": rng.randint(1, 2000), "name": f"fn_{i}"})
+    made = [[rng.choice(pool) for _ in range(rng.randint(25, 55))] for _ in range(stacks)]
+    by_list: dict[int, list[dict[str, Any]]] = {}
+
+    def new(old: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not old:
+            return old
+        got = by_list.get(id(old))
+        if got is None:
+            got = by_list[id(old)] = list(made[rng.randrange(stacks)])
+        return got
+    keep = []                                  # the original lists stay alive, so that their ids stay unique
+    for trace in snapshot["device_traces"]:
+        for e in trace:
+            keep.append(e.get("frames"))
+            e["frames"] = new(e.get("frames") or [])
+    for seg in snapshot["segments"]:
+        for b in seg["blocks"]:
+            if "frames" in b:
+                keep.append(b["frames"])
+                b["frames"] = new(b["frames"] or [])
+    del keep
+
+
 def _count(n: int) -> str:
     if n and n % 1_000_000 == 0:
         return f"{n // 1_000_000}m"
@@ -1449,9 +1486,11 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def default_name(events: int, segments: int = 0) -> str:
-    """``large-1m.pickle``; ``large-1m-250kseg.pickle`` with 250k pinned segments."""
-    return f"large-{_count(events)}{f'-{_count(segments)}seg' if segments else ''}.pickle"
+def default_name(events: int, segments: int = 0, stacks: int = 0) -> str:
+    """``large-1m.pickle``; ``large-1m-250kseg.pickle`` with 250k pinned segments; ``large-1m-4kstacks.pickle``
+    with 4,000 distinct random stacks."""
+    return (f"large-{_count(events)}{f'-{_count(segments)}seg' if segments else ''}"
+            f"{f'-{_count(stacks)}stacks' if stacks else ''}.pickle")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1471,11 +1510,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the segment-heavy shape: add N small segments, each pinned by one long-lived tensor allocated "
              "in a fresh segment before the window (default 0: the run's own ~180 segments)",
     )
+    parser.add_argument("--distinct-stacks", type=int, default=0,
+                        help="the many-stacks shape: replace the stacks by N distinct random ones of 25-55 frames "
+                             "from 850 frames, a third C++ (default 0: the run's own stacks)")
     parser.add_argument("--seed", type=int, default=20251130, help="random seed (default 20251130)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing output file")
     args = parser.parse_args(argv)
 
-    out: Path = args.output or Path(__file__).resolve().parent / "data" / default_name(args.events, args.segments)
+    out: Path = args.output or Path(__file__).resolve().parent / "data" / default_name(args.events, args.segments,
+                                                                                     args.distinct_stacks)
     if args.events < 100:
         parser.error("--events must be at least 100")
     if args.segments < 0:
@@ -1487,6 +1530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     snapshot, stats = generate(args.events, args.seed, args.segments)
+    if args.distinct_stacks:
+        distinct_stacks(snapshot, args.distinct_stacks, args.seed)
     t1 = time.perf_counter()
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:

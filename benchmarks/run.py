@@ -144,12 +144,13 @@ def snapanalyze_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from snapanalyze.cli import main; sys.exit(main())"]
 
 
-def ensure_file(events: int, segments: int, data: Path) -> Path:
-    path = data / default_name(events, segments)
+def ensure_file(events: int, segments: int, data: Path, stacks: int = 0) -> Path:
+    path = data / default_name(events, segments, stacks)
     if not path.exists():
-        print(f"generating {path} ({events:,} events, {segments:,} pinned segments) ...", flush=True)
+        print(f"generating {path} ({events:,} events, {segments:,} pinned segments, {stacks:,} distinct stacks) ...",
+              flush=True)
         cmd = [sys.executable, str(BENCH / "generate.py"), "--events", str(events), "--segments", str(segments),
-               "-o", str(path)]
+               "--distinct-stacks", str(stacks), "-o", str(path)]
         if subprocess.run(cmd, cwd=REPO).returncode != 0 or not path.exists():
             raise SystemExit(f"run: could not generate {path}")
     return path
@@ -345,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segments", type=int, default=None,
                         help="pinned segments of the segment-heavy file (default: a quarter of --events; "
                              "0: measure the few-segment file only)")
+    parser.add_argument("--stacks", type=int, default=4000,
+                        help="distinct random stacks of the many-stacks file (25-55 frames from 850, a third C++, "
+                             "random nesting; 0: skip that shape)")
     parser.add_argument("--data", type=Path, default=BENCH / "data", help="where the generated files live")
     parser.add_argument("--repeat", type=int, default=3, help="runs per command; the median time is used")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
@@ -362,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
 
     path = ensure_file(events, 0, args.data)
     heavy = ensure_file(events, segments, args.data) if segments else None
+    stacked = ensure_file(events, 0, args.data, args.stacks) if args.stacks else None
     # An installed package has bytecode; without it (PYTHONDONTWRITEBYTECODE is set on some machines) every
     # run would recompile snapanalyze and time the compiler.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "snapanalyze")], check=True)
@@ -372,15 +377,18 @@ def main(argv: list[str] | None = None) -> int:
     ])
     heavy_results = (measure_shape(f"segment-heavy ({events:,} events, {segments:,} more segments)", heavy, cli,
                                    args.repeat, args.timeout, []) if heavy else [])
+    stacked_results = (measure_shape(f"many stacks ({events:,} events, {args.stacks:,} distinct deep stacks)",
+                                     stacked, cli, args.repeat, args.timeout, []) if stacked else [])
     print()
-    for label, shape in (("few segments", results), ("segment-heavy", heavy_results)):
+    for label, shape in (("few segments", results), ("segment-heavy", heavy_results),
+                         ("many stacks", stacked_results)):
         for r in shape[1:3]:
             if r.time_ratio is not None:
                 print(f"{label:14s} {r.name:9s}  {r.time_ratio:.2f}x pickle.load's time (paired median of "
                       f"{len(r.runs)}), {r.rss_ratio:.2f}x its peak RSS  "
                       f"{'ok' if r.meets_goal else 'MISSED'} ({r.goal.describe()})")
     failed = False
-    for r in results + heavy_results:
+    for r in results + heavy_results + stacked_results:
         if r.status == "not available":
             print(f"\n{r.note}")
         elif r.status == "failed":
@@ -390,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(r.runs[-1].stderr_tail)
     missed = [r.name for r in results if r.meets_goal is False]
     missed += [f"{r.name} (segment-heavy)" for r in heavy_results if r.meets_goal is False]
+    missed += [f"{r.name} (many stacks)" for r in stacked_results if r.meets_goal is False]
     speedup = beyond = None
     named = {r.name: r for r in results}
     pickle_peaks, run_peaks, startup = named["peaks"], named["peaks (run)"], named["startup"]
@@ -425,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         "results": [asdict(r) for r in results],
         "segment_heavy": {"file": describe(heavy, segments), "results": [asdict(r) for r in heavy_results]}
         if heavy else None,
+        "many_stacks": {"file": describe(stacked, 0), "distinct_stacks": args.stacks,
+                        "results": [asdict(r) for r in stacked_results]} if stacked else None,
         "failed": failed,
         "goals_missed": missed,
         "parquet_speedup": speedup,

@@ -446,22 +446,27 @@ class CallTree:
 def _callees_first(nodes: list[_Node]) -> list[_Node]:
     """The nodes, each after every node it calls. A node can have several callers (one function called from one
     line of a block that runs both in the forward and in a checkpoint's recomputation, whose stacks differ
-    above that line): the order is by height, the longest chain of calls beneath a node."""
+    above that line): the order is by height, the longest chain of calls beneath a node. A call back into a node
+    still being measured (recursion seen through different callers) does not count. Linear in nodes and edges."""
     height = [-1] * len(nodes)
+    active = [False] * len(nodes)
     for start in range(len(nodes)):
-        todo = [start]
+        if height[start] >= 0:
+            continue
+        todo = [(start, iter(nodes[start].children))]
+        active[start] = True
         while todo:
-            i = todo[-1]
-            if height[i] >= 0:
+            i, children = todo[-1]
+            for c in children:
+                if height[c] < 0 and not active[c]:
+                    active[c] = True
+                    todo.append((c, iter(nodes[c].children)))
+                    break
+            else:
+                height[i] = 1 + max((height[c] for c in nodes[i].children if height[c] >= 0), default=-1)
+                nodes[i].height = height[i]
+                active[i] = False
                 todo.pop()
-                continue
-            pending = [c for c in nodes[i].children if height[c] < 0 and c not in todo]
-            if pending:
-                todo.extend(pending)
-                continue
-            height[i] = 1 + max((height[c] for c in nodes[i].children), default=-1)
-            nodes[i].height = height[i]
-            todo.pop()
     return [nodes[i] for i in sorted(range(len(nodes)), key=height.__getitem__)]
 
 
