@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
+from .units import fmt_untrusted_int
 
 SHAPE_KEYS = ("tokens", "batch", "chunk", "images")
 # Names a shape variable goes by in file names, manifest headers and marker attributes (lower case).
@@ -46,7 +47,12 @@ def shape_from_filename(name: str) -> dict[str, int]:
             stem = stem[: -len(suffix)]
     shape: dict[str, int] = {}
     for key, pattern in _FILENAME_PATTERNS.items():
-        values = {int(m.group(1)) * (1024 if m.group(2) else 1) for m in pattern.finditer(stem)}
+        values = set()
+        for m in pattern.finditer(stem):
+            if len(m.group(1)) > 15:
+                raise UsageError(f"{name}: the file name's {key} has {len(m.group(1))} digits, out of range "
+                                 f"(0 … {MAX_SHAPE:,})")
+            values.add(shape_value(name, key, int(m.group(1)) * (1024 if m.group(2) else 1)))
         if len(values) > 1:
             raise UsageError(f"{name}: the file name gives {key} several values ({sorted(values)})")
         if values:
@@ -62,14 +68,30 @@ def canonical(column: str) -> str | None:
     return None
 
 
+MAX_SHAPE = 1 << 40          # no batch, prompt or chunk has a trillion of anything
+
+
 def shape_value(where: str, key: str, value: Any) -> int:
+    """A shape variable's value, a whole number from 0 to MAX_SHAPE; UsageError naming `where` otherwise (never
+    repeating an unbounded value)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value <= MAX_SHAPE:
+            raise UsageError(f"{where}: {key} is {fmt_untrusted_int(value)}, out of range (0 … {MAX_SHAPE:,})")
+        return value
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{where}: {key} must be a number, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise UsageError(f"{where}: {key} must be a number, got {_shown(value)}") from None
     if not math.isfinite(number) or number < 0 or number != int(number):
-        raise UsageError(f"{where}: {key} must be a whole number ≥ 0, got {value!r}")
+        raise UsageError(f"{where}: {key} must be a whole number ≥ 0, got {_shown(value)}")
+    if number > MAX_SHAPE:
+        raise UsageError(f"{where}: {key} is {_shown(value)}, out of range (0 … {MAX_SHAPE:,})")
     return int(number)
+
+
+def _shown(value: Any) -> str:
+    text = str(value) if isinstance(value, (str, float)) else type(value).__name__
+    return repr(text if len(text) <= 40 else text[:40] + "…")
 
 
 def attrs_shape(where: str, attrs: dict[str, Any]) -> dict[str, int]:

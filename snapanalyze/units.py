@@ -19,6 +19,16 @@ from .errors import UsageError
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
+def fmt_untrusted_int(value: int) -> str:
+    """An integer read from an input, with thousands separators when it has at most 30 digits, else only its length
+    ("an integer of about 5,000 digits"): Python refuses to print an integer of more than 4,300 digits, and no
+    figure of a snapshot or a log needs more than 20."""
+    bits = abs(int(value)).bit_length()
+    if bits <= 99:
+        return f"{int(value):,}"
+    return f"{'a negative' if value < 0 else 'an'} integer of about {int(bits * 0.30103) + 1:,} digits"
+
+
 def fmt_bytes(n: int | float | None, none: str = "–") -> str:
     if n is None:
         return none

@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import BadInputError
 from ..gcpause import gc_paused
 from ..layout import ESTIMATE_KEY
+from ..units import fmt_untrusted_int
 from ..model import (
     ACTIONS,
     ALLOC,
@@ -74,9 +75,10 @@ class Malformed(Exception):
 
 def described(value: Any) -> str:
     """A short, safe description of an untrusted value (never its repr when it is a container)."""
-    if isinstance(value, bool) or value is None or isinstance(value, (int, float)):
-        text = repr(value)
-        return text if len(text) <= 40 else f"an integer of {len(text)} digits"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return fmt_untrusted_int(value).replace(",", "")
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return repr(value)
     if isinstance(value, str):
         return f"the string {clean_text(value[:40])!r}" + ("…" if len(value) > 40 else "")
     return f"a {type(value).__name__}"

@@ -34,7 +34,7 @@ MAX_LINE_CHARS = 64 << 10
 GiB = 1 << 30
 UNITS = ("gib", "ratio", "count", "text")
 COMBINE = ("first", "last", "sum")
-_RANK = re.compile(r"(?:\bTP|Worker_TP|\brank=)(\d+)\b")     # a worker's rank in a line's prefix
+_RANK = re.compile(r"(?:\bTP|Worker_TP|\brank=)(\d{1,6})\b")     # a worker's rank in a line's prefix
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,21 @@ def _split(group: str) -> tuple[str, str]:
     return name, rest.split("__", 1)[0]
 
 
+_NUMBER = re.compile(r"-?\d{1,15}(?:\.\d{1,12})?")
+MAX_FIGURE = 1 << 50          # no engine figure reaches a PiB of GiB, or 10^15 tokens
+
+
+class _NotANumber(ValueError):
+    pass
+
+
 def _number(text: str, unit: str) -> tuple[float, float]:
-    """A logged number and its precision (half its last printed digit), in the figure's unit."""
+    """A logged number and its precision (half its last printed digit), in the figure's unit; `_NotANumber` when
+    the text is no number a log prints (`.`, `1.2.3`, a 400-digit figure), said without repeating it whole."""
     digits = text.replace(",", "")
+    if not _NUMBER.fullmatch(digits) or abs(float(digits)) > MAX_FIGURE:
+        shown = digits if len(digits) <= 24 else f"{digits[:12]}… ({len(digits):,} characters)"
+        raise _NotANumber(f"{shown!r} is not a number in range")
     decimals = max(-Decimal(digits).as_tuple().exponent, 0)   # type: ignore[operator]
     half = 0.5 * 10.0 ** -decimals if unit != "count" else 0.0
     value = float(digits)
@@ -134,7 +146,11 @@ def parse_engine_log(lines: list[str], source: str) -> EngineConfig:
                 if name == "version":
                     version = version or text
                     continue
-                value, half = _number(text, unit)
+                try:
+                    value, half = _number(text, unit)
+                except _NotANumber as exc:
+                    raise BadInputError(source, f"line {number}: the {name.replace('_', ' ')} figure {exc}") \
+                        from None
                 before = values.get(name, (0.0, 0.0))
                 values[name] = (before[0] + value, before[1] + half)
             values.update({name: (value, 0.0) for name, value in p.sets.items()})

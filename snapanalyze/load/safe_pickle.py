@@ -220,7 +220,7 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
     guard = _Guard(stream, cap, what, limits, whole)
     guarded = io.BufferedReader(guard, 1 << 20)     # peek lets the unpickler read ahead
     try:
-        with gc_paused():
+        with gc_paused(), _quiet_unraisable():
             return _on_big_stack(lambda: _RefusingUnpickler(guarded, path).load()), guard.total
     except UnsafePickleError:
         raise
@@ -230,6 +230,10 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
         raise BadInputError(path, "truncated pickle: the file ends before the snapshot does "
                             "(was the dump interrupted or the copy cut short?)") from None
     except MemoryError:
+        if guard.total < 64 * MiB:
+            raise BadInputError(path, f"refused to load: after {guard.total:,} bytes of pickle, an opcode asks for "
+                                "more memory than this machine has (a length or a repetition no snapshot holds): "
+                                "a pickle built to exhaust memory, not a snapshot") from None
         raise BadInputError(path, "ran out of memory while reading the pickle: a snapshot larger than this "
                             "machine can hold, or a pickle built to exhaust it") from None
     except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
@@ -239,6 +243,18 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
             raise BadInputError(path, "truncated pickle: the file ends before the snapshot does") from None
         raise BadInputError(path, "not a snapshot file: not a pickle, gzip, torch.save zip or JSON "
                             f"({type(exc).__name__}: {text[:200]})") from None
+
+
+@contextmanager
+def _quiet_unraisable() -> Iterator[None]:
+    """While unpickling, an error the interpreter cannot raise (a buffer still exported when the unpickler drops
+    the bytearray it failed to fill) is not printed: the one line naming the file says what went wrong."""
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 def _from_json(data: bytes, path: str) -> Any:

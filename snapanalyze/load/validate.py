@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..model import ACTIVE_STATES, HOST_DEVICE, Snapshot
+from ..units import fmt_untrusted_int
 
 MAX_BYTES = 1 << 44        # 16 TiB: no allocation, segment or device holds more (an H200 has 141 GB)
 MAX_TOTAL = 1 << 62        # what sizes may add up to before an int64 sum could overflow
@@ -84,7 +85,8 @@ def _traces(snapshot: Snapshot) -> None:
             raise _Fatal(f"{at(bad)}: addr 0x{int(trace.addr[bad]):x} + size {int(trace.size[bad]):,} passes 2**64")
         for index, free in trace.device_free.items():
             if not 0 <= free <= MAX_BYTES:
-                raise _Fatal(f"{at(index)}.device_free is {free:,}: expected 0 ≤ device_free ≤ {MAX_BYTES:,}")
+                raise _Fatal(f"{at(index)}.device_free is {fmt_untrusted_int(free)}: expected 0 ≤ device_free ≤ "
+                             f"{MAX_BYTES:,}")
 
 
 def _unordered_times(snapshot: Snapshot) -> dict[int, str]:

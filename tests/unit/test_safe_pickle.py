@@ -484,3 +484,18 @@ def test_damaged_containers_and_odd_paths_are_one_line(tmp_path: Path, case: str
         load(path)
     assert keyword.lower() in info.value.problem.lower(), info.value.problem
     _one_line(_cli("summary", str(path), timeout=20), keyword)
+
+
+def test_a_length_no_snapshot_holds_is_one_line(tmp_path: Path) -> None:
+    """A 24-byte pickle whose BYTEARRAY8 claims 7.3 EB (the round-2 reproducer's shape): one line naming the file
+    and what the pickle asks for, no interpreter line (`SystemError: … exported buffers`) before it."""
+    import struct
+    import subprocess
+    import sys
+    path = tmp_path / "claims.pickle"
+    path.write_bytes(b"\x80\x04}\x94\x96" + struct.pack("<Q", 7308604914258054280) + b"x" * 10 + b".")
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "peaks", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"snapanalyze: error: {path}: refused to load: after 24 bytes of pickle, an "
+                                        "opcode asks for more memory than this machine has (a length or a repetition "
+                                        "no snapshot holds): a pickle built to exhaust memory, not a snapshot"]

@@ -1,0 +1,65 @@
+"""Reliability round 4 (issue 49), one test per class of hostile input: a number no log prints, a figure of
+thousands of digits, a log line built to make a regex backtrack, a shape past any machine — each is one line naming
+where, in bounded time, never a traceback or an unbounded value repeated back."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from snapanalyze.batch_shape import attrs_shape, shape_from_filename
+from snapanalyze.errors import BadInputError, UsageError
+from snapanalyze.load.engine_log import parse_engine_log
+from snapanalyze.units import fmt_untrusted_int
+
+
+@pytest.mark.parametrize("figure", [".", "1.2.3", "1" * 400, "5" * 5000])
+def test_a_logged_figure_that_is_no_number_is_named_with_its_line(figure: str) -> None:
+    with pytest.raises(BadInputError) as caught:
+        parse_engine_log(["INFO boot", f"INFO Model loading took {figure} GiB"], "vllm.log")
+    text = str(caught.value)
+    assert "line 2: the weights bytes figure" in text and "is not a number in range" in text
+    assert len(text) < 200
+
+
+def test_a_rank_tag_of_thousands_of_digits_is_no_rank() -> None:
+    found = parse_engine_log(["[TP" + "7" * 5000 + "] INFO Model loading took 1.5 GiB"], "vllm.log")
+    assert found.figures["weights_bytes"].value == 1.5 * (1 << 30)
+
+
+def test_a_profiling_line_built_to_backtrack_is_read_in_linear_time() -> None:
+    repeat = "total_gpu_memory=1.0GiB peak_torch_memory=1GiB non_torch_memory=1GiB kv_cache_size=1GiB "
+    line = "INFO Memory profiling results: " + repeat * 700          # 62 KB, no utilization: never matches
+    start = time.perf_counter()
+    with pytest.raises(BadInputError, match="no start-up line"):
+        parse_engine_log([line], "vllm.log")
+    assert time.perf_counter() - start < 1.0                        # the 5th power of its length before
+
+
+def test_integers_past_any_figure_are_said_by_their_length() -> None:
+    assert fmt_untrusted_int(10**5000) == "an integer of about 5,001 digits"
+    assert fmt_untrusted_int(-(10**40)) == "a negative integer of about 41 digits"
+    assert fmt_untrusted_int(123456) == "123,456"
+    with pytest.raises(UsageError, match="about 5,001 digits, out of range"):
+        attrs_shape("markers.parquet row 3", {"tokens": 10**5000})
+    with pytest.raises(UsageError, match="has 200 digits, out of range"):
+        shape_from_filename("tokens=" + "9" * 200 + ".pickle")
+
+
+def test_an_oom_entry_s_free_bytes_of_thousands_of_digits_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[
+        {"action": "oom", "addr": 0, "size": 1024, "stream": 0, "time_us": 1, "frames": [],
+         "device_free": 10**5000}]]}))
+    for command in ("summary", "attribute", "explain-oom"):
+        done = subprocess.run([sys.executable, "-m", "snapanalyze", command, str(path)], capture_output=True,
+                              text=True)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [f"snapanalyze: error: {path}: inconsistent snapshot: device_traces[0][0]"
+                                            ".device_free is an integer of about 5,001 digits: expected 0 ≤ "
+                                            "device_free ≤ 17,592,186,044,416"]
