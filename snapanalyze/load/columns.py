@@ -38,7 +38,6 @@ import numpy as np
 from ..errors import BadInputError
 from ..gcpause import gc_paused
 from ..layout import ESTIMATE_KEY
-from ..units import fmt_untrusted_int
 from ..model import (
     ACTIONS,
     ALLOC,
@@ -54,6 +53,7 @@ from ..model import (
     TraceDetails,
 )
 from ..stacks import StackInterner, clean_text
+from ..units import fmt_untrusted_int
 
 if TYPE_CHECKING:
     import pandas as pd
