@@ -8,6 +8,7 @@ bad manifest is BadInputError, a bad value UsageError, each naming where.
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -15,23 +16,32 @@ import pandas as pd
 
 from ..batch_shape import SHAPE_ALIASES, SHAPE_KEYS, canonical, shape_value
 from ..errors import BadInputError
+from ..stacks import clean_text
+from .safe_pickle import regular_file
 
 __all__ = ["FILE_COLUMNS", "SHAPE_ALIASES", "SHAPE_KEYS", "read_manifest"]
 
 FILE_COLUMNS = ("file", "path", "snapshot", "name")
+MAX_MANIFEST_BYTES = 16 << 20
 
 
 def read_manifest(path: str | Path) -> pd.DataFrame:
     """A manifest CSV mapping snapshot files to shapes: one column naming the file (`file`, `path`, `snapshot`
-    or `name`; relative to the manifest's folder), shape columns by any of their aliases (`SHAPE_ALIASES`),
+    or `name`; relative to the manifest's folder and inside it: `../` or an absolute path elsewhere is refused),
+    shape columns by any of their aliases (`SHAPE_ALIASES`),
     and any other columns (kept as text). Returns columns path (resolved), file, the shape keys present,
     then the extra columns. Raises BadInputError for an unreadable or malformed manifest."""
     path = Path(path)
+    regular_file(path)                          # a FIFO or a device would block or never end: refused unopened
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError) as exc:
+        with open(path, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise BadInputError(path, f"a manifest of more than {MAX_MANIFEST_BYTES >> 20} MiB is no sweep's (refused)")
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8"), newline="")))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise BadInputError(path, f"cannot read the manifest ({exc})") from None
+    folder = path.parent.resolve()
     rows = [r for r in rows if any(c.strip() for c in r)]
     if len(rows) < 2:
         raise BadInputError(path, "the manifest needs a header row and at least one row")
@@ -50,7 +60,11 @@ def read_manifest(path: str | Path) -> pd.DataFrame:
         if len(row) != len(header):
             raise BadInputError(path, f"line {n} has {len(row)} fields, the header has {len(header)}")
         file = row[file_col].strip()
-        rec: dict[str, Any] = {"path": str((path.parent / file).resolve()), "file": file}
+        resolved = (folder / file).resolve()
+        if not resolved.is_relative_to(folder):
+            raise BadInputError(path, f"line {n} names {clean_text(file[:200])!r}, outside the manifest's folder: a "
+                                "manifest lists the snapshots beside it or below it")
+        rec: dict[str, Any] = {"path": str(resolved), "file": file}
         for i, key in shape_cols.items():
             if row[i].strip():
                 rec[key] = shape_value(f"{path}: line {n}", key, row[i].strip())

@@ -63,3 +63,28 @@ def test_an_oom_entry_s_free_bytes_of_thousands_of_digits_is_one_line(tmp_path: 
         assert done.stderr.splitlines() == [f"snapanalyze: error: {path}: inconsistent snapshot: device_traces[0][0]"
                                             ".device_free is an integer of about 5,001 digits: expected 0 ≤ "
                                             "device_free ≤ 17,592,186,044,416"]
+
+
+def test_a_manifest_lists_only_snapshots_beside_it(tmp_path: Path) -> None:
+    from snapanalyze.load.shapes import read_manifest
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (tmp_path / "secret.pickle").write_bytes(b"x")
+    for row in ("../secret.pickle", str(tmp_path / "secret.pickle"), "sub/../../secret.pickle"):
+        (sweep / "manifest.csv").write_text(f"file,tokens\n{row},128\n")
+        with pytest.raises(BadInputError, match="line 2 names .*outside the manifest's folder"):
+            read_manifest(sweep / "manifest.csv")
+    (sweep / "manifest.csv").write_text("file,tokens\na.pickle,128\nsub/b.pickle,256\n")
+    assert list(read_manifest(sweep / "manifest.csv")["tokens"]) == [128, 256]
+
+
+def test_a_manifest_that_is_a_fifo_is_refused_unopened(tmp_path: Path) -> None:
+    import os
+
+    from snapanalyze.load.shapes import read_manifest
+    fifo = tmp_path / "manifest.csv"
+    os.mkfifo(fifo)
+    start = time.perf_counter()
+    with pytest.raises(BadInputError, match="FIFO"):
+        read_manifest(fifo)
+    assert time.perf_counter() - start < 5
