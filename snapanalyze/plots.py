@@ -586,7 +586,7 @@ def segment_map_figure(smap: SegmentMap, max_segments: int = MAX_SEGMENTS, max_p
         counts = ranked["address"].map(per).fillna(0).to_numpy(dtype=np.int64)
         ranked = ranked.iloc[:max(1, int(np.searchsorted(np.cumsum(counts), max_pieces, side="right")))]
         pieces = pieces[pieces["segment_address"].isin(ranked["address"])]
-    labels = {int(r.address): f"#{number[int(r.address)]} · {fmt_bytes(int(r.size))} {r.segment_type}"
+    labels = {int(r.address): f"#{number[int(r.address)]} · {fmt_bytes(int(r.size))} {escape(str(r.segment_type))}"
               for r in ranked.itertuples(index=False)}
     info = {int(r.address): r for r in ranked.itertuples(index=False)}
     largest_shown = max([int(ranked["size"].max()) if len(ranked) else 0, smap.request_bytes or 0])
@@ -616,7 +616,7 @@ def segment_map_figure(smap: SegmentMap, max_segments: int = MAX_SEGMENTS, max_p
             if state != "inactive":
                 what += f", {fmt_bytes(req)} requested"
             hover.append(f"{what}<br>at +{fmt_bytes(offset)} in segment #{number[seg_addr]} (0x{seg_addr:x}, "
-                         f"{fmt_bytes(int(r.size))}, {r.segment_type} pool, stream {int(r.stream)}, "
+                         f"{fmt_bytes(int(r.size))}, {escape(str(r.segment_type))} pool, stream {int(r.stream)}, "
                          f"pool id {escape(str(r.pool))})")
         fig.add_trace(go.Bar(
             y=[labels[x] for x in a.tolist()], x=sizes.astype(np.float64) / scale,

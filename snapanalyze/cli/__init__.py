@@ -63,8 +63,8 @@ class _Group(click.Group):
 
 
 def _visible(text: str) -> str:
-    from ..report.text import visible
-    return visible(text)
+    from ..report.text import one_line
+    return one_line(text)
 
 
 def _message(exc: BaseException) -> str:

@@ -60,4 +60,5 @@ def convert(inputs: tuple[str, ...], output: str | None, rank: int | None, tag: 
 
 
 def _line(source: Path, target: Path, done: Converted) -> str:
-    return f"{source} → {target} ({done.events:,} events, {done.stacks:,} stacks, {done.seconds:.2f} s)"
+    from ..report.text import one_line
+    return one_line(f"{source} → {target}") + f" ({done.events:,} events, {done.stacks:,} stacks, {done.seconds:.2f} s)"

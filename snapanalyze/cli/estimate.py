@@ -10,7 +10,7 @@ import click
 
 from ..errors import UsageError
 from . import main
-from .common import SIZE, emit_json, format_option
+from .common import SIZE, echo_text, emit_json, format_option
 from .progress import Progress
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def estimate(program: tuple[str, ...], output: str, shapes: dict[str, list[int]]
         if fmt == "json":
             emit_json({"sweep": output, "points": [r.to_json() for r in rows]})
         else:
-            click.echo(_render_sweep(output, rows, capacity))
+            echo_text(_render_sweep(output, rows, capacity), None)
         return
     with Progress() as progress:
         progress.step("estimating (fake tensors)")
@@ -92,7 +92,7 @@ def estimate(program: tuple[str, ...], output: str, shapes: dict[str, list[int]]
     if fmt == "json":
         emit_json(summary.to_json())
     else:
-        click.echo(_render(summary))
+        echo_text(_render(summary), None)
     if summary.oom:
         sys.exit(1)
 

@@ -3,10 +3,8 @@ outputs held (`collect.estimate.prefill`)."""
 
 from __future__ import annotations
 
-import click
-
 from ..errors import UsageError
-from .common import emit_json
+from .common import echo_text, emit_json
 from .progress import Progress
 
 
@@ -24,7 +22,7 @@ def chunked_prefill(chunked: str, model: str | None, prompt_tokens: int | None, 
     if fmt == "json":
         emit_json({**result.to_json(), "folder": output})
         return
-    click.echo(render(result, output))
+    echo_text(render(result, output), None)
 
 
 def render(result: object, folder: str) -> str:

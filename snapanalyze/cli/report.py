@@ -17,6 +17,7 @@ import click
 from .. import layout
 from ..atomic import write_atomic
 from ..errors import UsageError
+from ..report.text import one_line
 from . import main
 from .common import (
     SIZE,
@@ -91,4 +92,4 @@ def report(file: str, rank: int | None, tag: str | None, output: Path, force: bo
     finally:
         progress.done()
     size = output.stat().st_size
-    click.echo(f"wrote {output} ({size / 1e6:.2f} MB)")
+    click.echo(f"wrote {one_line(str(output))} ({size / 1e6:.2f} MB)")

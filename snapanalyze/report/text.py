@@ -25,14 +25,28 @@ from ..units import fmt_bytes
 
 # Characters a terminal acts on or hides: C0 controls but \t and \n, DEL and C1, bidi embeddings, overrides
 # and isolates, zero-width spaces and joiners, the word joiner and the byte-order mark.
-_HIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+# Unicode's control (Cc), format (Cf: bidi overrides and isolates, U+061C, zero-width and tag characters), line (Zl)
+# and paragraph (Zp) separators, as of Unicode 15; newline and tab are text's own.
+_HIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e"
+                     "\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+                     "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]")
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 def visible(text: str) -> str:
     """`text` with every character a terminal would act on or hide written as a visible escape."""
-    return _HIDDEN.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                       else f"\\u{ord(m.group()):04x}", text)
+    return _HIDDEN.sub(_escape, text)
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+
+def one_line(text: str) -> str:
+    """`visible(text)` with its newlines and tabs escaped too: an error or a warning is one line, whatever a file
+    name holds (a name with a newline cannot forge a second "snapanalyze: error:" line)."""
+    return visible(text).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def csv_cell(value: object) -> object:

@@ -88,3 +88,39 @@ def test_a_manifest_that_is_a_fifo_is_refused_unopened(tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="FIFO"):
         read_manifest(fifo)
     assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize("char", ["\u061c", "\u2028", "\u2029", "\U000e0041", "\u202e", "\x1b", "\xad", "\u2066"])
+def test_control_and_format_characters_are_shown_escaped(char: str) -> None:
+    from snapanalyze.report.text import csv_cell, one_line, visible
+    text = f"model{char}.py"
+    assert char not in visible(text) and char not in one_line(text) and char not in str(csv_cell(text))
+    assert "\\" in visible(text)
+
+
+def test_a_file_name_with_a_newline_cannot_forge_a_second_error_line(tmp_path: Path) -> None:
+    name = tmp_path / "a\nsnapanalyze: error: forged\u202e.pickle"
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "peaks", str(name)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1 and "\u202e" not in done.stderr and "\\n" in done.stderr
+
+
+def test_convert_prints_file_names_escaped(tmp_path: Path) -> None:
+    import shutil
+    root = Path(__file__).resolve().parents[2]
+    source = tmp_path / "run\x1b]52;c;aGk=\x07\u202e.pickle"
+    shutil.copy(root / "fixtures" / "scenarios" / "cuda_graph_pool.pickle", source)
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "convert", str(source), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\u202e" not in done.stdout and "\x07" not in done.stdout
+    assert "\\x1b]52" in done.stdout
+
+
+def test_a_segment_type_reaches_plotly_escaped() -> None:
+    import inspect
+
+    from snapanalyze import plots
+    source = inspect.getsource(plots)
+    assert "{r.segment_type}" not in source          # every use goes through escape()
+    assert plots.escape('<a href="x">') == '&lt;a href="x"&gt;'
