@@ -308,7 +308,9 @@ def _led_by_kept(advice: list[Advice], kept: KeptAcrossStep | None, shortfall: i
 
 
 def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> int | None:
-    if capacity is None or free is None:
+    """Memory outside the allocator at the failure: capacity − reserved − device free; None where unknown or where
+    the figures contradict each other (a capacity below what the device reported reserved and free)."""
+    if capacity is None or free is None or capacity < reserved + free:
         return None
     return capacity - reserved - free
 
@@ -340,6 +342,9 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
     active = dt.active_at(index)
     gives = reserved_free + free_known
     outside = _capacity_outside(capacity, reserved, device_free)
+    if capacity is not None and device_free is not None and capacity < reserved + device_free:
+        capacity_source = (f"{capacity_source}; inconsistent with the OOM entry: reserved + device free = "
+                           f"{reserved + device_free:,} B exceeds it, so nothing outside the allocator is computed")
     outside_source = "capacity − reserved − device free at the failure" if outside is not None else None
     own = others = growth = gap_us = None
     if nvml is not None and len(nvml):

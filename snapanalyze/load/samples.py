@@ -94,6 +94,16 @@ def _check_non_negative(df: pd.DataFrame, columns: list[str], path: Path, what: 
                             "never are)")
 
 
+def _check_consistent(df: pd.DataFrame, path: Path) -> None:
+    """An NVML sample says used ≤ total and total > 0 (the device's memory, as nvmlDeviceGetMemoryInfo reports it);
+    one that does not is damage, named here, never turned into a negative headroom or outside figure."""
+    bad = (df["total_bytes"] <= 0) | (df["used_bytes"] > df["total_bytes"])
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise BadInputError(path, f"an NVML part: inconsistent sample (row {i:,}: used {int(df['used_bytes'].iat[i]):,}"
+                            f" B of total {int(df['total_bytes'].iat[i]):,} B; NVML reports used ≤ total, total > 0)")
+
+
 def _int_column(column: pa.ChunkedArray, nullable: bool) -> Any:
     """An integer column as int64 numpy (nullable: a pandas Int64 array, null = unknown), without a Python loop."""
     values = column.fill_null(0).to_numpy().astype(np.int64, copy=False)
@@ -135,6 +145,7 @@ def read_nvml(rank_path: str | Path, rank: int) -> pd.DataFrame:
     for path in layout.nvml_parts(rank_path):
         part = _nvml_frame(_read_parquet(path, NVML_SCHEMA, "an NVML part"), rank)
         _check_non_negative(part, _NON_NEGATIVE["nvml"], path, "an NVML part")
+        _check_consistent(part, path)
         parts.append(part)
     if not parts:
         return empty_nvml()

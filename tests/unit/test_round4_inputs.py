@@ -124,3 +124,29 @@ def test_a_segment_type_reaches_plotly_escaped() -> None:
     source = inspect.getsource(plots)
     assert "{r.segment_type}" not in source          # every use goes through escape()
     assert plots.escape('<a href="x">') == '&lt;a href="x"&gt;'
+
+
+def test_a_capacity_the_oom_entry_contradicts_gives_no_outside_figure() -> None:
+    import json
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "explain-oom",
+                           str(root / "fixtures" / "scenarios" / "oom_live_exhaustion.pickle"), "--capacity", "1MiB",
+                           "--format", "json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    oom = json.loads(done.stdout)["snapshots"][0]["ooms"][0]
+    assert oom["outside_bytes"] is None and "inconsistent with the OOM entry" in oom["capacity_source"]
+
+
+def test_an_nvml_sample_using_more_than_its_total_is_damage(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from snapanalyze.load.samples import read_nvml
+    from snapanalyze.schema import NVML_SCHEMA
+    rank = tmp_path / "rank=0"
+    rank.mkdir()
+    row = {name: 0 for name in NVML_SCHEMA.names}
+    row.update(time_us=1, used_bytes=90 << 30, free_bytes=0, total_bytes=80 << 30)
+    pq.write_table(pa.Table.from_pylist([row], schema=NVML_SCHEMA), rank / "nvml-part-00001.parquet")
+    with pytest.raises(BadInputError, match="inconsistent sample .*used 96,636,764,160 B of total 85,899,345,920 B"):
+        read_nvml(rank, 0)
