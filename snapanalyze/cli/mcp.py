@@ -14,34 +14,44 @@ as the call's error, in the command's one line.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import click
 
+from .. import confine
 from . import main
 
 NARROW = ("narrow the question: name one device (device=), one rank of a run (rank=), a phase (phase=), or "
           "fewer sites (top=)")
 
 
+MAX_ARGUMENT = 4096             # characters of one argument (a path, a phase, a setting)
+CHILD_MEMORY = 4 << 30          # --max-memory of each command the server runs
+
+
 class Confined:
     """The directories an agent may read, and the checks every tool call makes."""
 
-    def __init__(self, roots: tuple[str, ...], max_chars: int, timeout: float) -> None:
+    def __init__(self, roots: tuple[str, ...], max_chars: int, timeout: float, jobs: int = 2) -> None:
         self.roots = tuple(Path(r).resolve(strict=True) for r in roots)
         self.max_chars, self.timeout = max_chars, timeout
+        self.slots = threading.BoundedSemaphore(jobs)      # commands running at once, whatever the agent sends
 
     def path(self, given: str) -> str:
         """`given`, resolved, if it lies inside a root; else ToolError naming the roots."""
         from mcp.server.mcpserver.exceptions import ToolError
 
+        _argument(given)
         try:
             resolved = Path(given).expanduser().resolve(strict=True)
-        except (OSError, RuntimeError):
-            raise ToolError(f"{given}: no such file or directory") from None
+        except (OSError, RuntimeError, ValueError):
+            raise ToolError(f"{_shown(given)}: no such file or directory") from None
         if not any(resolved == root or resolved.is_relative_to(root) for root in self.roots):
             raise ToolError(f"{given}: outside the directories this server reads "
                             f"({', '.join(str(r) for r in self.roots)})")
@@ -51,20 +61,57 @@ class Confined:
         """`snapanalyze ARGS --format json` in a child process: its document, or ToolError with its error line."""
         from mcp.server.mcpserver.exceptions import ToolError
 
-        argv = [sys.executable, "-m", "snapanalyze", *(str(a) for a in args if a is not None), "--format", "json"]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise ToolError(f"{args[0]} took longer than {self.timeout:g} s; {NARROW}") from None
-        if done.returncode not in passing:
-            lines = done.stderr.strip().splitlines()
-            raise ToolError(lines[-1] if lines else f"{args[0]} failed (exit {done.returncode})")
+        given = [str(a) for a in args if a is not None]
+        for a in given:
+            _argument(a)
+        argv = [sys.executable, "-m", "snapanalyze", "--max-memory", f"{CHILD_MEMORY}B", *given, "--format", "json"]
+        # Every file the command opens is checked against the roots by its descriptor (`snapanalyze.confine`): a
+        # run directory's files that link out of a root, or a path swapped for a link after `path()`, are refused.
+        env = {**os.environ, confine.ENV: os.pathsep.join(str(r) for r in self.roots)}
+        with self.slots:
+            child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     text=True, env=env, start_new_session=True)
+            try:
+                stdout, stderr = child.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                _kill(child)
+                raise ToolError(f"{args[0]} took longer than {self.timeout:g} s; {NARROW}") from None
+            except BaseException:
+                _kill(child)
+                raise
+        if child.returncode not in passing:
+            lines = stderr.strip().splitlines()
+            line = lines[-1] if lines else f"{args[0]} failed (exit {child.returncode})"
+            raise ToolError(line if len(line) <= min(self.max_chars, 2000) else
+                            line[:min(self.max_chars, 2000)] + f"… ({len(line):,} characters)")
+        done = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
         if len(done.stdout) > self.max_chars:
             raise ToolError(f"the {args[0]} document is {len(done.stdout):,} characters, over this server's cap of "
                             f"{self.max_chars:,}; {NARROW}")
         document: dict[str, Any] = json.loads(done.stdout)
         return document
+
+
+def _kill(child: subprocess.Popen[str]) -> None:
+    """The command and every process it started (its own session): none outlives the call."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.wait()
+
+
+def _shown(text: str) -> str:
+    return repr(text[:80] + ("…" if len(text) > 80 else ""))
+
+
+def _argument(text: str) -> None:
+    """ToolError for an argument no command takes: a NUL byte, or longer than MAX_ARGUMENT."""
+    from mcp.server.mcpserver.exceptions import ToolError
+    if "\x00" in text:
+        raise ToolError(f"{_shown(text)}: an argument holds a NUL byte")
+    if len(text) > MAX_ARGUMENT:
+        raise ToolError(f"an argument of {len(text):,} characters, over {MAX_ARGUMENT:,}: {_shown(text)}")
 
 
 def _option(name: str, value: Any) -> tuple[Any, ...]:

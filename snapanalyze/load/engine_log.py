@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import tomldata
+from ..confine import open_confined
 from ..engine_config import ENGINES, FIGURES, EngineConfig, Figure
 from ..errors import BadInputError, RulesError, UsageError
 from .safe_pickle import regular_file
@@ -106,7 +107,7 @@ def _number(text: str, unit: str) -> tuple[float, float]:
 def _lines(path: Path) -> list[str]:
     regular_file(path)
     try:
-        with open(path, "rb") as f:
+        with open_confined(path) as f:
             data = f.read(MAX_LOG_BYTES)
     except OSError as exc:
         raise BadInputError(path, f"cannot be read ({exc.strerror or exc})") from None

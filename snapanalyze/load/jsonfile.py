@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ..confine import opened
 from ..errors import BadInputError
 from .safe_pickle import regular_file
 
@@ -33,6 +34,7 @@ def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES) -> A
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as f:
+            opened(f, path)
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise BadInputError(path, "is no longer a regular file: only files are read")
             data = f.read(max_bytes + 1)

@@ -45,6 +45,7 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
+from ..confine import open_confined
 from ..errors import BadInputError, UnsafePickleError
 from ..gcpause import gc_paused
 
@@ -245,16 +246,27 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
                             f"({type(exc).__name__}: {text[:200]})") from None
 
 
+_EXPORTED = "deallocated bytearray object has exported buffers"
+
+
 @contextmanager
 def _quiet_unraisable() -> Iterator[None]:
-    """While unpickling, an error the interpreter cannot raise (a buffer still exported when the unpickler drops
-    the bytearray it failed to fill) is not printed: the one line naming the file says what went wrong."""
-    previous = sys.unraisablehook
-    sys.unraisablehook = lambda unraisable: None
-    try:
+    """A bytearray the unpickler failed to fill (a pickle claiming more bytes than exist) may be freed while its
+    buffer is still exported, and the interpreter then prints "SystemError: deallocated bytearray object has
+    exported buffers" through sys.excepthook (PyErr_Print), at once or later: that line, and only it, is dropped
+    from now on — the one line naming the file says what went wrong."""
+    if getattr(sys.excepthook, "_snapanalyze", False):
         yield
-    finally:
-        sys.unraisablehook = previous
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if kind is SystemError and str(value) == _EXPORTED:
+            return
+        previous(kind, value, tb)
+    hook._snapanalyze = True        # type: ignore[attr-defined]
+    sys.excepthook = hook
+    yield
 
 
 def _from_json(data: bytes, path: str) -> Any:
@@ -274,7 +286,7 @@ def _read_capped(stream: IO[bytes], cap: int, path: str, what: str) -> bytes:
     return data
 
 
-def _from_zip(file: Path, path: str, limits: Limits, cap: int) -> tuple[Any, int]:
+def _from_zip(file: Path | IO[bytes], path: str, limits: Limits, cap: int) -> tuple[Any, int]:
     try:
         with zipfile.ZipFile(file) as archive:
             infos = [i for i in archive.infolist() if i.filename.endswith("data.pkl")]
@@ -287,7 +299,8 @@ def _from_zip(file: Path, path: str, limits: Limits, cap: int) -> tuple[Any, int
                 raise BadInputError(path, f"the zip's data.pkl uses compression method {info.compress_type}, "
                                     f"which this reader does not open ({', '.join(_ZIP_METHODS.values())} only)")
             # A stored member's size is bounded by the file's, so it is known; a deflated one's is only declared.
-            whole = min(info.file_size, file.stat().st_size) if info.compress_type == zipfile.ZIP_STORED else None
+            size = file.stat().st_size if isinstance(file, Path) else os.fstat(file.fileno()).st_size
+            whole = min(info.file_size, size) if info.compress_type == zipfile.ZIP_STORED else None
             with archive.open(info) as member:
                 return _unpickle(member, path, limits, cap, "zip member", whole)  # type: ignore[arg-type]
     except zipfile.BadZipFile as exc:
@@ -335,14 +348,16 @@ def read_raw(path: str | Path, limits: Limits | None = None) -> Raw:
         raise BadInputError(name, "the file is empty (was the snapshot ever written?)")
     cap = limits.expanded_cap(info.st_size)
     try:
-        with open(file, "rb") as stream:
+        with open_confined(file) as stream:
             head = stream.read(8)
             if not head:
                 raise BadInputError(name, "the file is empty (was the snapshot ever written?)")
-            if head.startswith(ZIP_MAGIC):
-                return Raw(*_with("torch.save zip", _from_zip(file, name, limits, cap)))
+            if head.startswith(ZIP_MAGIC):               # the file opened and checked, not its path again
+                stream.seek(0)
+                return Raw(*_with("torch.save zip", _from_zip(stream, name, limits, cap)))
             if head.startswith(GZIP_MAGIC):
-                return _read_gzip(file, name, limits, cap)
+                stream.seek(0)
+                return _read_gzip(stream, name, limits, cap)
             stream.seek(0)
             if _sniff(head) == "json":
                 text = _read_capped(stream, limits._capped(info.st_size), name, "file")
@@ -360,7 +375,7 @@ def _with(container: str, found: tuple[Any, int]) -> tuple[Any, str, int]:
     return found[0], container, found[1]
 
 
-def _read_gzip(file: Path, name: str, limits: Limits, cap: int) -> Raw:
+def _read_gzip(file: Path | IO[bytes], name: str, limits: Limits, cap: int) -> Raw:
     try:
         with gzip.open(file, "rb") as inner:
             head = inner.peek(8)[:8] if hasattr(inner, "peek") else b""

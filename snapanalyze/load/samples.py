@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import layout
+from ..confine import open_confined, reopenable
 from ..errors import BadInputError
 from ..model import RunSamples, world_size
 from ..schema import MARKERS_SCHEMA, NVML_SCHEMA
@@ -67,7 +68,7 @@ def empty_markers() -> pd.DataFrame:
 def _read_parquet(path: Path, schema: pa.Schema, what: str) -> pa.Table:
     regular_file(path)
     try:
-        with pq.ParquetFile(path) as reader:
+        with open_confined(path) as f, pq.ParquetFile(reopenable(f)) as reader:
             check_decoded(reader, path)
             table = reader.read()
         check_table(table, path)

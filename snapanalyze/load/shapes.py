@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from ..batch_shape import SHAPE_ALIASES, SHAPE_KEYS, canonical, shape_value
+from ..confine import open_confined
 from ..errors import BadInputError
 from ..stacks import clean_text
 from .safe_pickle import regular_file
@@ -34,7 +35,7 @@ def read_manifest(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     regular_file(path)                          # a FIFO or a device would block or never end: refused unopened
     try:
-        with open(path, "rb") as f:
+        with open_confined(path) as f:
             data = f.read(MAX_MANIFEST_BYTES + 1)
         if len(data) > MAX_MANIFEST_BYTES:
             raise BadInputError(path, f"a manifest of more than {MAX_MANIFEST_BYTES >> 20} MiB is no sweep's (refused)")

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..confine import open_confined
 from ..errors import UsageError
 from ..frame_source import Frame, FrameSource, FrameSources
 
@@ -361,7 +362,7 @@ def _read(path: str) -> str:
         raise OSError("not a regular file")
     if st.st_size > MAX_FILE_BYTES:
         raise OSError(f"over {MAX_FILE_BYTES >> 20} MiB")
-    with open(path, "rb") as f:
+    with open_confined(path) as f:
         data = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise OSError(f"over {MAX_FILE_BYTES >> 20} MiB")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import layout
+from ..confine import open_confined
 from ..errors import BadInputError, RulesError
 from ..load import Limits, SourceIndex, SourceRoots, load
 from ..load.runs import resolve
@@ -121,7 +122,8 @@ def load_rules(user_file: str | Path | None = None) -> RuleSet:
         return shipped_rules()
     where = str(user_file)
     try:
-        text = Path(user_file).read_bytes().decode("utf-8")
+        with open_confined(user_file) as f:
+            text = f.read().decode("utf-8")
     except OSError as exc:
         raise RulesError(f"{where}: cannot read the rules file ({exc.strerror or exc})") from None
     except UnicodeDecodeError as exc:
