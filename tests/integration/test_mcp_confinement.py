@@ -42,7 +42,8 @@ def test_files_that_link_out_of_the_root_are_never_read(tmp_path: Path) -> None:
     (root / "run" / "rank=0" / "snapshot-final.pickle").symlink_to(outside / "secret.pickle")
     (root / "link.pickle").symlink_to(outside / "secret.pickle")
     answers = _calls(root, [("peaks", {"path": str(root / "run")}), ("summary", {"path": str(root / "run")}),
-                            ("peaks", {"path": str(root / "link.pickle")}), ("peaks", {"path": str(root / "mine.pickle")})])
+                            ("peaks", {"path": str(root / "link.pickle")}),
+                            ("peaks", {"path": str(root / "mine.pickle")})])
     for answer in answers[:3]:
         assert answer.is_error and "outside the directories this server reads" in _text(answer), _text(answer)
         assert "secret" not in _text(answer) or "outside" in _text(answer)
