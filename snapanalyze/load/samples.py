@@ -68,7 +68,9 @@ def empty_markers() -> pd.DataFrame:
 def _read_parquet(path: Path, schema: pa.Schema, what: str) -> pa.Table:
     regular_file(path)
     try:
-        with open_confined(path) as f, pq.ParquetFile(reopenable(f)) as reader:
+        strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+        # Strings stay dictionary-encoded until their expanded size is known to be within the cap (check_table).
+        with open_confined(path) as f, pq.ParquetFile(reopenable(f), read_dictionary=strings) as reader:
             check_decoded(reader, path)
             table = reader.read()
         check_table(table, path)

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from snapanalyze.batch_shape import attrs_shape, shape_from_filename
@@ -150,3 +151,31 @@ def test_an_nvml_sample_using_more_than_its_total_is_damage(tmp_path: Path) -> N
     pq.write_table(pa.Table.from_pylist([row], schema=NVML_SCHEMA), rank / "nvml-part-00001.parquet")
     with pytest.raises(BadInputError, match="inconsistent sample .*used 96,636,764,160 B of total 85,899,345,920 B"):
         read_nvml(rank, 0)
+
+
+def test_a_parquet_dictionary_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    """A markers.parquet of a few KB whose dictionary holds one 1 MiB string that all 3,000 rows pick: 3 GB once
+    expanded; refused from the dictionary's lengths, never expanded."""
+    import resource
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from snapanalyze.load.samples import read_markers
+    from snapanalyze.schema import MARKERS_SCHEMA
+    rows = 3000
+    big = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["x" * (1 << 20)]))
+    columns = {"kind": pa.array(["phase"] * rows), "name": big, "start_time_us": pa.array(np.arange(rows)),
+               "end_time_us": pa.array(np.arange(rows) + 1), "attrs": pa.array(["{}"] * rows),
+               "rank": pa.array(np.zeros(rows, dtype=np.int32)), "thread_id": pa.array(np.zeros(rows, dtype=np.int64)),
+               "depth": pa.array(np.zeros(rows, dtype=np.int32))}
+    rank = tmp_path / "rank=0"
+    rank.mkdir()
+    pq.write_table(pa.table(columns), rank / "markers.parquet", compression="zstd",
+                   metadata_collector=None)
+    assert (rank / "markers.parquet").stat().st_size < 64 << 10
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(BadInputError, match="decode to 2.93 GiB"):
+        read_markers(rank, 0)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 << 10      # KiB: under 200 MB grown
+    assert MARKERS_SCHEMA.names == list(columns)
