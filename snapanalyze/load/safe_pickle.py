@@ -220,9 +220,14 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
     """The unpickled object and the bytes of pickle it took (`whole`: the stream's size, where it is known)."""
     guard = _Guard(stream, cap, what, limits, whole)
     guarded = io.BufferedReader(guard, 1 << 20)     # peek lets the unpickler read ahead
+    ceiling = limits.growth_cap(whole if whole is not None else (cap or 0), whole)
+
+    def load() -> Any:
+        with _data_limit(ceiling):
+            return _RefusingUnpickler(guarded, path).load()
     try:
         with gc_paused(), _quiet_unraisable():
-            return _on_big_stack(lambda: _RefusingUnpickler(guarded, path).load()), guard.total
+            return _on_big_stack(load), guard.total
     except UnsafePickleError:
         raise
     except _Refused as exc:
@@ -233,8 +238,9 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
     except MemoryError:
         if guard.total < 64 * MiB:
             raise BadInputError(path, f"refused to load: after {guard.total:,} bytes of pickle, an opcode asks for "
-                                "more memory than this machine has (a length or a repetition no snapshot holds): "
-                                "a pickle built to exhaust memory, not a snapshot") from None
+                                "more memory than reading it may take (a length or a repetition no snapshot holds; "
+                                "--max-memory sets the bound): a pickle built to exhaust memory, not a snapshot"
+                                ) from None
         raise BadInputError(path, "ran out of memory while reading the pickle: a snapshot larger than this "
                             "machine can hold, or a pickle built to exhaust it") from None
     except (pickle.UnpicklingError, ValueError, TypeError, KeyError, IndexError, AttributeError,
@@ -244,6 +250,53 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
             raise BadInputError(path, "truncated pickle: the file ends before the snapshot does") from None
         raise BadInputError(path, "not a snapshot file: not a pickle, gzip, torch.save zip or JSON "
                             f"({type(exc).__name__}: {text[:200]})") from None
+
+
+def _data_bytes() -> int | None:
+    """The process's data segment now (VmData: its private writable memory, Linux), None where unknown."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@contextmanager
+def _data_limit(growth: int) -> Iterator[None]:
+    """While unpickling, the process may not take more than `growth` bytes of memory beyond what it holds now
+    (RLIMIT_DATA, Linux): one opcode that asks for gigabytes at once (a memo index of 134 million slots in a
+    9-byte pickle) fails before it allocates, where the stream guard, which measures between reads, would see it
+    only after. The limit is put back afterwards."""
+    try:
+        import resource
+    except ImportError:          # pragma: no cover - not Unix
+        yield
+        return
+    now = _data_bytes()
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    except (OSError, ValueError):
+        now = None
+    if now is None:
+        yield
+        return
+    limit = now + growth + 64 * MiB
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft != resource.RLIM_INFINITY:
+        limit = min(limit, soft)
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
 _EXPORTED = "deallocated bytearray object has exported buffers"

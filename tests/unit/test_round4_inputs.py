@@ -179,3 +179,23 @@ def test_a_parquet_dictionary_bomb_is_refused_before_it_expands(tmp_path: Path) 
         read_markers(rank, 0)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 << 10      # KiB: under 200 MB grown
     assert MARKERS_SCHEMA.names == list(columns)
+
+
+def test_a_memo_index_bomb_is_refused_before_it_allocates(tmp_path: Path) -> None:
+    """A 9-byte pickle whose LONG_BINPUT asks for a memo of 134 million slots (1 GiB): refused under
+    --max-memory 256MiB without the process growing (it reached 2.1 GB and exited 0)."""
+    import struct
+    path = tmp_path / "memo.pickle"
+    path.write_bytes(b"\x80\x04]r" + struct.pack("<I", 0x07FFFFFF) + b".")
+    script = ("import resource, sys\n"
+              "from snapanalyze.cli import main\n"
+              "try:\n    main(sys.argv[1:])\n"
+              "except SystemExit as exc:\n"
+              "    print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+              "    raise\n")
+    done = subprocess.run([sys.executable, "-c", script, "--max-memory", "256MiB", "peaks", str(path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "a pickle built to exhaust memory" in done.stderr
+    rss = int(next(line for line in done.stderr.splitlines() if line.startswith("maxrss")).split()[-1])
+    assert rss < 300 * 1024                                          # KiB

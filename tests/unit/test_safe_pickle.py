@@ -497,5 +497,6 @@ def test_a_length_no_snapshot_holds_is_one_line(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "snapanalyze", "peaks", str(path)], capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"snapanalyze: error: {path}: refused to load: after 24 bytes of pickle, an "
-                                        "opcode asks for more memory than this machine has (a length or a repetition "
-                                        "no snapshot holds): a pickle built to exhaust memory, not a snapshot"]
+                                        "opcode asks for more memory than reading it may take (a length or a "
+                                        "repetition no snapshot holds; --max-memory sets the bound): a pickle built "
+                                        "to exhaust memory, not a snapshot"]
