@@ -37,7 +37,8 @@ index, category, bytes, share, blocks, window_bytes (of those, allocated inside 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,10 +51,13 @@ from ..allocator.state import DEFAULT_POOL
 from ..allocator.usable import usable_mask
 from ..model import (
     ACTIVE_STATES,
+    ANNOTATE,
+    OOM,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
     SEGMENT_MAP,
     SEGMENT_UNMAP,
+    SNAPSHOT,
     Snapshot,
 )
 from ..replay import DeviceTimeline, Timeline, replay
@@ -268,8 +272,15 @@ def _usable(free: pd.DataFrame, request: int, stream: int, pool: str, max_split:
                             free["segment_type"].to_numpy(), request, stream, pool, max_split)]
 
 
+def _last_change(action: np.ndarray) -> np.ndarray:
+    """Per trace entry, the index of the last entry at or before it that changed memory (−1: none): oom, snapshot
+    and annotate entries change nothing."""
+    changes = (action != OOM) & (action != SNAPSHOT) & (action != ANNOTATE)
+    return np.maximum.accumulate(np.where(changes, np.arange(len(action)), -1)) if len(action) else \
+        np.zeros(0, dtype=np.int64)
+
+
 def _split_segments(snapshot: Snapshot, device: int) -> pd.DataFrame:
-    """Large-pool segments of the end state that hold a live block and a free block over 1 MiB (split)."""
     b = snapshot.blocks[(snapshot.blocks["device"] == device) & (snapshot.blocks["segment_type"] == "large")]
     if not len(b):
         return pd.DataFrame(columns=["segment_address", "segment_size", "free_bytes"])
@@ -316,7 +327,8 @@ def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> 
 
 
 def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFrame, nvml: pd.DataFrame | None,
-             capacity: int | None, capacity_source: str, kept: KeptAcrossStep | None = None) -> OomVerdict:
+             capacity: int | None, capacity_source: str, kept: KeptAcrossStep | None = None,
+             split_segments: Callable[[int], pd.DataFrame] | None = None) -> OomVerdict:
     device, index = int(row.device), int(row.index)
     dt = timeline[device]
     request = int(row.size)
@@ -360,7 +372,8 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
             sample = at["sample_before_us"] if at["sample_before_us"] is not None else at["sample_after_us"]
             if sample is not None and at["time_us"] is not None:
                 gap_us = int(at["time_us"]) - int(sample)
-    splits = _split_segments(snapshot, device) if exact else pd.DataFrame(columns=["segment_size"])
+    splits = (split_segments or functools.partial(_split_segments, snapshot))(device) if exact else \
+        pd.DataFrame(columns=["segment_size"])
     kind = "small" if request <= SMALL_SIZE else "large"
     shortfall = max(0, request - gives)
     advice: list[Advice] = []
@@ -492,16 +505,25 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     ooms = snapshot.ooms
     rows, cats, live = [], [], []
     per_forward = (rules or shipped_rules()).per_forward
+    # Entries in one situation share their analysis: an engine that retries records hundreds of oom entries with
+    # no allocation or free between them, and the live blocks, their categories and what was kept are the same.
+    changed = {d: _last_change(snapshot.trace(d).action) for d in ooms["device"].unique().tolist()}
+    situations: dict[tuple[int, int], tuple[pd.DataFrame, pd.DataFrame, Attribution, KeptAcrossStep | None]] = {}
+    splits = functools.cache(functools.partial(_split_segments, snapshot))   # the end state's: once per device
     for row in ooms.itertuples(index=False):
-        c, blocks, at = _categories(snapshot, timeline, int(row.device), int(row.index), rules, markers,
-                                    attribution_at)
+        device, index = int(row.device), int(row.index)
+        key = (device, int(changed[device][index]))
+        if key not in situations:
+            c, blocks, at = _categories(snapshot, timeline, device, index, rules, markers, attribution_at)
+            situations[key] = (c, blocks, at, kept_across_step(at, device, index, per_forward))
+        c, blocks, at, kept = situations[key]
+        c = c.assign(index=index)
         cats.append(c)
         live.append(blocks[["stack_id", "category", "size"]])
-        total, source = cap(int(row.device))
-        kept = kept_across_step(at, int(row.device), int(row.index), per_forward)
+        total, source = cap(device)
         rows.append(dataclasses.replace(
-            _one_oom(snapshot, timeline, row, c, nvml, total, source, kept),
-            failed=failed_allocation(snapshot, int(row.device), int(row.index), rules, markers)))
+            _one_oom(snapshot, timeline, row, c, nvml, total, source, kept, splits),
+            failed=failed_allocation(snapshot, device, index, rules, markers)))
     rows = _simulated(snapshot, timeline, rows)
     table = pd.DataFrame([v.record() for v in rows], columns=OOM_COLUMNS)
     for c in ("time_us", "device_free_bytes", "capacity_bytes", "outside_bytes", "own_outside_bytes",

@@ -199,3 +199,27 @@ def test_a_memo_index_bomb_is_refused_before_it_allocates(tmp_path: Path) -> Non
     assert "a pickle built to exhaust memory" in done.stderr
     rss = int(next(line for line in done.stderr.splitlines() if line.startswith("maxrss")).split()[-1])
     assert rss < 300 * 1024                                          # KiB
+
+
+def test_retried_oom_entries_are_explained_once_per_situation(tmp_path: Path) -> None:
+    """An engine that retries records hundreds of oom entries with nothing allocated or freed between them: one
+    attribution (and one look at the end state's split segments) serves them all (44 ms each before: 2,000 entries
+    took 90 s), with the same answer per entry."""
+    from unittest import mock
+
+    import snapanalyze as sa
+    from snapanalyze.analyze import oom as oom_module
+    root = Path(__file__).resolve().parents[2]
+    snap = pickle.loads((root / "fixtures" / "scenarios" / "oom_fragmentation.pickle").read_bytes())
+    trace = snap["device_traces"][0]
+    first = next(e for e in trace if e["action"] == "oom")
+    trace.extend(dict(first, time_us=first["time_us"] + i + 1) for i in range(300))
+    path = tmp_path / "retries.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    loaded = sa.load(path)
+    with mock.patch.object(oom_module, "_categories", wraps=oom_module._categories) as attributed, \
+            mock.patch.object(oom_module, "_split_segments", wraps=oom_module._split_segments) as split:
+        explained = oom_module.explain_oom(loaded)
+    assert len(explained.verdicts) == 301
+    assert attributed.call_count == 1 and split.call_count == 1      # nothing changed memory between them
+    assert len({(v.verdict, v.active_bytes, v.reserved_bytes) for v in explained.verdicts}) == 1
