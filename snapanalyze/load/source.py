@@ -90,12 +90,17 @@ def _dotted(node: ast.expr) -> str:
     return ".".join(reversed(parts))
 
 
+PARSE_BUDGET = 3 << 20         # characters one file's parses may read in all (its first parse and its retries)
+
+
 def _tree(text: str) -> ast.Module | str:
     """The file's syntax tree. A line this Python cannot parse (the program may target a newer one, e.g.
     3.12's nested f-string quotes) is blanked to `pass` at its indentation and parsing retried, so the
-    definitions around it still resolve; `code` then shows that line's raw text."""
+    definitions around it still resolve; `code` then shows that line's raw text. Retries are bounded by what they
+    parse (PARSE_BUDGET characters in all, at most 32): a megabyte file full of syntax errors is parsed twice,
+    not thirty-two times."""
     lines = text.splitlines()
-    for _ in range(32):
+    for _ in range(max(1, min(32, PARSE_BUDGET // max(len(text), 1)))):
         try:
             with warnings.catch_warnings():          # the program's invalid escapes are not our warnings
                 warnings.simplefilter("ignore")
@@ -107,7 +112,7 @@ def _tree(text: str) -> ast.Module | str:
             lines[n] = lines[n][:len(lines[n]) - len(lines[n].lstrip())] + "pass"
         except (ValueError, RecursionError, MemoryError) as exc:
             return f"not parsed: {'it nests deeper than Python parses' if isinstance(exc, RecursionError) else exc}"
-    return "not parsed: more than 32 lines this Python cannot parse"
+    return "not parsed: more lines this Python cannot parse than are retried for a file of its size"
 
 
 def _parse(text: str) -> _File | str:

@@ -223,3 +223,25 @@ def test_retried_oom_entries_are_explained_once_per_situation(tmp_path: Path) ->
     assert len(explained.verdicts) == 301
     assert attributed.call_count == 1 and split.call_count == 1      # nothing changed memory between them
     assert len({(v.verdict, v.active_bytes, v.reserved_bytes) for v in explained.verdicts}) == 1
+
+
+def test_a_large_source_file_full_of_syntax_errors_is_parsed_a_bounded_number_of_times() -> None:
+    """--source: eight 1 MiB files with a syntax error on every line took over a minute (each parsed 32 times);
+    the retries are bounded by what they parse, about 3 MiB per file."""
+    import ast
+    from unittest import mock
+
+    from snapanalyze.load import source
+    text = "x = 1\n" * 175_000                                       # about 1 MiB
+    calls = []
+
+    def failing(code: str, *args: object, **kwargs: object) -> ast.Module:
+        calls.append(len(code))
+        raise SyntaxError("invalid syntax", ("f.py", len(calls), 1, ""))
+    with mock.patch.object(source.ast, "parse", failing):
+        assert source._tree(text).startswith("not parsed")
+    assert len(calls) == source.PARSE_BUDGET // len(text) == 2
+    calls.clear()
+    with mock.patch.object(source.ast, "parse", failing):
+        source._tree("x = 1\n" * 1000)                               # a small file keeps its 32 retries
+    assert len(calls) == 32
