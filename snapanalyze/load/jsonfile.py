@@ -3,8 +3,8 @@
 Contract: `read_json(path, what)` returns the parsed document or raises one BadInputError naming the file and
 the problem. Only a regular file is read (a FIFO, a device such as a link to ``/dev/zero``, a socket or a
 directory is refused before anything waits on it; the file is opened non-blocking and checked again, so a
-swap after the check cannot block either), at most `MAX_JSON_BYTES` (64 MiB: the collector's documents are a
-few KiB), as UTF-8; an OSError, a decoding or parsing error, RecursionError (nesting) and MemoryError all
+swap after the check cannot block either), at most `MAX_JSON_BYTES` (16 MiB: the collector's documents are a
+few KiB; ``meta.json`` may take 4 MiB), as UTF-8, and parsing it may take at most 24 × its size (RLIMIT_DATA); an OSError, a decoding or parsing error, RecursionError (nesting) and MemoryError all
 become the BadInputError. What the document must hold is the caller's to check (`expect` says it in one
 line); `shown` renders a found value for such a message.
 """
@@ -19,9 +19,9 @@ from typing import Any
 
 from ..confine import opened
 from ..errors import BadInputError
-from .safe_pickle import regular_file
+from .safe_pickle import data_limit, regular_file
 
-MAX_JSON_BYTES = 64 << 20
+MAX_JSON_BYTES = 16 << 20
 
 
 def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES) -> Any:
@@ -43,7 +43,8 @@ def read_json(path: str | Path, what: str, max_bytes: int = MAX_JSON_BYTES) -> A
     if len(data) > max_bytes:
         raise BadInputError(path, too_big)
     try:
-        return json.loads(data.decode("utf-8"))
+        with data_limit(max(24 * len(data), 64 << 20)):    # a JSON of numbers or nested lists explodes into objects
+            return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise BadInputError(path, f"not a readable {what}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except (ValueError, RecursionError) as exc:   # JSONDecodeError, an integer of too many digits, deep nesting

@@ -223,7 +223,7 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
     ceiling = limits.growth_cap(whole if whole is not None else (cap or 0), whole)
 
     def load() -> Any:
-        with _data_limit(ceiling):
+        with data_limit(ceiling):
             return _RefusingUnpickler(guarded, path).load()
     try:
         with gc_paused(), _quiet_unraisable():
@@ -265,7 +265,7 @@ def _data_bytes() -> int | None:
 
 
 @contextmanager
-def _data_limit(growth: int) -> Iterator[None]:
+def data_limit(growth: int) -> Iterator[None]:
     """While unpickling, the process may not take more than `growth` bytes of memory beyond what it holds now
     (RLIMIT_DATA, Linux): one opcode that asks for gigabytes at once (a memo index of 134 million slots in a
     9-byte pickle) fails before it allocates, where the stream guard, which measures between reads, would see it
@@ -322,9 +322,10 @@ def _quiet_unraisable() -> Iterator[None]:
     yield
 
 
-def _from_json(data: bytes, path: str) -> Any:
+def _from_json(data: bytes, path: str, limits: Limits | None = None) -> Any:
     try:
-        return json.loads(data)
+        with data_limit((limits or Limits()).growth_cap(len(data), len(data))):
+            return json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise BadInputError(path, f"looks like JSON but does not parse ({str(exc)[:200]})") from None
     except MemoryError:
@@ -414,7 +415,7 @@ def read_raw(path: str | Path, limits: Limits | None = None) -> Raw:
             stream.seek(0)
             if _sniff(head) == "json":
                 text = _read_capped(stream, limits._capped(info.st_size), name, "file")
-                return Raw(_from_json(text, name), "json", len(text))
+                return Raw(_from_json(text, name, limits), "json", len(text))
             return Raw(*_with("pickle", _unpickle(stream, name, limits, whole=info.st_size)))
     except BadInputError:
         raise
@@ -434,7 +435,7 @@ def _read_gzip(file: Path | IO[bytes], name: str, limits: Limits, cap: int) -> R
             head = inner.peek(8)[:8] if hasattr(inner, "peek") else b""
             if _sniff(head) == "json":
                 text = _read_capped(inner, cap, name, "gzip stream")  # type: ignore[arg-type]
-                return Raw(_from_json(text, name), "gzip json", len(text))
+                return Raw(_from_json(text, name, limits), "gzip json", len(text))
             found = _unpickle(inner, name, limits, cap, "gzip stream")  # type: ignore[arg-type]
             if inner.read(1 << 16):                 # also makes gzip check the CRC at the end of the stream
                 raise BadInputError(name, "the gzip stream holds more after the pickle ends (damaged?)")

@@ -172,7 +172,8 @@ def read_markers(rank_path: str | Path, rank: int) -> pd.DataFrame:
 
 def read_meta(rank_path: str | Path) -> list[dict[str, Any]]:
     """The meta.json documents of one rank directory, by session, each checked (`check_meta`)."""
-    return [check_meta(read_json(path, "meta.json"), path) for path in layout.session_files(rank_path, "meta")]
+    return [check_meta(read_json(path, "meta.json", max_bytes=4 << 20), path)
+            for path in layout.session_files(rank_path, "meta")]
 
 
 def _is_int(value: Any) -> bool:
