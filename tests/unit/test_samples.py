@@ -241,7 +241,7 @@ def test_meta_json_has_a_size_cap(tp2: Path) -> None:
     meta = tp2 / "rank=0" / "meta.json"
     with open(meta, "r+b") as f:
         f.truncate(65 << 20)                           # sparse: 65 MiB of zeros
-    with pytest.raises(BadInputError, match=r"meta.json: 68,157,440 bytes, larger than the 64 MiB a meta.json may be"):
+    with pytest.raises(BadInputError, match=r"meta.json: 68,157,440 bytes, larger than the 4 MiB a meta.json may be"):
         read_run(tp2)
     meta.write_bytes(b"\xff\xfe{}")
     with pytest.raises(BadInputError, match="meta.json: not a readable meta.json: not UTF-8 text"):
