@@ -5,8 +5,9 @@ the problem. Only a regular file is read (a FIFO, a device such as a link to ``/
 directory is refused before anything waits on it; the file is opened non-blocking and checked again, so a
 swap after the check cannot block either), at most `MAX_JSON_BYTES` (16 MiB: the collector's documents are a
 few KiB; ``meta.json`` may take 4 MiB), as UTF-8, and parsing it may take at most 24 × its size (RLIMIT_DATA);
-an OSError, a decoding or parsing error, RecursionError (nesting) and MemoryError all become the BadInputError. What the document must hold is the caller's to check (`expect` says it in one
-line); `shown` renders a found value for such a message.
+an OSError, a decoding or parsing error, RecursionError (nesting) and MemoryError all become the BadInputError.
+What the document must hold is the caller's to check (`expect` says it in one line); `shown` renders a found value
+for such a message.
 """
 
 from __future__ import annotations
