@@ -296,6 +296,18 @@ class Snapshot(HtmlDisplay):
                              "time_us": int(t.time_us[index]) if t.time_us is not None else None})
         return pd.DataFrame(rows, columns=["device", "index", "size", "stream", "device_free", "time_us"])
 
+    def oom_mentions(self) -> tuple[dict[str, Any], ...]:
+        """Each `oom` entry in a few plain fields (device, index, request bytes, device free bytes), for every answer
+        about the file to say that the program ran out of memory."""
+        out = []
+        for device in sorted(self.traces):
+            t = self.traces[device]
+            for index in np.flatnonzero(t.action == OOM).tolist():
+                free = t.device_free.get(int(index))
+                out.append({"device": int(device), "index": int(index), "request_bytes": int(t.size[index]),
+                            "device_free_bytes": None if free is None else int(free)})
+        return tuple(out)
+
     def frames_table(self) -> pd.DataFrame:
         """Every frame interned so far: frame_id, filename, line, name (call `events` first for all)."""
         return self.interner.frames_table()

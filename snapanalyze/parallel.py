@@ -127,9 +127,19 @@ def map_ranks(fn: Callable[[I], T], items: Iterable[I], executor: Executor | Non
 def _result(future: Future[Outcome[T]]) -> Outcome[T]:
     try:
         return future.result()
-    except BrokenProcessPool:
-        raise SnapanalyzeError("a worker process died (killed for memory?): run with fewer --jobs, or "
-                               "--max-memory to refuse an input too large for this machine") from None
+    except BrokenProcessPool as exc:
+        raise SnapanalyzeError(_died(exc)) from None
+
+
+def _died(exc: BrokenProcessPool) -> str:
+    """Why a worker died, as far as its exit says: killed by a signal (SIGKILL: most often the kernel's
+    out-of-memory killer) or exited with an error it printed above."""
+    text = str(exc)
+    if "SIGKILL" in text or "terminated abruptly" in text and "signal 9" in text:
+        return ("a worker process was killed (SIGKILL: most often for memory): run with fewer --jobs, or "
+                "--max-memory to refuse an input too large for this machine")
+    return (f"a worker process died ({text[:200] or 'no reason given'}); its own error, if it printed one, is "
+            "above: run with --jobs 1 to see it in this process")
 
 
 def _warn(outcome: Outcome[Any]) -> None:
@@ -160,7 +170,18 @@ def open_executor(jobs: int | None = None, scheduler: str | None = None) -> Iter
         return
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["snapanalyze.session.runs"])     # workers fork from a server that imported it
-    forkserver.ensure_running()      # now: the server imports while the caller goes on, not at the first task
+    # The server is `python -c …`, whose sys.path starts with the working directory (Python 3.11's forkserver does
+    # not take the caller's sys.path): run from a folder holding a folder named snapanalyze (a clone's parent), it
+    # would import that instead of this package. PYTHONSAFEPATH keeps the working directory off its path.
+    saved = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        forkserver.ensure_running()  # now: the server imports while the caller goes on, not at the first task
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = saved
     pool = ProcessPoolExecutor(max_workers=n, mp_context=context)
     try:
         yield pool

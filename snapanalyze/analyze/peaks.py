@@ -19,7 +19,7 @@ transient_bytes (active − baseline).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -205,10 +205,12 @@ class Peaks:
     host: tuple[DevicePeaks, ...] | None        # pinned host memory, apart from the devices (torch >= 2.14)
     replay_problems: tuple[str, ...]            # what proves the replay wrong against the end state
     estimate: bool = False                      # the file is an estimate (`snapanalyze estimate`), not a measurement
+    ooms: tuple[Mapping[str, Any], ...] = ()    # the file's oom entries (`Snapshot.oom_mentions`): it ran out
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (the replay's problems are the terminal's warning, not part of it)."""
-        return {"source": self.source, "estimate": self.estimate, "devices": [d.to_json() for d in self.devices],
+        return {"source": self.source, "estimate": self.estimate, "ooms": [dict(o) for o in self.ooms],
+                "devices": [d.to_json() for d in self.devices],
                 "host": [d.to_json() for d in self.host] if self.host is not None else None,
                 "notes": dict(NOTES)}
 
@@ -221,7 +223,8 @@ def peaks_of(timeline: Timeline, top: int = 5, device: int | None = None,
         raise ValueError("top must be at least 1")
     return Peaks(timeline.snapshot.source, _devices_of(timeline, top, device),
                  _devices_of(host, top, None, "host") if host is not None else None,
-                 tuple(timeline.check_invariants()), timeline.snapshot.estimate is not None)
+                 tuple(timeline.check_invariants()), timeline.snapshot.estimate is not None,
+                 timeline.snapshot.oom_mentions())
 
 
 def _devices_of(timeline: Timeline, top: int, device: int | None,

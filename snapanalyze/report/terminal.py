@@ -8,7 +8,7 @@ analyses, prints or reads files.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import units
 from ..sites import NO_FRAMES, site_text, words_text
@@ -20,8 +20,22 @@ if TYPE_CHECKING:
     from ..analyze.summary import Summary
 
 
+def oom_lines(source: str, ooms: Any) -> list[str]:
+    """What any answer about a file with `oom` entries says first: the program ran out of memory, and how to see why."""
+    out = []
+    for o in list(ooms)[:3]:
+        free = f", device free {units.fmt_bytes(o['device_free_bytes'])}" if o["device_free_bytes"] is not None else ""
+        out.append(f"OUT OF MEMORY on device {o['device']} at event {o['index']:,}: a request of "
+                   f"{units.fmt_bytes(o['request_bytes'])} failed{free}")
+    if len(ooms) > 3:
+        out.append(f"… and {len(ooms) - 3:,} more oom entries")
+    if ooms:
+        out.append(f"  why: snapanalyze explain-oom {source}")
+    return out
+
+
 def render_peaks(result: Peaks, width: int | None = None) -> str:
-    out = [result.source + (f"  ({text.ESTIMATED})" if result.estimate else "")]
+    out = [result.source + (f"  ({text.ESTIMATED})" if result.estimate else ""), *oom_lines(result.source, result.ooms)]
     if not result.devices:
         out.append("  no devices: the snapshot holds no segments and no trace")
     for d in result.devices:
@@ -103,7 +117,7 @@ def render_summary(f: Summary) -> str:
 
 
 def render_attribution(result: AttributionResult, top: int, explain: bool, width: int | None = None) -> str:
-    out = [result.source + (f"  ({text.ESTIMATED})" if result.estimate else "")]
+    out = [result.source + (f"  ({text.ESTIMATED})" if result.estimate else ""), *oom_lines(result.source, result.ooms)]
     for d in result.devices:
         where = "before the first event" if d.event_index < 0 else f"event {d.event_index:,}"
         out.append(f"\ndevice {d.device} at the {d.instant} ({where}"

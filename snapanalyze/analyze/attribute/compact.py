@@ -12,6 +12,7 @@ carries it instead of the Attribution (which holds the snapshot).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,10 +88,11 @@ class AttributionResult:
     notes: tuple[str, ...]
     rules: tuple[str, ...]              # the rule files consulted, first first
     estimate: bool = False              # the file is an estimate (`snapanalyze estimate`), not a measurement
+    ooms: tuple[Mapping[str, Any], ...] = ()    # the file's oom entries (`Snapshot.oom_mentions`): it ran out
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "estimate": self.estimate, "devices": [d.to_json() for d in self.devices],
-                "notes": list(self.notes), "rules": list(self.rules)}
+        return {"source": self.source, "estimate": self.estimate, "ooms": [dict(o) for o in self.ooms],
+                "devices": [d.to_json() for d in self.devices], "notes": list(self.notes), "rules": list(self.rules)}
 
 
 def attribution_result(attribution: Attribution, explain: bool = False, top: int = SUMMARY_TOP) -> AttributionResult:
@@ -106,7 +108,8 @@ def attribution_result(attribution: Attribution, explain: bool = False, top: int
             explain=rule_firings(attribution, device) if explain else None,
             kept=kept_across_step(attribution, device, instant.event_index, attribution.rules.per_forward)))
     return AttributionResult(str(attribution.snapshot.source), tuple(devices), tuple(attribution.notes),
-                             tuple(attribution.rules.sources), attribution.snapshot.estimate is not None)
+                             tuple(attribution.rules.sources), attribution.snapshot.estimate is not None,
+                             attribution.snapshot.oom_mentions())
 
 
 def rule_firings(attribution: Attribution, device: int) -> tuple[RuleFiring, ...]:
