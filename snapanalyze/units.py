@@ -73,6 +73,12 @@ def fmt_duration_us(d: int | None) -> str:
 
 
 def fmt_share(x: float) -> str:
+    """A share as a percentage to one decimal; a share above zero that rounds to it is "<0.1%" (never "0.0%" for
+    something that is there), one short of the whole that rounds to it ">99.9%"."""
+    if 0 < x < 0.0005:
+        return "<0.1%"
+    if 0.9995 <= x < 1:
+        return ">99.9%"
     return f"{100 * x:.1f}%"
 
 

@@ -465,7 +465,7 @@ def _no_oom(dt: DeviceTimeline, nvml: pd.DataFrame | None, capacity: int | None,
     index = global_peak_index(dt)
     active, reserved = dt.active_at(index), dt.reserved_at(index)
     used = None
-    basis = "allocator reserved only (no NVML samples: memory outside the allocator unknown)"
+    basis = "allocator reserved only; without NVML samples, memory outside the allocator is unknown"
     if nvml is not None and len(nvml):
         at = outside_at_instant(dt, join_samples(dt, nvml), index, None)
         if at["nvml_used_bytes"] is not None:

@@ -42,3 +42,15 @@ def test_every_answer_about_a_file_that_ran_out_of_memory_says_so_first() -> Non
     done = subprocess.run([sys.executable, "-m", "snapanalyze", "attribute", str(clean)], capture_output=True,
                           text=True)
     assert "OUT OF MEMORY" not in done.stdout
+
+
+def test_wording_says_what_it_means() -> None:
+    from snapanalyze.units import fmt_share
+    assert fmt_share(2 / 4499) == "<0.1%" and fmt_share(0) == "0.0%" and fmt_share(0.25) == "25.0%"
+    assert fmt_share(4498 / 4499) == ">99.9%" and fmt_share(1.0) == "100.0%"
+    readme = (ROOT / "README.md").read_text()
+    assert "a bare repeated name means its occurrence with the highest peak" in readme
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "explain-oom",
+                           str(ROOT / "fixtures" / "scenarios" / "cuda_graph_pool.pickle")], capture_output=True,
+                          text=True)
+    assert "((" not in done.stdout and "))" not in done.stdout
