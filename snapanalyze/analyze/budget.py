@@ -37,6 +37,7 @@ tokens it leaves (from the log's pool size per token) and, for a shape limit, th
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +182,30 @@ def _version(text: str | None) -> tuple[int, int] | None:
         return None
 
 
+UTILIZATION_TOLERANCE = 0.02     # a stated gpu_memory_utilization further than this from the figures' is contradicted
+
+
+def _implied_utilization(f: Mapping[str, Figure], total: Part, weights: Part, kv: Part,
+                         non_torch: Part) -> tuple[float, str] | None:
+    """The gpu_memory_utilization the log's own figures imply — (non-KV + KV) / total, or (weights + activation
+    peak + non-torch + KV) / total — and how it was worked out; None where they do not say."""
+    if not total.bytes or kv.bytes is None:
+        return None
+    gib = 1 << 30
+    if "non_kv_bytes" in f:
+        used = f["non_kv_bytes"].value + kv.bytes
+        how = (f"(non-KV {f['non_kv_bytes'].value / gib:.2f} + KV {kv.bytes / gib:.2f} GiB) / total "
+               f"{total.bytes / gib:.2f} GiB")
+    elif "activation_peak_bytes" in f and weights.bytes is not None and non_torch.bytes is not None:
+        used = weights.bytes + f["activation_peak_bytes"].value + non_torch.bytes + kv.bytes
+        how = (f"(weights + activation peak + non-torch + KV = {used / gib:.2f} GiB) / total "
+               f"{total.bytes / gib:.2f} GiB")
+    else:
+        return None
+    share = used / total.bytes
+    return (share, how) if 0 < share <= 1 else None
+
+
 def _vllm(config: EngineConfig) -> Budget:
     f = config.figures
     total = _part("total", f.get("total_bytes"), "give --total")
@@ -190,9 +215,21 @@ def _vllm(config: EngineConfig) -> Budget:
     actual = _part("cuda_graph", f.get("cuda_graph_bytes"))
     notes = ["graph_actual_unknown"] if actual.bytes is None and estimate.bytes else []
     util_fig = f.get("utilization")
-    util = util_fig.value if util_fig else VLLM_DEFAULT_UTILIZATION
-    util_part = _ratio("utilization", util_fig) if util_fig else Part(
-        "utilization", None, "default", f"vLLM's default gpu_memory_utilization {VLLM_DEFAULT_UTILIZATION}")
+    implied = _implied_utilization(f, total, weights, kv, non_torch)
+    if util_fig is not None:
+        util, util_part = util_fig.value, _ratio("utilization", util_fig)
+        if implied is not None and abs(implied[0] - util_fig.value) > UTILIZATION_TOLERANCE:
+            notes.append("utilization_contradicted")
+    elif implied is not None:
+        # vLLM sizes the KV pool as total × gpu_memory_utilization − the rest: the log's figures say what it was.
+        util = round(implied[0], 3)
+        util_part = Part("utilization", None, "derived", f"{implied[1]} = {util:.3f} (the log does not print "
+                         "gpu_memory_utilization; its own figures imply it)")
+    else:
+        util = VLLM_DEFAULT_UTILIZATION
+        util_part = Part("utilization", None, "default", f"vLLM's default gpu_memory_utilization "
+                         f"{VLLM_DEFAULT_UTILIZATION}, assumed: the log neither prints it nor states the figures "
+                         "that imply it")
     applied_fig = f.get("cuda_graph_estimate_applied")
     version = _version(config.version)
     applied = bool(applied_fig.value) if applied_fig else bool(

@@ -25,6 +25,8 @@ NOTES = {
     "non_torch_in_activation": "the log states no non-torch figure: the derived forward-pass budget includes "
                                "memory outside PyTorch (start vLLM with VLLM_LOGGING_LEVEL=DEBUG to see each part)",
     "graph_actual_unknown": "the CUDA graphs' actual size is not in the log",
+    "utilization_contradicted": "the stated gpu_memory_utilization does not fit the log's own figures (weights, "
+                                "forward pass, non-torch and KV over the total): check which run the log is from",
     "non_torch_unknown": "the log states no memory outside PyTorch (CUDA context, NCCL): the device check takes "
                          "the whole total for the allocator, so it can prove an OOM but not a fit",
     "fragmentation_not_budgeted": "vLLM budgets allocated bytes; the reserved-but-unallocated bytes at each peak "

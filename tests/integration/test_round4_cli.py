@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +26,6 @@ def test_workers_import_this_package_from_a_clone_s_parent_folder(tmp_path: Path
 
 
 def test_every_answer_about_a_file_that_ran_out_of_memory_says_so_first() -> None:
-    import json
     oom = ROOT / "fixtures" / "scenarios" / "oom_live_exhaustion.pickle"
     for command in ("attribute", "peaks"):
         done = subprocess.run([sys.executable, "-m", "snapanalyze", command, str(oom)], capture_output=True, text=True,
@@ -54,3 +54,36 @@ def test_wording_says_what_it_means() -> None:
                            str(ROOT / "fixtures" / "scenarios" / "cuda_graph_pool.pickle")], capture_output=True,
                           text=True)
     assert "((" not in done.stdout and "))" not in done.stdout
+
+
+LOG_LINES = [
+    "(EngineCore_0 pid=41807) DEBUG 09-03 16:28:25 [gpu_worker.py:244] Memory profiling takes 3.10 seconds. Total non "
+    "KV cache memory: 16.45GiB; torch peak memory increase: 2.44GiB; non-torch forward increase memory: 0.41GiB; "
+    "weights memory: 13.60GiB.",
+    "(EngineCore_0 pid=41807) INFO 09-03 16:28:25 [gpu_worker.py:245] Available KV cache memory: 46.88 GiB"]
+
+
+def _budget(tmp_path: Path, lines: list[str]) -> dict[str, object]:
+    log = tmp_path / "vllm.log"
+    log.write_text("\n".join(lines) + "\n")
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "budget",
+                           str(ROOT / "fixtures" / "sweeps" / "vllm_budget" / "run-01.pickle"), "--shape-from", "none",
+                           "--engine-log", str(log), "--total", "80GiB", "--format", "json"],
+                          capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    doc: dict[str, object] = json.loads(done.stdout)
+    return doc
+
+
+def test_budget_derives_the_utilisation_a_log_does_not_print(tmp_path: Path) -> None:
+    """A vLLM log without gpu_memory_utilization: the run used 0.8, which its figures imply (16.45 GiB non-KV +
+    46.88 GiB KV of 80 GiB); the 0.9 default was assumed, and advice given from it."""
+    text = json.dumps(_budget(tmp_path, LOG_LINES))
+    assert '"source": "derived"' in text and "0.792" in text and "its own figures imply it" in text
+    assert "default gpu_memory_utilization 0.9" not in text
+
+
+def test_budget_flags_a_stated_utilisation_its_figures_contradict(tmp_path: Path) -> None:
+    stated = ["INFO 09-03 16:28:10 [utils.py:328] non-default args: {'model': 'm', 'gpu_memory_utilization': 0.95}"]
+    text = json.dumps(_budget(tmp_path, stated + LOG_LINES))
+    assert "utilization_contradicted" in text
