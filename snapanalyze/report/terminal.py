@@ -120,12 +120,17 @@ def render_attribution(result: AttributionResult, top: int, explain: bool, width
     out = [result.source + (f"  ({text.ESTIMATED})" if result.estimate else ""), *oom_lines(result.source, result.ooms)]
     for d in result.devices:
         where = "before the first event" if d.event_index < 0 else f"event {d.event_index:,}"
-        out.append(f"\ndevice {d.device} at the {d.instant} ({where}"
-                   + (f", {units.fmt_time_us(d.time_us)}" if d.time_us else "") + ")")
-        out.append(f"  active {units.fmt_bytes(d.active_bytes)} = {units.fmt_bytes(d.baseline_active_bytes)} "
-                   f"at {d.baseline} + transient {units.fmt_bytes(d.transient_bytes)};"
-                   f" reserved {units.fmt_bytes(d.reserved_bytes)}"
-                   + (f"; made by request {d.request!r}" if d.request else ""))
+        if d.instant == "allocator state":
+            out.append(f"\ndevice {d.device}: the allocator's state (the file holds no trace, so when memory peaked "
+                       "and what rose into a peak cannot be seen; what is live in the state is below)")
+            out.append(f"  active {units.fmt_bytes(d.active_bytes)}; reserved {units.fmt_bytes(d.reserved_bytes)}")
+        else:
+            out.append(f"\ndevice {d.device} at the {d.instant} ({where}"
+                       + (f", {units.fmt_time_us(d.time_us)}" if d.time_us else "") + ")")
+            out.append(f"  active {units.fmt_bytes(d.active_bytes)} = {units.fmt_bytes(d.baseline_active_bytes)} "
+                       f"at {d.baseline} + transient {units.fmt_bytes(d.transient_bytes)};"
+                       f" reserved {units.fmt_bytes(d.reserved_bytes)}"
+                       + (f"; made by request {d.request!r}" if d.request else ""))
         rows = [[c.category, units.fmt_bytes(c.bytes), units.fmt_share(c.share), f"{c.blocks:,}",
                  text.inferred_share(c.inferred_bytes, c.bytes),
                  "; ".join(f"{site_text(site, none=NO_FRAMES)} ({units.fmt_bytes(n)})" for site, n in

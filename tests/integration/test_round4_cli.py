@@ -87,3 +87,40 @@ def test_budget_flags_a_stated_utilisation_its_figures_contradict(tmp_path: Path
     stated = ["INFO 09-03 16:28:10 [utils.py:328] non-default args: {'model': 'm', 'gpu_memory_utilization': 0.95}"]
     text = json.dumps(_budget(tmp_path, stated + LOG_LINES))
     assert "utilization_contradicted" in text
+
+
+def _legacy_state_only(tmp_path: Path) -> Path:
+    """The shipped state-only file with a 1-entry legacy trace, as `summary` calls 'state only'."""
+    import pickle
+    sys.path.insert(0, str(ROOT / "fixtures"))
+    try:
+        from support import read_builtins
+    finally:
+        sys.path.remove(str(ROOT / "fixtures"))
+    snap = read_builtins(ROOT / "fixtures" / "real" / "docubox-state-only.pickle")
+    seg = snap["segments"][0]
+    snap["device_traces"] = [[{"action": "alloc", "addr": seg["address"], "size": seg["blocks"][0]["size"],
+                               "stream": 0, "frames": []}]]
+    path = tmp_path / "state.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    return path
+
+
+def test_a_state_only_file_gets_no_verdict_about_a_peak_that_never_happened(tmp_path: Path) -> None:
+    path = _legacy_state_only(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "attribute", str(path)], capture_output=True,
+                          text=True, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert "the allocator's state (the file holds no trace" in done.stdout
+    assert "global peak" not in done.stdout and "transient" not in done.stdout
+    doc = json.loads(subprocess.run([sys.executable, "-m", "snapanalyze", "attribute", str(path), "--format", "json"],
+                                    capture_output=True, text=True).stdout)
+    assert doc["devices"][0]["instant"] == "allocator state"
+    report = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "report", str(path), "-o", str(report)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    import html
+    text = html.unescape(report.read_text())
+    assert "holds the allocator's state but no trace" in text
+    assert "made the difference" not in text and "To lower the peak" not in text

@@ -22,6 +22,8 @@ from ...units import fmt_time_us
 from ..peaks import find_peaks, global_peak_index
 from ..requests import event_requests, request_at
 
+STATE = "allocator state"     # the instant of a file without a trace: what its state shows, at no known time
+
 
 def choose_instant(timeline: Timeline, device: int, at: str | int) -> tuple[int, str]:
     """The event index of `at` on a device and its label (see the package docstring for the forms; an int is
@@ -37,6 +39,8 @@ def choose_instant(timeline: Timeline, device: int, at: str | int) -> tuple[int,
     kind, _, arg = str(at).partition(":")
     try:
         if kind == "peak" and not arg:
+            if len(dt) <= 1:                  # the state alone (no trace, or a 1-entry legacy one): no peak to find
+                return len(dt) - 1, STATE
             return global_peak_index(dt), "global peak"
         if kind == "peak":
             n = int(arg)

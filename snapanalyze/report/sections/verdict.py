@@ -142,7 +142,7 @@ def _peak_headline(report: Report, view: RankView, device: int) -> tuple[str, st
         return text + ".", None, False
     live = _live(view, device, index, rest=False, owners=True)
     label = view.main(device).label
-    if not len(dt):                           # a state without a trace: no peak, time or failure can be seen
+    if len(dt) <= 1:                          # a state without a trace (or a 1-entry legacy one): no peak, no time
         return (f"The file holds the allocator's state but no trace: {fmt_bytes(active)} live on "
                 f"{view.where(device)} ({fmt_bytes(reserved)} reserved): {live.text()}; when it peaked and whether "
                 "an allocation failed cannot be seen without a trace."), None, live.inferred
@@ -279,7 +279,7 @@ def verdict_section(report: Report) -> Section | None:
     if engine is not None and ooms:
         advice = oom_text.advice(ooms[0].verdict, engine.name, ooms[0].view.redactor.site_path)[:2]
         title = "What would have helped"
-    elif engine is not None and peaks:
+    elif engine is not None and [p for p in peaks if len(p[0].timeline[p[1]]) > 1]:   # a state alone has no peak
         device_live = [r["category"] for v, d in peaks if v is view
                        for r in category_rows(v, d, v.main(d).event_index) if r["bytes"] > 0]
         kept = [v.kept[d] for v, d in peaks if v is view and d in v.kept]
