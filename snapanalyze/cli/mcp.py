@@ -130,6 +130,11 @@ def build_server(roots: tuple[str, ...], max_chars: int = 60_000, timeout: float
         "then attribute the peak; explain_oom says why an allocation failed. Paths must lie under: "
         + ", ".join(str(r) for r in box.roots)))
 
+    def analysed(source: list[str] | None, rules: str | None) -> tuple[Any, ...]:
+        """--source DIR … and --rules FILE, each a path under the roots: what changes an attribution's answer."""
+        return (*(x for d in source or [] for x in ("--source", box.path(d))),
+                *(("--rules", box.path(rules)) if rules is not None else ()))
+
     @server.tool()
     def summary(path: str, rank: int | None = None, tag: str | None = None) -> dict[str, Any]:
         """What a snapshot (or each rank of a run directory) holds: format, torch version, devices, events."""
@@ -144,39 +149,53 @@ def build_server(roots: tuple[str, ...], max_chars: int = 60_000, timeout: float
 
     @server.tool()
     def attribute(path: str, at: str = "peak", phase: str | None = None, device: int | None = None,
-                  top: int = 3, rank: int | None = None, tag: str | None = None) -> dict[str, Any]:
+                  top: int = 3, rank: int | None = None, tag: str | None = None, source: list[str] | None = None,
+                  rules: str | None = None, explain: bool = False) -> dict[str, Any]:
         """Every live byte at an instant (at: peak, peak:N, event:I, time:T; or the peak of a phase) by
         category, with the allocation sites that hold the most; categories sum exactly to the active bytes.
-        kept_across_step: forward-pass tensors a training loop kept across optimizer steps (a leak)."""
+        Returns {source, estimate, ooms (the file's failed allocations: see explain_oom), devices: [{instant,
+        active_bytes, reserved_bytes, categories: [{category, bytes, share, inferred_bytes, top_frames}],
+        kept_across_step (forward-pass tensors a training loop kept across optimizer steps)}], notes, rules}.
+        source: folders of the program's checkout (under the roots), which resolve its frames to Class.method
+        and tell an MLP's Linear from an attention one; rules: a TOML file of your own rules; explain: the rule
+        that decided each byte."""
         instant = ("--phase", phase) if phase is not None else ("--at", at)
         return box.run("attribute", box.path(path), *instant, "--top", top, *_option("--device", device),
-                       *_option("--rank", rank), *_option("--tag", tag))
+                       *_option("--rank", rank), *_option("--tag", tag), *analysed(source, rules),
+                       *(("--explain",) if explain else ()))
 
     @server.tool()
-    def explain_oom(path: str, rank: int | None = None, tag: str | None = None) -> dict[str, Any]:
+    def explain_oom(path: str, rank: int | None = None, tag: str | None = None, source: list[str] | None = None,
+                    rules: str | None = None) -> dict[str, Any]:
         """Why each allocation failed (fragmentation, live exhaustion, pressure from outside the allocator),
         the allocation that failed and the code that asked for it, forward-pass tensors a training loop kept
-        across optimizer steps (kept_across_step), and what would have helped."""
-        return box.run("explain-oom", box.path(path), *_option("--rank", rank), *_option("--tag", tag))
+        across optimizer steps (kept_across_step), and what would have helped; without a failure, how far the
+        peak stayed from the device's capacity. source, rules: as for attribute."""
+        return box.run("explain-oom", box.path(path), *_option("--rank", rank), *_option("--tag", tag),
+                       *analysed(source, rules))
 
     @server.tool()
     def phases(path: str, device: int | None = None, rank: int | None = None,
-               tag: str | None = None) -> dict[str, Any]:
+               tag: str | None = None, source: list[str] | None = None, rules: str | None = None) -> dict[str, Any]:
         """Per phase or request span: active bytes before, at the peak and after, and the transient (peak over
-        the phase's start), with the categories allocated inside it."""
+        the phase's start), with the categories allocated inside it. source, rules: as for attribute."""
         return box.run("phases", box.path(path), *_option("--device", device), *_option("--rank", rank),
-                       *_option("--tag", tag))
+                       *_option("--tag", tag), *analysed(source, rules))
 
     @server.tool()
-    def ranks(run: str, tag: str | None = None) -> dict[str, Any]:
-        """Every rank of a run directory at its peak, the median rank, and the outliers with the categories
-        that make their difference."""
-        return box.run("ranks", box.path(run), *_option("--tag", tag))
+    def ranks(path: str, tag: str | None = None, source: list[str] | None = None,
+              rules: str | None = None) -> dict[str, Any]:
+        """Every rank of a run directory (path) at its peak, the median rank, and the outliers with the
+        categories that make their difference. source, rules: as for attribute."""
+        return box.run("ranks", box.path(path), *_option("--tag", tag), *analysed(source, rules))
 
     @server.tool()
-    def diff(a: str, b: str, phase: str | None = None, device: int | None = None) -> dict[str, Any]:
-        """B against A: peaks aligned, bytes per category and the stacks that grew, shrank, appeared or vanished."""
-        return box.run("diff", box.path(a), box.path(b), *_option("--phase", phase), *_option("--device", device))
+    def diff(a: str, b: str, phase: str | None = None, device: int | None = None, source: list[str] | None = None,
+             rules: str | None = None) -> dict[str, Any]:
+        """B against A: peaks aligned, bytes per category and the stacks that grew, shrank, appeared or vanished.
+        source, rules: as for attribute."""
+        return box.run("diff", box.path(a), box.path(b), *_option("--phase", phase), *_option("--device", device),
+                       *analysed(source, rules))
 
     @server.tool()
     def check(path: str, budget: str | None = None, max_transient: str | None = None, phase: str | None = None,

@@ -55,7 +55,7 @@ def test_every_tool_answers_with_its_commands_document(tmp_path: Path) -> None:
         ("summary", {"path": str(SCENARIO)}),
         ("attribute", {"path": str(SCENARIO), "top": 2}),
         ("explain_oom", {"path": str(SCENARIO)}),
-        ("ranks", {"run": str(RUN)}),
+        ("ranks", {"path": str(RUN)}),
         ("check", {"path": str(SCENARIO), "budget": "10GiB"}),
         ("whatif", {"path": str(SCENARIO), "settings": ["expandable_segments:True"]}),
         ("summary", {"path": str(outside)}),

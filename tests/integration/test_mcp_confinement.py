@@ -56,3 +56,20 @@ def test_an_argument_no_command_takes_is_a_one_line_error(tmp_path: Path) -> Non
                                   ("attribute", {"path": str(tmp_path / "mine.pickle"), "at": "x" * 5000})])
     assert nul.is_error and "NUL byte" in _text(nul) and "\n" not in _text(nul).strip()
     assert long.is_error and "over 4,096" in _text(long) and len(_text(long)) < 400
+
+
+def test_attribute_takes_the_source_its_notes_ask_for(tmp_path: Path) -> None:
+    """attribute's notes tell the agent to pass the program's source: the tool takes it (issue 50, item 7), and
+    with it the frames resolve to Class.method; ranks takes `path` as every other tool does."""
+    import json
+    root = Path(__file__).resolve().parents[2] / "fixtures"
+    real = root / "real" / "cs336-medium-ctx128-inference-t2.11.pickle"
+    source = root / "real" / "source" / "cs336-medium-ctx128-inference-t2.11"
+    without, with_source, ranks = _calls(root, [
+        ("attribute", {"path": str(real)}), ("attribute", {"path": str(real), "source": [str(source)]}),
+        ("ranks", {"path": str(root / "runs" / "tp2_vision_encoder")})])
+    assert not without.is_error and not with_source.is_error and not ranks.is_error, _text(ranks)
+    plain, resolved = json.loads(_text(without)), json.loads(_text(with_source))
+    assert any("--source" in note for note in plain["notes"])
+    assert not any("--source DIR" in note for note in resolved["notes"])
+    assert json.dumps(resolved) != json.dumps(plain)
