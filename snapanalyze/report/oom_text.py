@@ -27,7 +27,7 @@ from ..errors import RulesError
 from ..sites import PathText, site_text
 from ..stacks import short_path
 from ..units import fmt_bytes as _fmt
-from ..units import fmt_count
+from ..units import fmt_count, fmt_share
 
 MiB = 1 << 20
 
@@ -116,12 +116,23 @@ def category_advice(category: str, engine: str = "pytorch") -> str:
     return str(table["pytorch"]["categories"].get(category, _entry(engine, "chunk")))
 
 
-def peak_advice(category: str | None, engine: str = "pytorch", live: Sequence[str] = ()) -> list[str]:
+ADVICE_SHARE = 0.05     # advice about a category holding less of the peak than this is left out
+
+
+def peak_advice(category: str | None, engine: str = "pytorch", live: Mapping[str, int] | Sequence[str] = (),
+                total: int = 0) -> list[str]:
     """What would lower a peak that `category` made (None: no category rose), then the advice for the
-    categories the engine always advises on (`also`) among `live`, each once."""
+    categories the engine always advises on (`also`) among `live` (category → its bytes at the peak), ranked by
+    the bytes each could save and left out below ADVICE_SHARE of the peak (`total` bytes), each with its bytes."""
+    sizes = dict(live) if isinstance(live, Mapping) else {c: 0 for c in live}
     names = [category] if category else []
-    names += [c for c in _entry(engine, "also") if c in live and c not in names]
-    return [f"for {name}, {category_advice(name, engine)}" for name in names]
+    names += sorted((c for c in _entry(engine, "also") if c in sizes and c not in names),
+                    key=lambda c: -sizes[c])
+    if total > 0:
+        names = [n for n in names if sizes.get(n, 0) >= ADVICE_SHARE * total]
+    return [f"for {name}" + (f" ({fmt_bytes(sizes[name])}, {fmt_share(sizes[name] / total)} of the peak)"
+                             if total > 0 and sizes.get(name) else "")
+            + f", {category_advice(name, engine)}" for name in names]
 
 
 def _one(a: Advice, engine: str, request: int = 0, path: PathText = short_path) -> str:

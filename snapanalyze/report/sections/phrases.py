@@ -141,12 +141,19 @@ class _Live:
         return f"only {self.held}" if self.held else "nothing"
 
 
+ROSE_SHARE = 0.05       # what "rose into" a peak (and "made the difference") must reach of the live bytes
+
+
 def _live(view: RankView, device: int, index: int, top: int = 1, rest: bool = True, owners: bool = False) -> _Live:
     """`_Live` at `index` of `device`: the `top` categories that rose (then, with `rest`, the others as
     "N more"), on top of the categories that stay (`RuleSet.persistent`); with `owners`, the code that made most of a
     category named `other` or inferred."""
     rows = [r for r in category_rows(view, device, index) if r["bytes"] > 0]
-    transient = [r for r in rows if r["category"] not in view.rules.persistent]
+    total = sum(r["bytes"] for r in rows)
+    # Categories not of the persistent kind, most risen first: bytes allocated inside the window (what was live
+    # when it began is resident across iterations, not what made this instant).
+    transient = sorted((r for r in rows if r["category"] not in view.rules.persistent),
+                       key=lambda r: -r.get("rose", r["bytes"]))
     persistent = [r for r in rows if r["category"] in view.rules.persistent]
     named = transient if rest and len(transient) <= top + 1 else transient[:top]
     others = transient[len(named):] if rest else []
@@ -154,8 +161,11 @@ def _live(view: RankView, device: int, index: int, top: int = 1, rest: bool = Tr
     if others:
         parts.append(f"{len(others)} more categor{'y' if len(others) == 1 else 'ies'} "
                      f"({fmt_bytes(sum(r['bytes'] for r in others))})")
+    # What made the difference rose into the instant by at least ROSE_SHARE of what is live (not a 15 MiB site
+    # at a 10 GiB peak, not data resident since before the window); else nothing is said to have made it.
+    owner = named[0] if named and named[0].get("rose", named[0]["bytes"]) >= ROSE_SHARE * total else None
     return _Live(_join(parts), _held(persistent) if persistent else "",
-                 str(named[0]["category"]) if named else None,
+                 str(owner["category"]) if owner is not None else None,
                  any(r["inferred"] for r in named + persistent))
 
 

@@ -280,11 +280,14 @@ def verdict_section(report: Report) -> Section | None:
         advice = oom_text.advice(ooms[0].verdict, engine.name, ooms[0].view.redactor.site_path)[:2]
         title = "What would have helped"
     elif engine is not None and [p for p in peaks if len(p[0].timeline[p[1]]) > 1]:   # a state alone has no peak
-        device_live = [r["category"] for v, d in peaks if v is view
-                       for r in category_rows(v, d, v.main(d).event_index) if r["bytes"] > 0]
+        device_live: dict[str, int] = {}
+        for v, d in peaks:
+            if v is view:
+                for r in category_rows(v, d, v.main(d).event_index):
+                    device_live[r["category"]] = device_live.get(r["category"], 0) + int(r["bytes"])
         kept = [v.kept[d] for v, d in peaks if v is view and d in v.kept]
         advice = [oom_text.kept_words(k, "at the peak", view.redactor.site_path) for k in kept[:1]]
-        advice += oom_text.peak_advice(owner, engine.name, device_live)
+        advice += oom_text.peak_advice(owner, engine.name, device_live, sum(device_live.values()))
         title = "To lower the peak"
     details: list[str] = []
     for v, device in peaks:

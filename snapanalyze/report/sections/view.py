@@ -27,13 +27,17 @@ def category_rows(view: RankView, device: int, event_index: int) -> list[dict[st
                              "size": owned["size"].to_numpy()}).groupby(["category", "owner"], sort=False)["size"].sum()
     top_owner = by_owner.sort_values(ascending=False, kind="stable").groupby(level=0, sort=False).head(1)
     owners = {cat: (sites[int(owner)], int(n)) for (cat, owner), n in top_owner.items()}
+    # What rose into the instant: each category's bytes allocated inside the trace window (the rest was live when
+    # it began: resident across iterations, not what made this peak).
+    rose = blocks[blocks["alloc_index"] >= 0].groupby("category", observed=True)["size"].sum().to_dict()
     site = view.redactor.site
     known = list(view.rules.categories)
     return [{"category": c.category, "bytes": c.bytes, "share": c.share, "blocks": c.blocks,
              "inferred": c.inferred_bytes, "color": plots.category_color(c.category, known),
              "sites": [(site(s), n) for s, n in zip(c.top_frames, c.top_frame_bytes)],
              "owner": site(owners[c.category][0]) if c.category in owners else "",
-             "owner_bytes": owners[c.category][1] if c.category in owners else 0}
+             "owner_bytes": owners[c.category][1] if c.category in owners else 0,
+             "rose": int(rose.get(c.category, 0))}
             for c in attribution.shares(device)]
 
 
