@@ -24,7 +24,9 @@ DataFrame columns:
 - `Diff.stacks`: device, stack (12 hex digits of the frames' hash), status (new | vanished | grew |
   shrank | same), category_a, category_b, site (deciding frame of the largest block, from B when present),
   frames (Python frames "file:function", innermost first, up to 8), bytes_a, bytes_b, delta_bytes,
-  transient_bytes_a/_b, blocks_a, blocks_b; then what `site` and `frames` show, as values a renderer labels
+  transient_bytes_a/_b, blocks_a, blocks_b, matched ("stack": the same frames, files and functions; "site": a
+  stack new in B paired with one vanished from A that share their site and category — the program's script
+  moved — a fuzzy match said as such); then what `site` and `frames` show, as values a renderer labels
   (`REF_COLUMNS`): site_ref (a `sites.Site`, None: no frames) and frame_refs (a tuple of Sites, or of the one
   text "(no Python frames)" / "(no frames)").
 """
@@ -56,7 +58,7 @@ CATEGORY_COLUMNS = ["device", "category", "bytes_a", "bytes_b", "delta_bytes", "
                     "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b", "inferred_bytes_a",
                     "inferred_bytes_b"]
 STACK_COLUMNS = ["device", "stack", "status", "category_a", "category_b", "site", "frames", "bytes_a", "bytes_b",
-                 "delta_bytes", "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b"]
+                 "delta_bytes", "transient_bytes_a", "transient_bytes_b", "blocks_a", "blocks_b", "matched"]
 REF_COLUMNS = ["site_ref", "frame_refs"]
 MAX_FRAMES = 8
 
@@ -96,8 +98,16 @@ class Diff:
 
 
 def stack_identity(snapshot: Snapshot, stack_id: int) -> tuple[tuple[str, str], ...]:
-    """A stack as (filename, function) pairs, innermost first: comparable across files, lines ignored."""
-    return tuple((filename, name) for filename, _, name in snapshot.stack(stack_id))
+    """A stack as (filename, function) pairs, innermost first: comparable across files, lines ignored, an installed
+    package's files by their path inside site-packages (two environments install torch in different places)."""
+    return tuple((_package_path(filename), name) for filename, _, name in snapshot.stack(stack_id))
+
+
+def _package_path(filename: str) -> str:
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in filename:
+            return filename.rsplit(marker, 1)[1]
+    return filename
 
 
 def stack_key(identity: tuple[tuple[str, str], ...]) -> str:
@@ -186,8 +196,38 @@ def _stack_table(device: int, a: pd.DataFrame, b: pd.DataFrame, rules: RuleSet) 
                      "transient_bytes_b": rb["transient"] if rb else 0,
                      "blocks_a": ra["blocks"] if ra else 0, "blocks_b": rb["blocks"] if rb else 0,
                      "site_ref": site, "frame_refs": frames})
+    rows = _paired_by_site(rows)
     rows.sort(key=lambda r: (-abs(r["delta_bytes"]), -max(r["bytes_a"], r["bytes_b"]), r["stack"]))
     return rows
+
+
+def _paired_by_site(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stack new in B and one vanished from A that a reader sees as one site — the same deciding frame (file
+    and function, lines aside) and category — are one stack whose callers changed (the program's script moved its
+    lines or functions): paired, largest with largest, as grew / shrank / same, marked `matched: "site"` (a match
+    that needed fuzziness says so); exact matches are `matched: "stack"`."""
+    def key(r: dict[str, Any]) -> tuple[Any, ...] | None:
+        site = r["site_ref"]
+        if site is None:
+            return None
+        return (_package_path(site.filename), site.name, r["category_a"] or r["category_b"])
+    for r in rows:
+        r["matched"] = "stack"
+    new = [r for r in rows if r["status"] == "new" and key(r) is not None]
+    gone = [r for r in rows if r["status"] == "vanished" and key(r) is not None]
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for k in {key(r) for r in new} & {key(r) for r in gone}:
+        bs = sorted((r for r in new if key(r) == k), key=lambda r: -r["bytes_b"])
+        as_ = sorted((r for r in gone if key(r) == k), key=lambda r: -r["bytes_a"])
+        pairs += list(zip(as_, bs))
+    paired = {id(r) for pair in pairs for r in pair}
+    out = [r for r in rows if id(r) not in paired]
+    for ra, rb in pairs:
+        ba, bb = ra["bytes_a"], rb["bytes_b"]
+        out.append({**rb, "status": "grew" if bb > ba else "shrank" if bb < ba else "same",
+                    "category_a": ra["category_a"], "bytes_a": ba, "delta_bytes": bb - ba,
+                    "transient_bytes_a": ra["transient_bytes_a"], "blocks_a": ra["blocks_a"], "matched": "site"})
+    return out
 
 
 def _peak_row(device: int, scope: str, phase: str | None, pa: WindowPeak, pb: WindowPeak) -> dict[str, Any]:

@@ -85,6 +85,7 @@ class StackDiff:
     b_transient_bytes: int
     a_blocks: int
     b_blocks: int
+    matched: str = "stack"             # "stack": the same frames; "site": the same site, other callers (fuzzy)
 
     def labels(self, path: PathText = short_path) -> tuple[str, tuple[str, ...]]:
         """(site, frames) as text, each file shown by `path`."""
@@ -148,10 +149,20 @@ def diff_result(d: Diff, everything: bool = False) -> DiffResult:
         stacks=tuple(StackDiff(int(r.device), r.stack, r.status, plain(r.category_a, nan_as_none=True),
                                plain(r.category_b, nan_as_none=True), r.site_ref, tuple(r.frame_refs), int(r.bytes_a),
                                int(r.bytes_b), int(r.delta_bytes), int(r.transient_bytes_a),
-                               int(r.transient_bytes_b), int(r.blocks_a), int(r.blocks_b))
+                               int(r.transient_bytes_b), int(r.blocks_a), int(r.blocks_b),
+                               str(getattr(r, "matched", "stack")))
                      for r in stacks.itertuples()),
         counts=StackCounts(*(int((d.stacks["status"] == s).sum()) for s in STATUSES)),
-        notes=(*_estimates(d), *d.notes))
+        notes=(*_estimates(d), *_fuzzy(d), *d.notes))
+
+
+def _fuzzy(d: Diff) -> tuple[str, ...]:
+    """How many stacks were matched by their site alone (a fuzzy match, said as such)."""
+    n = int((d.stacks["matched"] == "site").sum()) if "matched" in d.stacks.columns else 0
+    if not n:
+        return ()
+    return (f"{n:,} stack{'s' if n != 1 else ''} matched by {'their' if n != 1 else 'its'} site alone: the same code "
+            "and category, other frames above it (the program's own script changed): a fuzzy match",)
 
 
 def _estimates(d: Diff) -> tuple[str, ...]:

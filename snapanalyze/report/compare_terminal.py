@@ -63,11 +63,14 @@ def render_diff(d: DiffResult, top: int = 15, width: int | None = None) -> str:
         if shown:
             out.append(text.table(
                 ["status", "Δ", "A", "B", "category", "site"],
-                [[s.status, _signed(s.delta_bytes), units.fmt_bytes(s.a_bytes), units.fmt_bytes(s.b_bytes),
-                  s.category_b or s.category_a or "", s.labels()[0]] for s in shown],
+                [[s.status + ("*" if s.matched == "site" else ""), _signed(s.delta_bytes), units.fmt_bytes(s.a_bytes),
+                  units.fmt_bytes(s.b_bytes), s.category_b or s.category_a or "", s.labels()[0]] for s in shown],
                 right=[False, True, True, True, False, False], width=width))
             if len(d.stacks) > top:
                 out.append(f"… {len(d.stacks) - top} more (--top, or --format json)")
+            if any(s.matched == "site" for s in shown):
+                out.append("* matched by its site (the same code and category; the stacks above it differ, as when "
+                           "the program's own script moved): a fuzzy match")
     for note in d.notes:
         out.append(f"note: {note}")
     return "\n".join(out)

@@ -137,3 +137,32 @@ def test_advice_fits_the_numbers_it_is_given_for() -> None:
     assert not any("optimizer_state" in a for a in advice)
     big = peak_advice(None, "pytorch", {"optimizer_state": 3 * gib, "mlp": 5 * gib}, 10 * gib)
     assert any(a.startswith("for optimizer_state (3.00 GiB, 30.0% of the peak)") for a in big) or big == []
+
+
+def test_diff_matches_a_site_whose_callers_moved(tmp_path: Path) -> None:
+    """The program's script changed (every stack now passes through a new run() in its own file): a site was
+    called both new and vanished ('5 new, 5 vanished'); it is matched by what the user sees, and the match says
+    it needed fuzziness."""
+    import pickle
+    sys.path.insert(0, str(ROOT / "fixtures"))
+    try:
+        from support import read_builtins
+    finally:
+        sys.path.remove(str(ROOT / "fixtures"))
+    before = ROOT / "fixtures" / "sweeps" / "logits_float_fix" / "before.pickle"
+    snap = read_builtins(before)
+    extra = {"filename": "/home/me/srv/eval/run.py", "line": 10, "name": "run"}
+    seen: set[int] = set()
+    for frames in [e.get("frames") for t in snap["device_traces"] for e in t] + \
+            [b.get("frames") for seg in snap["segments"] for b in seg["blocks"]]:
+        if frames and id(frames) not in seen:
+            seen.add(id(frames))
+            frames.append(extra)
+    moved = tmp_path / "moved.pickle"
+    moved.write_bytes(pickle.dumps(snap))
+    doc = json.loads(subprocess.run([sys.executable, "-m", "snapanalyze", "diff", str(before), str(moved), "--format",
+                                     "json", "--all"], capture_output=True, text=True).stdout)
+    statuses = {s["status"] for s in doc["stacks"]}
+    assert "new" not in statuses and "vanished" not in statuses
+    assert any(s["matched"] == "site" for s in doc["stacks"])
+    assert any("matched by their site alone" in n and "fuzzy" in n for n in doc["notes"])
