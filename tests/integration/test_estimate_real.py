@@ -1,7 +1,7 @@
 """The estimate against real GPU snapshots (`tools/estimate_check.py`, `make estimate-check`): the cs336 programs of
 `fixtures/real` estimated at their own shapes, with fake tensors, give their real peak active and reserved bytes
-within ±5 % and `attribute`'s bytes per category at the peak within ±10 %, except where this test names the
-known miss (each named one is asserted to be still a miss, so that a fix is seen and the exception removed).
+within ±5 % and `attribute`'s bytes per category at the peak within ±10 % (a miss named in KNOWN is asserted to
+be still one, so that a fix is seen and the exception removed).
 Needs the programs' imports (einops, einx, jaxtyping: CI installs them)."""
 
 from __future__ import annotations
@@ -21,14 +21,9 @@ import estimate_check  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-# Known misses, each with its cause (the closing note of issue 47 lists them):
-KNOWN = {
-    # attribute reads 0.54 GiB of 8 MiB bf16 autocast casts as copies of the same-sized w1/w3 weights in the estimate
-    # and as the SwiGLU's input (MLP activations) in the real file: the same bytes (the peak is exact), another
-    # category; the C++ frames the capture writes for an autocast cast are not yet the GPU's.
-    ("cs336-medium-ctx1024-training-t2.11", "weights"),
-    ("cs336-medium-ctx1024-training-t2.11", "mlp"),
-}
+# Known misses, each with its cause (none now: an autocast cast of an activation is recorded under
+# at::autocast::cached_cast as on CUDA, so the training step's 8 MiB casts read as the GPU file's do).
+KNOWN: set[tuple[str, str]] = set()
 
 
 @pytest.mark.parametrize("case", estimate_check.CASES, ids=[c[0] for c in estimate_check.CASES])

@@ -40,6 +40,7 @@ _DROPOUT_AT = {_SDPA: 4, _MHA: 10}            # the position of dropout_p
 _F_DROPOUT = torch.nn.functional.dropout
 _DEVICE_GET, _IS_CUDA_GET = torch.Tensor.device.__get__, torch.Tensor.is_cuda.__get__  # type: ignore[attr-defined]
 _CUDA0 = torch.device("cuda", 0)
+_EXPLICIT_CASTS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "_to_copy"})
 
 
 def _as_on_cuda(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -186,7 +187,11 @@ class AllocMode(TorchDispatchMode):
             on_device = False
         else:
             on_device = (not inputs and cap.default_device) or any(cap.is_device(t) for t in inputs)
-        autocast = func is _TO_COPY and bool(inputs) and bool(cap._autocast) and _is_parameter(cap, inputs[0])
+        # autocast's own cast (not the program's .to()): CUDA records it under at::autocast::cached_cast, of a
+        # parameter (a weight copy, cached) or of an activation alike
+        cast = func is _TO_COPY and bool(inputs) and bool(cap._autocast) and \
+            (not cap._functions or cap._functions[-1] not in _EXPLICIT_CASTS)
+        autocast = cast and _is_parameter(cap, inputs[0])
         out = func(*args, **kwargs)
         if not on_device:
             return out
@@ -206,7 +211,7 @@ class AllocMode(TorchDispatchMode):
             elif int(st.nbytes()) != hit[0].size:
                 cap.resize(key, st, t, name, sys._getframe(0))
         if new:
-            cap.allocate(new, name, sys._getframe(0), factory=not inputs, autocast=autocast)
+            cap.allocate(new, name, sys._getframe(0), factory=not inputs, autocast=autocast, cast=cast)
         if name.split(".")[1] in _SOFTMAX and isinstance(out, torch.Tensor):
             cap.softmax(out)
         return out

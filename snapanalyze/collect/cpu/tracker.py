@@ -461,10 +461,11 @@ class CpuCapture:
         return False
 
     def allocate(self, storages: list[tuple[Any, Any]], op: str, frame: Any, *, factory: bool,
-                 autocast: bool) -> None:
+                 autocast: bool, cast: bool = False) -> None:
         """New device storages an op made, each with the first tensor made on it (its caller's frame: `frame`):
         place each as a block and record its entries; then, at a thread's first matrix multiply, its cuBLAS
-        workspace."""
+        workspace. `autocast`: autocast's copy of a parameter (a role); `cast`: any cast autocast made (its C++
+        frames, as CUDA records them)."""
         assert self.reader is not None
         self._drain()
         torch = _torch()
@@ -487,7 +488,8 @@ class CpuCapture:
             if self.stacks_kind == "python":
                 return self.stack_id(recorded)
             return self.stack_id(cpp_frames(recorded, op=op, function=function, node=ctx.node or None,
-                                            python_node=python_node, workspace=workspace, autocast=autocast,
+                                            python_node=python_node, workspace=workspace,
+                                            autocast=autocast or cast,
                                             sdpa_math=sdpa_math))
         for st, t in storages:
             key = st._cdata
