@@ -192,8 +192,13 @@ class DevicePeaks:
         peaks = [asdict(p) for p in self.peaks]
         return {"device": self.device, "baseline_active_bytes": self.baseline_active_bytes,
                 "baseline_reserved_bytes": self.baseline_reserved_bytes, "events": self.events,
-                "window_us": self.window_us, "first_time_us": self.first_time_us,
+                "window_us": self.window_us, "first_time_us": self.first_time_us, "state_only": self.state_only,
                 "peak": peaks[0], "peaks": peaks}
+
+    @property
+    def state_only(self) -> bool:
+        """The allocator's state without a trace (or with a 1-entry legacy one): no peak can be found in it."""
+        return self.events <= 1
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,13 @@ def render_peaks(result: Peaks, width: int | None = None) -> str:
 
 
 def _peaks_of(d: DevicePeaks, label: str, width: int | None) -> list[str]:
+    if d.state_only:
+        last = d.peaks[0] if d.peaks else None
+        live = (f"{units.fmt_bytes(last.active_bytes)} active, {units.fmt_bytes(last.reserved_bytes)} reserved"
+                if last is not None else f"{units.fmt_bytes(d.baseline_active_bytes)} active, "
+                f"{units.fmt_bytes(d.baseline_reserved_bytes)} reserved")
+        trace = ", no trace" if not d.events else " and a 1-entry legacy trace"
+        return [f"\n{label}: the allocator's state{trace}: no peak can be found in it; live in the state: {live}"]
     window = units.fmt_duration_us(d.window_us)
     out = [f"\n{label}: {d.events:,} events"
            + (f" over {window}" if d.window_us is not None else " (no timestamps)")

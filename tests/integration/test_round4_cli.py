@@ -116,6 +116,13 @@ def test_a_state_only_file_gets_no_verdict_about_a_peak_that_never_happened(tmp_
     doc = json.loads(subprocess.run([sys.executable, "-m", "snapanalyze", "attribute", str(path), "--format", "json"],
                                     capture_output=True, text=True).stdout)
     assert doc["devices"][0]["instant"] == "allocator state"
+    peaks = subprocess.run([sys.executable, "-m", "snapanalyze", "peaks", str(path)], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": "200"}).stdout
+    assert "the allocator's state and a 1-entry legacy trace: no peak can be found in it" in peaks
+    assert "transient" not in peaks.split("active =")[0]
+    doc = json.loads(subprocess.run([sys.executable, "-m", "snapanalyze", "peaks", str(path), "--format", "json"],
+                                    capture_output=True, text=True).stdout)
+    assert doc["devices"][0]["state_only"] is True
     report = tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-m", "snapanalyze", "report", str(path), "-o", str(report)],
                           capture_output=True, text=True)
