@@ -214,6 +214,12 @@ def _vllm(config: EngineConfig) -> Budget:
     estimate = _part("cuda_graph_estimate", f.get("cuda_graph_estimate_bytes"))
     actual = _part("cuda_graph", f.get("cuda_graph_bytes"))
     notes = ["graph_actual_unknown"] if actual.bytes is None and estimate.bytes else []
+    if kv.bytes is not None and kv.bytes < 0:
+        # vLLM logs a negative KV figure when nothing is left for the pool (and then refuses to start): a figure
+        # that says the budget failed, never bytes to budget with
+        kv = Part("kv_cache", None, "log", f"{kv.detail} — negative: the engine found no room for a KV pool "
+                  "(vLLM stops there: 'No available memory for the cache blocks')")
+        notes.append("kv_negative")
     util_fig = f.get("utilization")
     implied = _implied_utilization(f, total, weights, kv, non_torch)
     if util_fig is not None:

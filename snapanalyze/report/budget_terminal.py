@@ -25,6 +25,8 @@ NOTES = {
     "non_torch_in_activation": "the log states no non-torch figure: the derived forward-pass budget includes "
                                "memory outside PyTorch (start vLLM with VLLM_LOGGING_LEVEL=DEBUG to see each part)",
     "graph_actual_unknown": "the CUDA graphs' actual size is not in the log",
+    "kv_negative": "the log's KV cache figure is negative: no memory was left for the KV pool at this setting, "
+                   "so the engine did not start; nothing is budgeted from it",
     "utilization_contradicted": "the stated gpu_memory_utilization does not fit the log's own figures (weights, "
                                 "forward pass, non-torch and KV over the total): check which run the log is from",
     "non_torch_unknown": "the log states no memory outside PyTorch (CUDA context, NCCL): the device check takes "

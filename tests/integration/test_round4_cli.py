@@ -173,3 +173,14 @@ def test_diff_matches_a_site_whose_callers_moved(tmp_path: Path) -> None:
     assert "new" not in statuses and "vanished" not in statuses
     assert any(s["matched"] == "site" for s in doc["stacks"])
     assert any("matched by their site alone" in n and "fuzzy" in n for n in doc["notes"])
+
+
+def test_a_negative_kv_figure_is_named_not_budgeted(tmp_path: Path) -> None:
+    """vLLM logs a negative 'Available KV cache memory' when nothing is left for the pool: a failed budget, never
+    negative bytes (issue 49, item 8)."""
+    lines = [LOG_LINES[0], "(EngineCore_0 pid=41807) INFO 09-03 16:28:25 [gpu_worker.py:245] Available KV cache "
+             "memory: -4.50 GiB"]
+    doc = _budget(tmp_path, lines)
+    text = json.dumps(doc)
+    assert "kv_negative" in text
+    assert "-4831838208" not in text and "-4.5" not in text.replace("-4.50 GiB", "")
