@@ -426,7 +426,8 @@ def _settings(budget: Budget, cap: Capacity | None, shapes: list[ShapeCheck], li
         kv_after, tokens_after = _kv_after(budget, 0)
         out.append(Setting(knob, current, float(limit.max_x), int(need), basis, kv_after, tokens_after, limit,
                            cap.driver))
-    return out
+    # A setting that would leave no KV pool (or a share at or below zero) fits nothing: it is not advised.
+    return [s for s in out if s.value > 0 and (s.kv_bytes_after is None or s.kv_bytes_after > 0)]
 
 
 def check_budget(budget: Budget, sweep: Sweep, cap: Capacity | None = None) -> BudgetCheck:

@@ -543,6 +543,8 @@ def _plain(value: Any, depth: int = 0) -> Any:
     """A JSON-like copy of untrusted settings: bounded depth and size, strings cleaned, other objects named."""
     if isinstance(value, str):
         return clean_text(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 1 << 64:
+        return f"<{described(value)}>"      # printing or serialising it would fail: no setting is that large
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if depth >= MAX_SETTINGS_DEPTH:

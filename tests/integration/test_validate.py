@@ -214,8 +214,12 @@ COMMANDS = (("peaks", "--format", "json"), ("attribute", "--format", "json"), ("
 # and backspace that forge a line, bidi override and zero-width characters, HTML a renderer could interpret
 # as a link, a spreadsheet formula, and NUL.
 PAYLOADS = ("\x1b]52;c;ZXZpbA==\x07", "\x1b[2J\r", "\x9b31m", "x\bforged", "\u202eevil\u200b", "\x00",
-            '<a href="https://evil.example/x">x</a>', "=HYPERLINK(1)")
-UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+            '<a href="https://evil.example/x">x</a>', "=HYPERLINK(1)", "\u061cAL\u2028line\u2029para",
+            "\U000e0041tag\U000e007f", "\xadsoft\u2066iso\u2069")
+# Unicode's control, format, line and paragraph separator characters (Cc, Cf, Zl, Zp), newline and tab aside.
+UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e"
+                    "\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+                    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]")
 SIGNED = ("allocator_settings", "delta", "change", "event_index", "until_index", "index")
 
 
@@ -241,8 +245,8 @@ def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
 
 
 PATHS = [list(_paths(base)) for base in BASES]
-ODD = st.sampled_from([-1, 0, 1, 1000, -(1 << 40), 1 << 44, 1 << 62, 1 << 64, None, "x", "\ud800", 1.5, [], {},
-                       True, [0] * 3, (1, 2), float("nan"), float("-inf"), *PAYLOADS])
+ODD = st.sampled_from([-1, 0, 1, 1000, -(1 << 40), 1 << 44, 1 << 62, 1 << 64, 10**5000, -(10**400), None, "x",
+                       "\ud800", 1.5, [], {}, True, [0] * 3, (1, 2), float("nan"), float("-inf"), *PAYLOADS])
 MUTATION = st.tuples(st.integers(0, 10**6), st.sampled_from(["delete", "odd", "negate", "scale", "shift",
                                                               "duplicate", "swap", "reverse_times", "text"]),
                      ODD, st.integers(-(1 << 20), 1 << 20))
@@ -346,3 +350,47 @@ def test_fuzz_every_input_analyses_with_its_invariants_or_fails_in_one_line(
         _check_output(command[0], json.loads(
             result.stdout, parse_constant=lambda c, name=command[0]: pytest.fail(f"{name} wrote {c}: not JSON")))
         OUTCOMES["analysed, invariants hold" + (" (with warnings)" if result.stderr else "")] += 1
+
+
+# Engine logs (issue 49): the start-up lines the budget reads, their figures replaced by what a hostile or damaged log
+# holds — no number, several points, hundreds or thousands of digits, negative, a payload — and lines repeated to
+# make a regex backtrack. Every outcome is a budget with no negative byte figure and inert text, or one line.
+LOG_TEMPLATES = (
+    "INFO [utils.py:328] non-default args: {{'model': 'm', 'gpu_memory_utilization': {x}}}",
+    "DEBUG [gpu_worker.py:244] Memory profiling takes 3.10 seconds. Total non KV cache memory: {x}GiB; torch peak "
+    "memory increase: {x}GiB; non-torch forward increase memory: {x}GiB; weights memory: {x}GiB.",
+    "INFO [gpu_worker.py:245] Available KV cache memory: {x} GiB",
+    "INFO [kv_cache_utils.py:716] GPU KV cache size: {x} tokens",
+    "INFO Memory profiling results: total_gpu_memory={x}GiB initial_memory_usage=1GiB peak_torch_memory={x}GiB "
+    "memory_usage_post_profile=1GiB non_torch_memory={x}GiB kv_cache_size={x}GiB gpu_memory_utilization={x}",
+    "[TP{x}] INFO Model loading took {x} GiB and 10 seconds",
+)
+FIGURES = st.one_of(st.sampled_from([".", ",,,", "1.2.3", "-0", "0", "-4.50", "1" * 400, "5" * 5000, "nan", "1e9",
+                                     "0.95", "79.19"]),
+                    st.floats(-1e6, 1e6, allow_nan=False).map(lambda v: f"{v:.2f}"), st.sampled_from(PAYLOADS))
+
+
+@pytest.mark.slow
+@settings(max_examples=max(EXAMPLES // 4, 30), deadline=None, derandomize="SNAPANALYZE_FUZZ_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.tuples(st.integers(0, len(LOG_TEMPLATES) - 1), FIGURES, st.integers(1, 40)), min_size=1,
+                      max_size=4))
+def test_fuzz_engine_logs_give_a_budget_or_one_line(tmp_path: Path, lines: list[tuple[int, str, int]]) -> None:
+    text = "\n".join((LOG_TEMPLATES[t].format(x=x) + " ") * (repeat if t == 4 else 1) for t, x, repeat in lines)
+    log = tmp_path / "engine.log"
+    log.write_text(text + "\n", encoding="utf-8", errors="surrogateescape")
+    snapshot = Path(__file__).resolve().parents[2] / "fixtures" / "sweeps" / "vllm_budget" / "run-01.pickle"
+    result = CliRunner().invoke(main, ["budget", str(snapshot), "--shape-from", "none", "--engine-log", str(log),
+                                       "--total", "80GiB", "--format", "json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), f"budget raised {result.exception!r}"
+    if result.exit_code == 2:
+        one_line_error(result)
+        OUTCOMES["engine log refused (exit 2, one line)"] += 1
+        return
+    assert result.exit_code in (0, 1), result.output
+    _check_text("budget", result.stderr)
+    doc = json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"budget wrote {c}: not JSON"))
+    negative = [n for n in _negatives(doc) if "_bytes" in n and not n.split(" = ")[0].endswith(
+        ("over_budget_bytes", "over_device_bytes", "margin_bytes", "headroom_bytes"))]
+    assert not negative, f"budget: negative byte figures {negative[:3]}"
+    OUTCOMES["engine log budgeted"] += 1
