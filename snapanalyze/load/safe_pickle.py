@@ -264,39 +264,69 @@ def _data_bytes() -> int | None:
     return None
 
 
+class _DataLimit:
+    """The process's RLIMIT_DATA while reads hold it: the first read sets it from what the process holds then plus
+    its growth; a read that starts while another holds it adds its own growth (threads, Dask workers); the user's
+    own limit comes back when the last one ends, and is never exceeded."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holders = 0
+        self.original: tuple[int, int] | None = None
+        self.limit = 0
+
+
+_DATA = _DataLimit()
+
+
 @contextmanager
 def data_limit(growth: int) -> Iterator[None]:
     """While unpickling, the process may not take more than `growth` bytes of memory beyond what it holds now
     (RLIMIT_DATA, Linux): one opcode that asks for gigabytes at once (a memo index of 134 million slots in a
     9-byte pickle) fails before it allocates, where the stream guard, which measures between reads, would see it
-    only after. The limit is put back afterwards."""
+    only after. Concurrent reads each add their growth (`_DataLimit`); the limit is put back afterwards."""
     try:
         import resource
     except ImportError:          # pragma: no cover - not Unix
         yield
         return
-    now = _data_bytes()
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    except (OSError, ValueError):
-        now = None
+    added = 0
+    with _DATA.lock:
+        now = _data_bytes()
+        try:
+            soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        except (OSError, ValueError):
+            now = None
+        if now is not None:
+            if _DATA.holders == 0:
+                _DATA.original, _DATA.limit = (soft, hard), now + 64 * MiB
+            added = growth
+            limit = _DATA.limit + added
+            original_soft = _DATA.original[0] if _DATA.original is not None else soft
+            if hard != resource.RLIM_INFINITY:
+                limit = min(limit, hard)
+            if original_soft != resource.RLIM_INFINITY:
+                limit = min(limit, original_soft)
+            try:
+                resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+                _DATA.limit += added
+                _DATA.holders += 1
+            except (OSError, ValueError):
+                now, added = None, 0
     if now is None:
-        yield
-        return
-    limit = now + growth + 64 * MiB
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    if soft != resource.RLIM_INFINITY:
-        limit = min(limit, soft)
-    try:
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-    except (OSError, ValueError):
         yield
         return
     try:
         yield
     finally:
-        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+        with _DATA.lock:
+            _DATA.holders -= 1
+            _DATA.limit -= added
+            # while others read, the limit stays where it is: what this read made is still held, so lowering it
+            # could fail a read that is within its own bound
+            if _DATA.holders == 0 and _DATA.original is not None:
+                resource.setrlimit(resource.RLIMIT_DATA, _DATA.original)
+                _DATA.original = None
 
 
 _EXPORTED = "deallocated bytearray object has exported buffers"
