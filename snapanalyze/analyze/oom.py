@@ -532,7 +532,10 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     categories = pd.concat(cats, ignore_index=True) if cats else pd.DataFrame(columns=CATEGORY_COLUMNS)
     no_oom: tuple[NoOom, ...] = ()
     notes = []
-    traced = [d for d in sorted(timeline.devices) if len(timeline[d]) or d in snapshot.traces]
+    # a device with a state and at most one trace entry (a legacy dump) has no trace to see a failure in, unless
+    # that entry is the failure
+    failed = set(ooms["device"].tolist()) if len(ooms) else set()
+    traced = [d for d in sorted(timeline.devices) if len(timeline[d]) > 1 or d in failed]
     state_only = tuple(_state_only(snapshot, d) for d in sorted(timeline.devices) if d not in traced)
     # the program: from the blocks live at the failures, else (nothing failed) from every allocation's stack
     engine = detect_program(snapshot, pd.concat(live, ignore_index=True) if live else

@@ -131,6 +131,8 @@ def test_a_state_only_file_gets_no_verdict_about_a_peak_that_never_happened(tmp_
     text = html.unescape(report.read_text())
     assert "holds the allocator's state but no trace" in text
     assert "made the difference" not in text and "To lower the peak" not in text
+    assert "fig-timeline" not in text                  # no one-point timeline on a hairline axis
+    assert "so an allocation failure cannot be seen in it" in text
 
 
 def test_advice_fits_the_numbers_it_is_given_for() -> None:

@@ -51,8 +51,9 @@ def timelines_section(report: Report) -> Section | None:
         nvml = view.rank.nvml if view.rank is not None and len(view.rank.nvml) else None
         for device in view.devices:
             dt = view.timeline[device]
-            if not len(dt):
-                continue                      # a state without a trace has no time to draw (Out of memory says so)
+            if len(dt) <= 1:
+                continue                      # a state without a trace (or a 1-entry legacy one) has no time to draw
+                                              # (a single point on a hairline axis): Out of memory says so
             axis = plots.time_axis(dt)
             fig_id = f"fig-timeline-{view.key(device)}"
             figures.append(FigureSpec(fig_id, plots.timeline_figure(
