@@ -34,7 +34,7 @@ def _shapes(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) 
     return out
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+@main.command()
 @click.argument("program", nargs=-1, required=False, type=click.UNPROCESSED)
 @click.option("-o", "--output", required=True, type=click.Path(path_type=str),
               help="The estimate's snapshot (.pickle); with several shapes, a folder with one per shape.")

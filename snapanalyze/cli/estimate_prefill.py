@@ -3,9 +3,14 @@ outputs held (`collect.estimate.prefill`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import UsageError
 from .common import echo_text, emit_json
 from .progress import Progress
+
+if TYPE_CHECKING:
+    from ..collect.estimate.prefill import ChunkedPrefill
 
 
 def chunked_prefill(chunked: str, model: str | None, prompt_tokens: int | None, check_tokens: int,
@@ -25,11 +30,9 @@ def chunked_prefill(chunked: str, model: str | None, prompt_tokens: int | None, 
     echo_text(render(result, output), None)
 
 
-def render(result: object, folder: str) -> str:
-    from ..collect.estimate.prefill import ChunkedPrefill
+def render(result: ChunkedPrefill, folder: str) -> str:
     from ..report.text import table
     from ..units import fmt_bytes
-    assert isinstance(result, ChunkedPrefill)
     out = [f"chunked prefill of {result.prompt_tokens:,} prompt tokens: an estimate (fake tensors on this CPU, no GPU);"
            f" outputs checked for real on CPU at {result.check_tokens} tokens (same number of steps)"]
     rows = []

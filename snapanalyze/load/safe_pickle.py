@@ -226,7 +226,8 @@ def _unpickle(stream: IO[bytes], path: str, limits: Limits, cap: int | None = No
         with data_limit(ceiling):
             return _RefusingUnpickler(guarded, path).load()
     try:
-        with gc_paused(), _quiet_unraisable():
+        _drop_exported_buffer_line()
+        with gc_paused():
             return _on_big_stack(load), guard.total
     except UnsafePickleError:
         raise
@@ -332,14 +333,12 @@ def data_limit(growth: int) -> Iterator[None]:
 _EXPORTED = "deallocated bytearray object has exported buffers"
 
 
-@contextmanager
-def _quiet_unraisable() -> Iterator[None]:
+def _drop_exported_buffer_line() -> None:
     """A bytearray the unpickler failed to fill (a pickle claiming more bytes than exist) may be freed while its
     buffer is still exported, and the interpreter then prints "SystemError: deallocated bytearray object has
-    exported buffers" through sys.excepthook (PyErr_Print), at once or later: that line, and only it, is dropped
-    from now on — the one line naming the file says what went wrong."""
+    exported buffers" through sys.excepthook (PyErr_Print), at once or later: from the first unpickling on, that
+    line, and only it, is dropped — the one line naming the file says what went wrong. Idempotent."""
     if getattr(sys.excepthook, "_snapanalyze", False):
-        yield
         return
     previous = sys.excepthook
 
@@ -349,7 +348,6 @@ def _quiet_unraisable() -> Iterator[None]:
         previous(kind, value, tb)
     hook._snapanalyze = True        # type: ignore[attr-defined]
     sys.excepthook = hook
-    yield
 
 
 def _from_json(data: bytes, path: str, limits: Limits | None = None) -> Any:

@@ -22,9 +22,12 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..collect.estimate.prefill import ChunkedPrefill
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,7 @@ def estimate_sweep(program: Sequence[str], points: Sequence[Mapping[str, int]], 
 
 
 def chunked_prefill_files(model: str, chunks: str, prompt_tokens: int, folder: str | Path, *, check_tokens: int,
-                          capacity: int | None, settings: str, force: bool) -> Any:
+                          capacity: int | None, settings: str, force: bool) -> ChunkedPrefill:
     """The chunked-prefill check (`collect.estimate.prefill`) with each chunk size's estimate written into
     `folder`; returns its `ChunkedPrefill`."""
     from ..atomic import write_atomic

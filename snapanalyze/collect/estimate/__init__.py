@@ -97,9 +97,7 @@ def run(fn: Callable[..., Any], *args: Any, capacity: int | None = None, setting
                     if exc.code not in (None, 0):
                         raise EstimateRefused(f"the program exited with status {exc.code}") from None
                 snapshot = dumped[-1] if dumped else cap.snapshot(torch_version)
-        except EstimateRefused:
-            raise
-        except CollectorError:
+        except CollectorError:                # EstimateRefused included: already one line
             raise
         except Exception as exc:
             from .refusal import refusal

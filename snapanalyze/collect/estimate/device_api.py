@@ -152,9 +152,11 @@ def emulated_cuda(cap: Any, total: int, on_snapshot: Callable[[dict[str, Any]], 
         (nvtx, "range", no_range),
         (torch, "autocast", autocast),
     ]
-    for name in ("empty_cache", "mem_get_info", "memory_allocated", "memory_reserved", "max_memory_allocated",
-                 "max_memory_reserved", "memory_stats", "reset_peak_memory_stats", "reset_max_memory_allocated"):
-        patches.append((memory, name, dict((n, f) for _, n, f in patches if _ is torch.cuda)[name]))
+    # torch.cuda re-exports these from torch.cuda.memory: a program may call either name
+    on_cuda = {name: value for obj, name, value in patches if obj is torch.cuda}
+    patches += [(memory, name, on_cuda[name]) for name in (
+        "empty_cache", "mem_get_info", "memory_allocated", "memory_reserved", "max_memory_allocated",
+        "max_memory_reserved", "memory_stats", "reset_peak_memory_stats", "reset_max_memory_allocated")]
     amp = getattr(torch, "amp", None)
     if amp is not None and getattr(amp, "autocast", None) is original_autocast:
         patches.append((amp, "autocast", autocast))
