@@ -13,8 +13,8 @@ Byte axes are in GiB; hover texts give exact byte counts where the value is exac
   window and one on each side), and given a `phase_table` the phases (kinds "phase" and "annotation") as
   shaded bands: the few that matter drawn and labelled (around each peak, the largest risers), the rest
   behind one legend entry, hidden until clicked (at most `MAX_BANDS` in all), coloured by phase name.
-- `categories_figure`: the stacked bytes per category at the attributed instants (`analyze.over_time`),
-  drawn as steps, with the exact active curve over them.
+- `categories_figure`: the stacked bytes per category after every event (`analyze.over_time.category_curves`,
+  from the attributed instants; bytes none of them saw in grey), drawn as steps under the exact active curve.
 - `segment_map_figure`: a `SegmentMap` (`analyze.segment_map`): each segment a bar of its active, pending
   free and free pieces, the largest free block outlined and a failed request drawn to scale.
 - `icicle_figure`: the live stacks at one instant, category → frames outermost → innermost (Python frames
@@ -45,13 +45,16 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .analyze.attribute import Attribution
+from .analyze.over_time import UNATTRIBUTED
 from .analyze.rules import shipped_rules
 from .analyze.segment_map import SegmentMap
+from .envelope import envelope_indices
 from .replay import DeviceTimeline, Timeline
 from .stacks import is_python_frame, short_path
 from .units import fmt_bytes, fmt_duration_us
 
 GiB = float(1 << 30)
+UNATTRIBUTED_COLOR = "#d4d4d8"  # bytes no attributed instant saw (over_time.UNATTRIBUTED)
 TIMELINE_MAX_POINTS = 4000      # per curve; longer traces are drawn from their min/max envelope
 FrameLabel = Callable[[tuple[str, int, str]], str]
 
@@ -167,24 +170,6 @@ def time_axis(dt: DeviceTimeline) -> TimeAxis:
 
 
 # -- timelines ----------------------------------------------------------------------------------------------
-
-def envelope_indices(values: np.ndarray, buckets: int) -> np.ndarray:
-    """Indices that keep the shape of `values` with at most 2 × `buckets` points, ascending.
-
-    All indices when the series is short; else the position of the minimum and of the maximum of each of
-    `buckets` equal runs of indices, so every spike and dip reaches the plot at its exact value."""
-    n = len(values)
-    if buckets < 1:
-        raise ValueError("buckets must be at least 1")
-    if n <= 2 * buckets:
-        return np.arange(n, dtype=np.int64)
-    width = -(-n // buckets)
-    padded = np.concatenate([values, np.full(width * buckets - n, values[-1], dtype=values.dtype)])
-    rows = padded.reshape(buckets, width)
-    starts = np.arange(buckets, dtype=np.int64) * width
-    picks = np.concatenate([starts + rows.argmin(axis=1), starts + rows.argmax(axis=1), [0, n - 1]])
-    return np.unique(np.minimum(picks, n - 1))
-
 
 def _curve(dt: DeviceTimeline, axis: TimeAxis, values: np.ndarray, baseline: int, buckets: int,
            keep: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -358,49 +343,41 @@ def _add_bands(fig: go.Figure, dt: DeviceTimeline, axis: TimeAxis, phases: pd.Da
                            text=f"{left} shorter phases not drawn")
 
 
-def categories_figure(series: pd.DataFrame, timeline: Timeline, device: int, order: Sequence[str] = (),
-                      marks: Sequence[tuple[int, str]] = (), height: int = 380,
-                      max_points: int = TIMELINE_MAX_POINTS) -> go.Figure:
-    """Stacked bytes per category of `device` at the attributed instants of `series` (`categories_over_time`),
-    drawn as steps and only where they are exact: each instant's bytes hold until the next instant when the
-    active bytes do not change before it, else until the first event that changes them (`exact_until`), and
-    nothing is drawn from there to the next instant. The exact active curve (`_curve`, steps, at most about
-    `max_points` points) is drawn over it and carries the rest, so a periodic workload shows its swings, not
-    one instant's categories held across them.
+def categories_figure(curves: pd.DataFrame, timeline: Timeline, device: int, order: Sequence[str] = (),
+                      marks: Sequence[tuple[int, str]] = (), height: int = 380) -> go.Figure:
+    """Stacked bytes per category of `device` after every event (`analyze.over_time.category_curves`: exact,
+    from the attributed instants; UNATTRIBUTED on top, hatched grey), drawn as steps, with the exact active
+    curve over them at the same events (their sum: the envelope `category_curves` kept).
 
     `order` lists categories bottom first (unlisted ones follow by name); `marks` are (event index, label)
     pairs drawn as vertical lines (peaks, OOMs)."""
     dt = timeline[device]
     axis = time_axis(dt)
-    part = series[series["device"] == device]
-    present = list(dict.fromkeys(part["category"]))
+    part = curves[curves["device"] == device]
+    present = [c for c in dict.fromkeys(part["category"]) if c != UNATTRIBUTED]
     stacked = [c for c in order if c in present] + sorted(c for c in present if c not in order)
+    if (part["category"] == UNATTRIBUTED).any():
+        stacked.append(UNATTRIBUTED)
     fig = go.Figure(layout={"template": TEMPLATE, "height": height,
                             "xaxis": {"title": {"text": axis.title}},
                             "yaxis": {"title": {"text": "GiB live"}, "rangemode": "tozero"},
                             "hovermode": "x unified"})
-    instants = np.unique(part["event_index"].to_numpy(dtype=np.int64))
-    until = exact_until(dt, instants)
-    broken = until < np.r_[instants[1:], len(dt) if len(dt) else 0]     # the live set moved before the next instant
     for category in stacked:
-        rows = part[part["category"] == category].set_index("event_index")["bytes"]
-        values = rows.reindex(instants, fill_value=0).to_numpy(dtype=np.float64) / GiB
-        # each instant's bytes, held only while they are exact: to the next instant, or to the first event
-        # that changes the active bytes before it (then nothing: the exact curve carries the rest)
-        idx = np.concatenate([instants, until[broken]])
-        y = np.concatenate([values, np.zeros(int(broken.sum()))])
-        sequence = np.argsort(idx, kind="stable")
-        color = category_color(category, present)
+        rows = part[part["category"] == category]
+        idx = rows["event_index"].to_numpy(dtype=np.int64)
+        color = UNATTRIBUTED_COLOR if category == UNATTRIBUTED else category_color(category, present)
+        name = f"{UNATTRIBUTED} (live only between attributed instants)" if category == UNATTRIBUTED else category
         fig.add_trace(go.Scatter(
-            x=axis.x(dt, idx[sequence]), y=y[sequence], name=category,
-            mode="lines", stackgroup="categories", line={"width": 0.5, "color": color, "shape": "hv"},
-            fillcolor=color, customdata=idx[sequence],
+            x=axis.x(dt, idx), y=rows["bytes"].to_numpy(dtype=np.float64) / GiB, name=escape(name),
+            mode="lines", stackgroup="categories", line={"width": 0, "color": color, "shape": "hv"},
+            fillcolor=color, customdata=idx,
+            fillpattern={"shape": "/", "fgcolor": "#a1a1aa", "bgcolor": color} if category == UNATTRIBUTED else None,
             hovertemplate=f"{escape(category)}: %{{y:.3f}} GiB<extra></extra>"))
     if len(part) and len(dt):
-        x, y, idx = _curve(dt, axis, dt.active, dt.baseline_active, max(1, max_points // 2),
-                           part["event_index"].unique().tolist())
+        idx = np.unique(part["event_index"].to_numpy(dtype=np.int64))     # the stack's events: the line is its top
+        y = np.where(idx < 0, dt.baseline_active, dt.active[np.maximum(idx, 0)]).astype(np.float64) / GiB
         fig.add_trace(go.Scatter(
-            x=x, y=y, customdata=idx, name="active (exact)", mode="lines",
+            x=axis.x(dt, idx), y=y, customdata=idx, name="active (exact)", mode="lines",
             line={"color": "#222222", "width": 1, "shape": "hv"},
             hovertemplate="active (exact): %{y:.3f} GiB, event %{customdata}<extra></extra>"))
     xs = axis.x(dt, np.array([index for index, _ in marks], dtype=np.int64))
@@ -410,17 +387,6 @@ def categories_figure(series: pd.DataFrame, timeline: Timeline, device: int, ord
             fig.add_annotation(x=float(x), y=1, yref="paper", text=escape(label), showarrow=False,
                                yanchor="bottom", font={"size": 10, "color": CURVE_COLORS["peak"]})
     return fig
-
-
-def exact_until(dt: DeviceTimeline, instants: np.ndarray) -> np.ndarray:
-    """For each instant (ascending event indices, −1: the window's start), the index of the first later event
-    that changes the active bytes (len(dt) where none does): the state after the instant holds until then."""
-    active = np.asarray(dt.active, dtype=np.int64)
-    if not len(active):
-        return np.zeros(len(instants), dtype=np.int64)
-    before = np.r_[dt.baseline_active, active[:-1]]
-    changes = np.flatnonzero(active != before)          # events whose active bytes differ from the state before
-    return np.r_[changes, len(active)][np.searchsorted(changes, np.asarray(instants) + 1)]
 
 
 def _span(dt: DeviceTimeline, axis: TimeAxis) -> float:
@@ -748,7 +714,7 @@ def icicle_figure(attribution: Attribution, device: int, label: FrameLabel | Non
         colors.append(color)
         return node_id
 
-    root_id = emit(root, "", "#ffffff")
+    root_id = emit(root, "", "#f4f4f5")      # a light box: white read as an empty band
     queue: list[tuple[int, int, _Node, str, str, float]] = []   # (−value, order, node, parent, colour, floor)
     order = 0
     for key, child in sorted(root.children.items(), key=lambda kv: (-kv[1].value, kv[0])):

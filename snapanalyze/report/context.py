@@ -52,7 +52,7 @@ from ..analyze.kept import KeptAcrossStep, kept_across_step
 from ..analyze.oom import OomExplanation, explain_oom
 from ..analyze.outside import join_samples, outside_at_peaks
 from ..analyze.over_time import COLUMNS as OVER_TIME_COLUMNS
-from ..analyze.over_time import InstantAttributions, categories_over_time
+from ..analyze.over_time import CURVE_COLUMNS, InstantAttributions, categories_over_time, category_curves
 from ..analyze.peaks import find_peaks
 from ..analyze.phases import PHASE_COLUMNS, phase_table
 from ..analyze.ranks import RankComparison
@@ -67,6 +67,7 @@ from .redact import Redactor
 
 Progress = Callable[[str], None]
 REPORT_FRAMES = "allocations"   # every stack the report shows is an allocation's (`load.load`'s `frames`)
+CURVE_BUCKETS = 500             # per category curve over time: its min/max in this many runs of events
 MAX_DETAILED_RANKS = 8          # ranks of a run with their own timelines, instants and rules in the report
 MAX_PHASE_CATEGORIES = 40       # spans per device whose peak is attributed (the largest transients: every row
                                 # the phases table shows, MAX_PHASE_ROWS)
@@ -96,7 +97,7 @@ class DetailInstant:
 
     device: int
     event_index: int
-    label: str            # "peak 1", "event 12", "time … µs"
+    label: str            # "peak 1", "event 12", "time … µs", "the allocator's state" (no trace to peak in)
     slug: str             # stable id fragment: "p1", "e12"
 
 
@@ -155,6 +156,7 @@ class RankView:
     details: dict[int, list[DetailInstant]]    # per device, the main instant first
     attributions: InstantAttributions
     series: pd.DataFrame                       # categories_over_time rows
+    curves: pd.DataFrame                       # category_curves rows: every event's bytes per category
     redactor: Redactor
     inputs: Mapping[str, Any] = field(default_factory=dict)
     phases: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=PHASE_COLUMNS))
@@ -291,7 +293,9 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
             for row in peaks[peaks["device"] == d].itertuples():
                 index = int(row.event_index)
                 cache.at(d, index)
-                chosen.append(DetailInstant(d, index, f"peak {int(row.peak)}", f"p{int(row.peak)}"))
+                # a state with at most one trace entry has no peak in it: its instant is the allocator's state
+                label = "the allocator's state" if len(timeline[d]) <= 1 else f"peak {int(row.peak)}"
+                chosen.append(DetailInstant(d, index, label, f"p{int(row.peak)}"))
         unique: dict[int, DetailInstant] = {}
         for instant in chosen:                      # two specs naming one instant: the first one's label
             unique.setdefault(instant.event_index, instant)
@@ -303,6 +307,9 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
     parts = [categories_over_time(snapshot, samples=samples, include=include, device=d, cache=cache)
              for d in devices]
     series = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=OVER_TIME_COLUMNS)
+    step("drawing categories at every event")
+    drawn = [category_curves(cache, d, part["event_index"].unique(), CURVE_BUCKETS) for d, part in zip(devices, parts)]
+    curves = pd.concat(drawn, ignore_index=True) if drawn else pd.DataFrame(columns=CURVE_COLUMNS)
     markers = rank.markers if rank is not None else None
     nvml = rank.nvml if rank is not None and len(rank.nvml) else None
     step("mapping phases")
@@ -335,7 +342,7 @@ def build_view(snapshot: Snapshot, timeline: Timeline | None = None, rules: Rule
         outside = outside_at_peaks(timeline, nvml, peaks)
         joined = {d: join_samples(timeline[d], nvml) for d in devices}
     return RankView(snapshot=snapshot, timeline=timeline, rules=rules, devices=devices, peaks=peaks,
-                         details=details, attributions=cache, series=series,
+                         details=details, attributions=cache, series=series, curves=curves,
                          redactor=Redactor(enabled=options.redact_paths), inputs=dict(inputs or {}),
                          phases=phases, oom=oom, rank=rank, outside=outside, joined=joined,
                          given_capacity=options.capacity,

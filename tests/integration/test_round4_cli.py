@@ -132,6 +132,8 @@ def test_a_state_only_file_gets_no_verdict_about_a_peak_that_never_happened(tmp_
     assert "holds the allocator's state but no trace" in text
     assert "made the difference" not in text and "To lower the peak" not in text
     assert "fig-timeline" not in text                  # no one-point timeline on a hairline axis
+    assert "fig-categories" not in text                # nor a one-event chart of categories (seen in Chromium)
+    assert "Device 0, the allocator's state" in text and "peak 1" not in text   # not a peak: the state
     assert "so an allocation failure cannot be seen in it" in text
 
 

@@ -14,6 +14,7 @@ from snapanalyze import attribute, find_peaks, load, replay
 from snapanalyze.analyze.over_time import (
     InstantAttributions,
     categories_over_time,
+    category_curves,
     choose_instants,
     held_error,
 )
@@ -156,3 +157,28 @@ def test_categories_are_exact_at_every_instant_of_a_run() -> None:
     made = blocks.loc[blocks["category"] == "kv_cache", "alloc_index"]
     assert (kv[kv.index < int(made.min())] == 0).all()
     assert int(made.max()) <= first
+
+
+@pytest.mark.parametrize("name", ["concurrent_requests", "prompt_logprobs_logits", "hf_eager_attention_threshold"])
+def test_category_curves_are_exact_at_every_event_and_agree_with_each_attributed_instant(name: str) -> None:
+    """Every event's bytes per category sum to its active bytes; at each attributed instant they are that
+    instant's table, even for blocks whose category changes between instants (a request's tensors are
+    'concurrent_request' only while another request runs); blocks no instant saw are UNATTRIBUTED."""
+    snap = load(SCENARIOS / f"{name}.pickle")
+    cache = InstantAttributions(snap)
+    dt = cache.timeline[0]
+    instants = choose_instants(cache.timeline, 0, 12)
+    curves = category_curves(cache, 0, instants, buckets=len(dt))           # every event
+    wide = curves.pivot(index="event_index", columns="category", values="bytes")
+    assert wide.index.tolist() == list(range(-1, len(dt)))
+    assert wide.sum(axis=1).tolist() == [dt.baseline_active, *dt.active.tolist()]
+    for index in instants:
+        table = cache.at(0, index).blocks.groupby("category")["size"].sum()
+        row = wide.loc[index]
+        assert row[row > 0].sort_index().to_dict() == table[table > 0].sort_index().to_dict()
+    if name == "concurrent_requests":
+        seen = pd.concat([cache.at(0, i).blocks.assign(at=i) for i in instants])
+        assert (seen.groupby(["address", "alloc_index"])["category"].nunique() > 1).any()   # the case is here
+    few = category_curves(cache, 0, instants, buckets=20)
+    assert len(few) < len(curves)                          # the envelope: fewer events, every instant kept
+    assert few["event_index"].isin(instants).sum() == len(instants) * few["category"].nunique()

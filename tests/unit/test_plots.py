@@ -11,9 +11,9 @@ import plotly.io as pio
 import pytest
 from conftest import SnapshotBuilder, write_pickle
 
-from snapanalyze import attribute, find_peaks, load, replay
+from snapanalyze import attribute, find_peaks, load, plots, replay
 from snapanalyze.analyze.outside import join_samples
-from snapanalyze.analyze.over_time import categories_over_time
+from snapanalyze.analyze.over_time import UNATTRIBUTED, InstantAttributions, categories_over_time, category_curves
 from snapanalyze.analyze.phases import PHASE_COLUMNS, phase_table
 from snapanalyze.analyze.segment_map import segment_map
 from snapanalyze.load.samples import read_run
@@ -233,25 +233,34 @@ def step_at(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
     return float(ys[np.searchsorted(xs, x, side="right") - 1])
 
 
-def test_categories_figure_stacks_steps_that_meet_the_exact_curve_at_every_instant() -> None:
+def _curves(snap, timeline, samples: int, buckets: int = 500) -> tuple[pd.DataFrame, pd.DataFrame]:  # type: ignore[no-untyped-def]
+    cache = InstantAttributions(snap, timeline)
+    series = categories_over_time(snap, timeline, samples=samples, cache=cache)
+    return series, category_curves(cache, 0, series["event_index"].unique(), buckets)
+
+
+def test_categories_figure_stacks_every_event_up_to_the_exact_curve_and_each_instants_table() -> None:
     snap = load(SCENARIOS / "prompt_logprobs_logits.pickle")
     timeline = replay(snap)
-    series = categories_over_time(snap, timeline, samples=6)
-    fig = categories_figure(series, timeline, 0, order=["kv_cache", "weights"], marks=[(598, "peak 1")])
+    series, curves = _curves(snap, timeline, samples=6)
+    fig = categories_figure(curves, timeline, 0, order=["kv_cache", "weights"], marks=[(598, "peak 1")])
     stacked = [t for t in fig.data if t.stackgroup == "categories"]
     names = [t.name for t in stacked]
-    assert names[:2] == ["kv_cache", "weights"] and set(names) == set(series["category"])
+    assert names[:2] == ["kv_cache", "weights"]
+    assert set(series["category"]) <= {n.split(" (")[0] for n in names}
     assert all(t.line.shape == "hv" for t in fig.data)              # memory is flat between two events
     total = sum(np.asarray(t.y) for t in stacked)
-    instants = sorted(series["event_index"].unique())
-    at_instant = np.isin(np.asarray(stacked[0].customdata), instants)
-    assert np.allclose(total[at_instant], [timeline[0].active_at(int(i)) / GiB for i in instants])
-    assert not total[~at_instant].any()               # where the live set moved before the next instant: nothing
+    drawn = np.asarray(stacked[0].customdata)
+    dt = timeline[0]
+    assert np.allclose(total, [dt.active_at(int(i)) / GiB for i in drawn])    # the stack's top is exact everywhere
+    assert drawn[0] == -1 and drawn[-1] == len(dt) - 1                          # from the window's start to its end
+    for index, part in series.groupby("event_index"):                          # and equals each instant's table
+        k = int(np.flatnonzero(drawn == index)[0])
+        for trace in stacked:
+            want = part.loc[part["category"] == trace.name, "bytes"].sum()
+            assert trace.y[k] * GiB == pytest.approx(want)
     (exact,) = [t for t in fig.data if t.name == "active (exact)"]
-    assert set(instants) <= set(np.asarray(exact.customdata).tolist())
-    xs, ys = np.asarray(exact.x), np.asarray(exact.y)
-    for x, top in zip(np.asarray(stacked[0].x)[at_instant], total[at_instant]):
-        assert step_at(xs, ys, float(x)) == pytest.approx(top)
+    assert np.allclose(np.asarray(exact.y), total)
     assert [a.text for a in fig.layout.annotations] == ["peak 1"]
 
 
@@ -368,28 +377,29 @@ def test_segment_map_figure_marks_the_largest_free_block_and_the_failed_request(
     assert any(f"{len(smap.segments) - 12} more segments not drawn" in n for n in notes)
 
 
-def test_a_periodic_workload_is_not_drawn_as_one_instant_held_across_its_swings(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Sixty cycles of 4 GiB up and down with a handful of attributed instants: every drawn step of the stack
-    equals the exact curve for as long as it is drawn (held only while the active bytes stay put), and the
-    stack is absent across the swings the instants do not cover."""
+def test_a_long_periodic_workload_keeps_its_colours_across_every_swing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """17,500 cycles of 4 GiB up and down (35,000 events) over 512 MiB held throughout, with a handful of
+    attributed instants: the held bytes keep their colour from the window's start to its last event (they were
+    slivers under the instants before), every swing reaches its exact height, and the swings no instant saw
+    are drawn, counted, as not attributed."""
     from conftest import BASE, SnapshotBuilder, write_pickle
     b = SnapshotBuilder()
     b.segment(BASE, [(512 * MiB, 512 * MiB, "active_allocated"), (4 * GiB, 0, "inactive")])
-    for _ in range(60):
+    for _ in range(17_500):
         b.alloc(BASE + 512 * MiB, 4 * GiB)
         b.free(BASE + 512 * MiB, 4 * GiB)
     snap = load(write_pickle(tmp_path / "periodic.pickle", b.build()))
     timeline = replay(snap)
-    series = categories_over_time(snap, timeline, samples=4)
-    fig = categories_figure(series, timeline, 0)
-    stacked = [t for t in fig.data if t.stackgroup == "categories"]
-    total = sum(np.asarray(t.y) for t in stacked)
-    (exact,) = [t for t in fig.data if t.name == "active (exact)"]
-    xs, ys = np.asarray(exact.x), np.asarray(exact.y)
-    x = np.asarray(stacked[0].x)
-    for k in range(len(x) - 1):                       # each drawn step holds only while it is exact
-        if total[k] and x[k + 1] > x[k]:
-            inside = (xs > x[k]) & (xs < x[k + 1])
-            assert step_at(xs, ys, float(x[k])) == pytest.approx(total[k])
-            assert np.allclose(ys[inside], total[k]), (k, x[k], x[k + 1])
-    assert (total == 0).sum() >= len(series["event_index"].unique()) - 2    # gaps where the swings were
+    dt = timeline[0]
+    series, curves = _curves(snap, timeline, samples=4)
+    fig = categories_figure(curves, timeline, 0)
+    stacked = {t.name.split(" (")[0]: t for t in fig.data if t.stackgroup == "categories"}
+    held = [t for name, t in stacked.items() if name != UNATTRIBUTED and min(t.y) * GiB == 512 * MiB]
+    assert len(held) == 1                                  # the 512 MiB block: one category, every drawn point
+    xs = np.asarray(held[0].x)
+    assert xs[0] == 0 and xs[-1] == plots.time_axis(dt).x(dt, np.array([len(dt) - 1]))[0]
+    total = sum(np.asarray(t.y) for t in stacked.values())
+    assert np.allclose(total * GiB, [dt.active_at(int(i)) for i in np.asarray(held[0].customdata)])
+    assert (np.isclose(total * GiB, 512 * MiB + 4 * GiB)).sum() >= 400       # the swings, at their height
+    assert max(stacked[UNATTRIBUTED].y) * GiB == 4 * GiB                      # those no instant saw, counted
+    assert len(fig.data[0].x) < 5000                                          # and the figure stays small
