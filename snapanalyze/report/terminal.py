@@ -132,11 +132,24 @@ def render_attribution(result: AttributionResult, top: int, explain: bool, width
                        "and what rose into a peak cannot be seen; what is live in the state is below)")
             out.append(f"  active {units.fmt_bytes(d.active_bytes)}; reserved {units.fmt_bytes(d.reserved_bytes)}")
         else:
-            out.append(f"\ndevice {d.device} at the {d.instant} ({where}"
-                       + (f", {units.fmt_time_us(d.time_us)}" if d.time_us else "") + ")")
-            out.append(f"  active {units.fmt_bytes(d.active_bytes)} = {units.fmt_bytes(d.baseline_active_bytes)} "
-                       f"at {d.baseline} + transient {units.fmt_bytes(d.transient_bytes)};"
-                       f" reserved {units.fmt_bytes(d.reserved_bytes)}"
+            when = units.fmt_time_us(d.time_us) if d.time_us else None
+            if d.instant.startswith("event ") and d.event_index < 0:
+                head = "at the window's start (before the first event)"
+            elif d.instant.startswith("event "):          # 'at event 229 (time)': the label is the event
+                head = f"at {d.instant}" + (f" ({when})" if when else "")
+            elif d.instant.startswith("time "):           # 'at time T (event 229)': the label is the time
+                head = f"at {d.instant} ({where})"
+            else:
+                head = f"at the {d.instant} ({where}" + (f", {when}" if when else "") + ")"
+            out.append(f"\ndevice {d.device} {head}")
+            if d.below_baseline_bytes:        # freed since the baseline: no transient to add to it
+                change = (f"{units.fmt_bytes(d.below_baseline_bytes)} below the "
+                          f"{units.fmt_bytes(d.baseline_active_bytes)} at {d.baseline} (freed since)")
+            else:
+                change = (f"{units.fmt_bytes(d.baseline_active_bytes)} at {d.baseline} + transient "
+                          f"{units.fmt_bytes(d.transient_bytes)}")
+            out.append(f"  active {units.fmt_bytes(d.active_bytes)}" + (", " if d.below_baseline_bytes else " = ")
+                       + f"{change}; reserved {units.fmt_bytes(d.reserved_bytes)}"
                        + (f"; made by request {d.request!r}" if d.request else ""))
         rows = [[c.category, units.fmt_bytes(c.bytes), units.fmt_share(c.share), f"{c.blocks:,}",
                  text.inferred_share(c.inferred_bytes, c.bytes),

@@ -248,3 +248,21 @@ def test_a_large_source_file_full_of_syntax_errors_is_parsed_a_bounded_number_of
     with mock.patch.object(source.ast, "parse", failing):
         source._tree("x = 1\n" * 1000)                               # a small file keeps its 32 retries
     assert len(calls) == 32
+
+
+def test_an_instant_below_the_window_start_has_no_negative_transient() -> None:
+    """Memory freed since the window began (a MoE prefill's 512 MiB expert buffer) is below the baseline there:
+    the answer says so, never 'transient -512.00 MiB' nor a negative byte figure in JSON."""
+    import json
+
+    from click.testing import CliRunner
+
+    from snapanalyze.cli import main
+    path = str(Path(__file__).resolve().parents[2] / "fixtures" / "scenarios" / "moe_long_prefill.pickle")
+    text = CliRunner().invoke(main, ["attribute", path, "--at", "event:229"]).output
+    assert "active 57.32 GiB, 512.00 MiB below the 57.82 GiB at the window start (freed since)" in text
+    assert "transient -" not in text and "at the event" not in text
+    doc = json.loads(CliRunner().invoke(main, ["attribute", path, "--at", "event:229", "--format", "json"]).output)
+    device = doc["devices"][0]
+    assert device["transient_bytes"] == 0 and device["below_baseline_bytes"] == 512 << 20
+    assert device["peak"]["active_bytes"] + device["below_baseline_bytes"] == device["baseline_active_bytes"]

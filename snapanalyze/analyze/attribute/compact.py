@@ -63,7 +63,13 @@ class DeviceAttribution:
 
     @property
     def transient_bytes(self) -> int:
-        return self.active_bytes - self.baseline_active_bytes
+        """What rose above the baseline by this instant (0 when memory is below it: see `below_baseline_bytes`)."""
+        return max(0, self.active_bytes - self.baseline_active_bytes)
+
+    @property
+    def below_baseline_bytes(self) -> int:
+        """How far below the baseline the active bytes are at this instant (freed since; 0 at or above it)."""
+        return max(0, self.baseline_active_bytes - self.active_bytes)
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
@@ -71,7 +77,8 @@ class DeviceAttribution:
             "instant": self.instant,
             "peak": {"event_index": self.event_index, "time_us": self.time_us, "active_bytes": self.active_bytes,
                      "reserved_bytes": self.reserved_bytes},
-            "transient_bytes": self.transient_bytes, "request": self.request,
+            "transient_bytes": self.transient_bytes, "below_baseline_bytes": self.below_baseline_bytes,
+            "request": self.request,
             "kept_across_step": self.kept.to_json() if self.kept is not None else None,
             "categories": [c.to_json() for c in self.categories]}
         if self.explain is not None:
