@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,6 @@ from .outside import join_samples, outside_at_instant
 from .peaks import global_peak_index
 from .requests import event_requests
 from .rules import RuleSet, shipped_rules
-from .segment_map import is_last_block_change
 from .spans import open_spans
 
 MiB = 1 << 20
@@ -178,9 +177,12 @@ class NoOom:
     peak_basis: str
     capacity_bytes: int | None
     capacity_source: str
-    headroom_bytes: int | None
+    headroom_bytes: int | None   # capacity − the peak; None when unknown, or when the peak exceeds the capacity
     rejected_requests: tuple[dict[str, Any], ...]
     admission: bool = False      # requests could be refused before they allocate: a serving engine, or markers say so
+    # the peak past the capacity although nothing failed: the figures contradict each other (a capacity too small,
+    # NVML samples of another device): named as such, never a negative headroom
+    contradiction_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -326,9 +328,49 @@ def _capacity_outside(capacity: int | None, reserved: int, free: int | None) -> 
     return capacity - reserved - free
 
 
+class _PerDevice:
+    """What every oom entry of a device shares, computed once per device (the end state's free blocks, the NVML
+    join, the last block-changing entry) or once per situation (the estimated free gaps between two block
+    changes): an engine that retries records hundreds of entries, each 12 ms when each recomputed them."""
+
+    def __init__(self, snapshot: Snapshot, timeline: Timeline, nvml: pd.DataFrame | None) -> None:
+        self.snapshot, self.timeline, self.nvml = snapshot, timeline, nvml
+        self.end_free = functools.cache(functools.partial(_end_state_free, snapshot))
+        self.splits = functools.cache(functools.partial(_split_segments, snapshot))
+        self._joined: dict[int, pd.DataFrame] = {}
+        self._changed: dict[int, np.ndarray] = {}
+        self._estimated: dict[tuple[int, int], tuple[pd.DataFrame, int]] = {}
+
+    def changed(self, device: int) -> np.ndarray:
+        if device not in self._changed:
+            self._changed[device] = _last_change(self.snapshot.trace(device).action)
+        return self._changed[device]
+
+    def situation(self, device: int, index: int) -> int:
+        """The last entry at or before `index` that changed memory: entries that share it share a state."""
+        return int(self.changed(device)[index])
+
+    def exact(self, device: int, index: int) -> bool:
+        """Whether no entry after `index` changed memory (the end state is the failure's)."""
+        changed = self.changed(device)
+        return not len(changed) or int(changed[-1]) <= index
+
+    def estimated_free(self, device: int, index: int) -> tuple[pd.DataFrame, int]:
+        key = (device, self.situation(device, index))
+        if key not in self._estimated:
+            self._estimated[key] = _estimated_free(self.snapshot, self.timeline[device], index)
+        return self._estimated[key]
+
+    def joined(self, device: int) -> pd.DataFrame:
+        if device not in self._joined:
+            assert self.nvml is not None
+            self._joined[device] = join_samples(self.timeline[device], self.nvml)
+        return self._joined[device]
+
+
 def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFrame, nvml: pd.DataFrame | None,
              capacity: int | None, capacity_source: str, kept: KeptAcrossStep | None = None,
-             split_segments: Callable[[int], pd.DataFrame] | None = None) -> OomVerdict:
+             shared: _PerDevice | None = None) -> OomVerdict:
     device, index = int(row.device), int(row.index)
     dt = timeline[device]
     request = int(row.size)
@@ -338,13 +380,14 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
     settings = snapshot.allocator_settings or {}
     max_split = int(settings.get("max_split_size") or -1)
     pool = DEFAULT_POOL
-    exact = is_last_block_change(snapshot, device, index)
+    shared = shared or _PerDevice(snapshot, timeline, nvml)
+    exact = shared.exact(device, index)
     if exact:
-        free, in_blocks = _end_state_free(snapshot, device)
+        free, in_blocks = shared.end_free(device)
         reserved = int(snapshot.segments["total_size"][snapshot.segments["device"] == device].sum())
         source = "end state (the oom entry is the last block-changing event)"
     else:
-        free, in_blocks = _estimated_free(snapshot, dt, index)
+        free, in_blocks = shared.estimated_free(device, index)
         reserved = dt.reserved_at(index)
         source = "estimated from the replay (events after the oom entry changed memory)"
     reserved_free = reserved - in_blocks
@@ -360,7 +403,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
     outside_source = "capacity − reserved − device free at the failure" if outside is not None else None
     own = others = growth = gap_us = None
     if nvml is not None and len(nvml):
-        joined = join_samples(dt, nvml)
+        joined = shared.joined(device)
         at = outside_at_instant(dt, joined, index, 0, what="the failure")
         if at["outside_bytes"] is not None:
             own, others = at["own_outside_bytes"], at["other_processes_bytes"]
@@ -372,8 +415,7 @@ def _one_oom(snapshot: Snapshot, timeline: Timeline, row: Any, cats: pd.DataFram
             sample = at["sample_before_us"] if at["sample_before_us"] is not None else at["sample_after_us"]
             if sample is not None and at["time_us"] is not None:
                 gap_us = int(at["time_us"]) - int(sample)
-    splits = (split_segments or functools.partial(_split_segments, snapshot))(device) if exact else \
-        pd.DataFrame(columns=["segment_size"])
+    splits = shared.splits(device) if exact else pd.DataFrame(columns=["segment_size"])
     kind = "small" if request <= SMALL_SIZE else "large"
     shortfall = max(0, request - gives)
     advice: list[Advice] = []
@@ -474,11 +516,13 @@ def _no_oom(dt: DeviceTimeline, nvml: pd.DataFrame | None, capacity: int | None,
                      "reserved at the peak + memory outside the allocator from the NVML samples around it, an "
                      "estimate: no sample fell inside the peak")
     held = used if used is not None else reserved
+    over = capacity is not None and held > capacity
     return NoOom(device=dt.device, peak_index=index, peak_time_us=dt.time_at(index), active_bytes=active,
                  reserved_bytes=reserved, nvml_used_bytes=used, peak_basis=basis, capacity_bytes=capacity,
                  capacity_source=capacity_source if capacity is not None else "unknown",
-                 headroom_bytes=capacity - held if capacity is not None else None,
-                 rejected_requests=tuple(rejected.to_dict("records")), admission=admission or bool(len(rejected)))
+                 headroom_bytes=capacity - held if capacity is not None and not over else None,
+                 rejected_requests=tuple(rejected.to_dict("records")), admission=admission or bool(len(rejected)),
+                 contradiction_bytes=held - capacity if capacity is not None and over else None)
 
 
 def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: pd.DataFrame | None = None,
@@ -507,12 +551,11 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
     per_forward = (rules or shipped_rules()).per_forward
     # Entries in one situation share their analysis: an engine that retries records hundreds of oom entries with
     # no allocation or free between them, and the live blocks, their categories and what was kept are the same.
-    changed = {d: _last_change(snapshot.trace(d).action) for d in ooms["device"].unique().tolist()}
+    shared = _PerDevice(snapshot, timeline, nvml)
     situations: dict[tuple[int, int], tuple[pd.DataFrame, pd.DataFrame, Attribution, KeptAcrossStep | None]] = {}
-    splits = functools.cache(functools.partial(_split_segments, snapshot))   # the end state's: once per device
     for row in ooms.itertuples(index=False):
         device, index = int(row.device), int(row.index)
-        key = (device, int(changed[device][index]))
+        key = (device, shared.situation(device, index))
         if key not in situations:
             c, blocks, at = _categories(snapshot, timeline, device, index, rules, markers, attribution_at)
             situations[key] = (c, blocks, at, kept_across_step(at, device, index, per_forward))
@@ -522,7 +565,7 @@ def explain_oom(snapshot: Snapshot, timeline: Timeline | None = None, *, nvml: p
         live.append(blocks[["stack_id", "category", "size"]])
         total, source = cap(device)
         rows.append(dataclasses.replace(
-            _one_oom(snapshot, timeline, row, c, nvml, total, source, kept, splits),
+            _one_oom(snapshot, timeline, row, c, nvml, total, source, kept, shared),
             failed=failed_allocation(snapshot, device, index, rules, markers)))
     rows = _simulated(snapshot, timeline, rows)
     table = pd.DataFrame([v.record() for v in rows], columns=OOM_COLUMNS)
