@@ -189,3 +189,26 @@ def test_a_negative_kv_figure_is_named_not_budgeted(tmp_path: Path) -> None:
     text = json.dumps(doc)
     assert "kv_negative" in text
     assert "-4831838208" not in text and "-4.5" not in text.replace("-4.50 GiB", "")
+
+
+def test_a_peak_past_the_capacity_without_a_failure_is_a_contradiction_not_a_negative_headroom(
+        tmp_path: Path) -> None:
+    """The OOM run with its failure entry taken out: its peak (NVML used) is 86 MiB past the device's capacity
+    although nothing failed. explain-oom said 'the peak stayed -86.00 MiB below capacity' (headroom_bytes −90,177,536);
+    the figures contradict each other, and the answer says so instead."""
+    import pickle
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "fixtures" / "runs" / "oom_other_process", run)
+    path = run / "rank=0" / "snapshot-oom-1.pickle"
+    raw = pickle.loads(path.read_bytes())
+    raw["device_traces"][0] = [e for e in raw["device_traces"][0] if e.get("action") != "oom"]
+    path.write_bytes(pickle.dumps(raw))
+    done = subprocess.run([sys.executable, "-m", "snapanalyze", "explain-oom", str(run), "--format", "json"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (no_oom,) = json.loads(done.stdout)["snapshots"][0]["no_oom"]
+    assert no_oom["headroom_bytes"] is None and no_oom["contradiction_bytes"] == 90_177_536
+    text = subprocess.run([sys.executable, "-m", "snapanalyze", "explain-oom", str(run)], capture_output=True,
+                          text=True, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert "exceeds the capacity" in text and "contradict each other" in text and "below capacity" not in text
