@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from .. import confine
+from ..report.text import visible
 from . import main
 
 NARROW = ("narrow the question: name one device (device=), one rank of a run (rank=), a phase (phase=), or "
@@ -88,8 +89,21 @@ class Confined:
         if len(done.stdout) > self.max_chars:
             raise ToolError(f"the {args[0]} document is {len(done.stdout):,} characters, over this server's cap of "
                             f"{self.max_chars:,}; {NARROW}")
-        document: dict[str, Any] = json.loads(done.stdout)
+        document: dict[str, Any] = _inert(json.loads(done.stdout))
         return document
+
+
+def _inert(value: Any) -> Any:
+    """`value` (a JSON document) with every string's control, format, line and paragraph separator characters
+    written as visible escapes (`report.text.visible`): an agent reads the answer as text, and a file name or a
+    frame holding tag characters or a bidi override would otherwise reach it as hidden instructions."""
+    if isinstance(value, str):
+        return visible(value)
+    if isinstance(value, list):
+        return [_inert(v) for v in value]
+    if isinstance(value, dict):
+        return {visible(k) if isinstance(k, str) else k: _inert(v) for k, v in value.items()}
+    return value
 
 
 def _kill(child: subprocess.Popen[str]) -> None:

@@ -73,3 +73,15 @@ def test_attribute_takes_the_source_its_notes_ask_for(tmp_path: Path) -> None:
     assert any("--source" in note for note in plain["notes"])
     assert not any("--source DIR" in note for note in resolved["notes"])
     assert json.dumps(resolved) != json.dumps(plain)
+
+
+def test_hidden_characters_in_a_file_name_reach_the_agent_escaped(tmp_path: Path) -> None:
+    """Tag characters (U+E0000 block: text an LLM reads and a person does not see) and a bidi override in a file
+    name come back as visible escapes in every string of the answer, not as hidden instructions."""
+    name = tmp_path / "run\U000e0049\U000e0067\U000e006e\u202eevil.pickle"
+    shutil.copy(SCENARIO, name)
+    (answer,) = _calls(tmp_path, [("attribute", {"path": str(name)})])
+    said = _text(answer)
+    assert not answer.is_error, said
+    assert "\\U000e0049" in said and "\\u202e" in said
+    assert not any(0xE0000 <= ord(c) <= 0xE007F or c == "\u202e" for c in said)
