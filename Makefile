@@ -26,7 +26,7 @@ test-integration: ## tests/integration: the tool as users run it (commands, repo
 	$(PYTHON) -m pytest -q tests/integration
 
 fuzz: ## The loader/CLI fuzz at length (FUZZ_EXAMPLES, default 5000): every input analyses with its invariants or fails in one line
-	SNAPANALYZE_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),5000) $(PYTHON) -m pytest -q -s tests/integration/test_validate.py -k fuzz -p no:cacheprovider
+	SNAPANALYZE_FUZZ_EXAMPLES=$(or $(FUZZ_EXAMPLES),5000) $(PYTHON) -m pytest -q -s tests/integration/test_validate.py tests/integration/test_fuzz_families.py -k fuzz -p no:cacheprovider
 
 lint: ## ruff + mypy
 	$(PYTHON) -m ruff check snapanalyze tests benchmarks fixtures tools zoo examples

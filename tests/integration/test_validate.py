@@ -220,6 +220,9 @@ PAYLOADS = ("\x1b]52;c;ZXZpbA==\x07", "\x1b[2J\r", "\x9b31m", "x\bforged", "\u20
 UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e"
                     "\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
                     "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f]")
+# file names a stranger chose: bidi override, a newline, OSC 52, tag characters, a line separator
+FILE_NAMES = ("fuzz.pickle", "fu\u202ezz.pickle", "a\nb.pickle", "\x1b]52;c;ZXZpbA==\x07.pickle",
+              "\U000e0041tag.pickle", "\u2028x.pickle")
 SIGNED = ("allocator_settings", "delta", "change", "event_index", "until_index", "index")
 
 
@@ -326,13 +329,14 @@ def _report_outcomes() -> Iterator[None]:
 @settings(max_examples=EXAMPLES, deadline=None, derandomize="SNAPANALYZE_FUZZ_EXAMPLES" not in os.environ,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])
-@given(base=st.integers(0, len(BASES) - 1), mutations=st.lists(MUTATION, min_size=1, max_size=3))
+@given(base=st.integers(0, len(BASES) - 1), mutations=st.lists(MUTATION, min_size=1, max_size=3),
+       name=st.sampled_from(FILE_NAMES))
 def test_fuzz_every_input_analyses_with_its_invariants_or_fails_in_one_line(
-        tmp_path: Path, base: int, mutations: list[tuple[int, str, Any, int]]) -> None:
+        tmp_path: Path, base: int, mutations: list[tuple[int, str, Any, int]], name: str) -> None:
     raw = copy.deepcopy(BASES[base])
     for pick, kind, odd, shift in mutations:
         _mutate(raw, PATHS[base], pick, kind, odd, shift)
-    path = write_pickle(tmp_path / "fuzz.pickle", raw)
+    path = write_pickle(tmp_path / name, raw)
     for command in COMMANDS:
         result = CliRunner().invoke(main, [command[0], str(path), *command[1:]])
         assert result.exception is None or isinstance(result.exception, SystemExit), \
