@@ -265,7 +265,10 @@ def category_curves(cache: InstantAttributions, device: int, instants: Iterable[
         chosen = np.union1d(chosen, envelope_indices(curves[name], buckets))
     chosen = np.union1d(chosen, envelope_indices(total, buckets))    # the sum's (the active bytes') spikes too
     index = np.concatenate([[-1], chosen]).astype(np.int64)
-    times = pd.array([dt.time_at(int(i)) for i in index], dtype="Int64")
+    times = pd.array(np.zeros(len(index), dtype=np.int64), dtype="Int64")
+    times[:] = pd.NA
+    if dt.time_us is not None:
+        times[1:] = dt.time_us[chosen].astype(np.int64)              # −1 (before the first event) has no time
     frames = [pd.DataFrame({"device": device, "event_index": index, "time_us": times, "category": name,
                             "bytes": np.concatenate([[starts[name]], curve[chosen]])})
               for name, curve in curves.items()]

@@ -232,9 +232,9 @@ def no_oom_message(n: NoOom) -> str:
     held = n.nvml_used_bytes if n.nvml_used_bytes is not None else n.reserved_bytes
     if n.contradiction_bytes is not None:
         return message + (f"; yet the peak ({fmt_bytes(held)}: {n.peak_basis}) exceeds the capacity "
-                          f"({fmt_bytes(n.capacity_bytes)}, {n.capacity_source}) by {fmt_bytes(n.contradiction_bytes)}: "
-                          "the figures contradict each other (is the capacity that of this device?), so no headroom "
-                          "is given")
+                          f"({fmt_bytes(n.capacity_bytes)}, {n.capacity_source}) by "
+                          f"{fmt_bytes(n.contradiction_bytes)}: the figures contradict each other (is the capacity "
+                          "that of this device?), so no headroom is given")
     if n.headroom_bytes is not None:
         return message + (f"; the peak stayed {fmt_bytes(n.headroom_bytes)} below capacity "
                           f"({fmt_bytes(n.capacity_bytes)}, {n.capacity_source}; peak {fmt_bytes(held)}: "
