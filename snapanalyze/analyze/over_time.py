@@ -221,30 +221,35 @@ def category_curves(cache: InstantAttributions, device: int, instants: Iterable[
     points = sorted({-1} | {int(i) for i in instants if -1 <= int(i) < n})
     if not n:
         return pd.DataFrame(columns=CURVE_COLUMNS)
-    seen = pd.concat([cache.at(device, i).blocks[["address", "alloc_index", "category", "size"]].assign(instant=i)
-                      for i in points], ignore_index=True)
-    seen = seen.astype({"address": np.uint64, "alloc_index": np.int64, "category": str, "size": np.int64})
-    seen = seen.sort_values(["address", "alloc_index", "instant"], kind="stable", ignore_index=True)
-    key_a, key_i = seen["address"].to_numpy(), seen["alloc_index"].to_numpy()
-    cat = seen["category"].to_numpy(dtype=object)
-    same = np.r_[False, (key_a[1:] == key_a[:-1]) & (key_i[1:] == key_i[:-1])]
-    moved = np.flatnonzero(same & np.r_[False, cat[1:] != cat[:-1]])     # a lifetime whose category changed
-    move_at = seen["instant"].to_numpy(dtype=np.int64)[moved - 1] + 1   # from the event after the earlier instant
-    move_size = seen["size"].to_numpy()[moved]
     lt = dt.lifetimes
-    keys = pd.DataFrame({"address": lt["addr"].to_numpy(dtype=np.uint64),
-                         "alloc_index": lt["alloc_index"].to_numpy(dtype=np.int64)})
-
-    def per_lifetime(rows: np.ndarray) -> np.ndarray:     # the category of `rows` (one per key), per lifetime
-        found = keys.merge(seen[rows][["address", "alloc_index", "category"]], on=["address", "alloc_index"],
-                           how="left")["category"]
-        return found.where(found.notna(), UNATTRIBUTED).to_numpy(dtype=object)
-
-    category = per_lifetime(~same)                          # from its allocation (or the window's start)
-    final = per_lifetime(~np.r_[same[1:], False])           # at its free
     alloc = lt["alloc_index"].to_numpy(dtype=np.int64)
     free = lt["free_index"].to_numpy(dtype=np.int64)
     size = lt["size"].to_numpy(dtype=np.int64)
+    keys = pd.MultiIndex.from_arrays([lt["addr"].to_numpy(dtype=np.uint64), alloc])
+    unique = np.flatnonzero(~keys.duplicated())          # an inconsistent trace may repeat a key: its first row
+    lifetimes = keys[unique]
+    names: list[str] = [UNATTRIBUTED]                   # category codes; 0: no instant saw the lifetime
+    first = np.zeros(len(lt), dtype=np.int64)            # per lifetime: its category from its allocation on
+    last = np.zeros(len(lt), dtype=np.int64)             # … at the last instant that saw it (so at its free)
+    seen_at = np.full(len(lt), -2, dtype=np.int64)       # … that instant
+    move_at, move_from, move_to, move_size = [], [], [], []
+    for instant in points:                               # one pass per instant over its live blocks, columnar
+        blocks = cache.at(device, instant).blocks
+        ids = lifetimes.get_indexer(pd.MultiIndex.from_arrays([blocks["address"].to_numpy(dtype=np.uint64),
+                                                               blocks["alloc_index"].to_numpy(dtype=np.int64)]))
+        labels = blocks["category"].astype(str).to_numpy(dtype=object)
+        known, ids = ids >= 0, unique[ids[ids >= 0]]
+        names += [c for c in pd.unique(labels[known]) if c not in names]
+        codes = pd.Index(names).get_indexer(labels[known])
+        fresh = seen_at[ids] == -2
+        first[ids[fresh]] = codes[fresh]
+        moved = ~fresh & (last[ids] != codes)            # a lifetime whose category changed since the last instant
+        move_at.append(seen_at[ids[moved]] + 1)          # from the event after the instant that saw it before
+        move_from.append(last[ids[moved]])
+        move_to.append(codes[moved])
+        move_size.append(size[ids[moved]])
+        last[ids], seen_at[ids] = codes, instant
+    moves = [np.concatenate(m).astype(np.int64) for m in (move_at, move_from, move_to, move_size)]
 
     def counts(where: np.ndarray, weights: np.ndarray) -> np.ndarray:
         return np.bincount(where, weights=weights, minlength=n).round().astype(np.int64)
@@ -253,12 +258,14 @@ def category_curves(cache: InstantAttributions, device: int, instants: Iterable[
     curves: dict[str, np.ndarray] = {}
     starts: dict[str, int] = {}
     total = np.zeros(n, dtype=np.int64)
-    for name in sorted(set(category) | set(final) | set(cat[moved])):
-        mine = category == name
-        grow, gone = mine & (alloc >= 0), (final == name) & (free >= 0)
-        into, out = cat[moved] == name, cat[moved - 1] == name
+    at, came_from, went_to, moved_size = moves
+    for code in sorted(np.unique(np.concatenate([first, last, went_to])).tolist(), key=lambda c: names[c]):
+        name = names[code]
+        mine = first == code
+        grow, gone = mine & (alloc >= 0), (last == code) & (free >= 0)
+        into, out = went_to == code, came_from == code
         delta = (counts(alloc[grow], size[grow]) - counts(free[gone], size[gone])
-                 + counts(move_at[into], move_size[into]) - counts(move_at[out], move_size[out]))
+                 + counts(at[into], moved_size[into]) - counts(at[out], moved_size[out]))
         starts[name] = int(size[mine & (alloc < 0)].sum())
         curves[name] = starts[name] + np.cumsum(delta)
         total += curves[name]
