@@ -119,7 +119,7 @@ def _run_dir(base: Path, ranks: int, ooms: int, bomb: bool, text: str, in_file_n
 RUN_COMMANDS = (("ranks", "--format", "json"), ("explain-oom", "--format", "json"), ("phases",), ("ranks",))
 
 
-@_settings(max(EXAMPLES // 10, 8))
+@_settings(max(EXAMPLES // 100, 8))
 @given(ranks=st.sampled_from([1, 2, 7, 60, 300]), ooms=st.sampled_from([0, 1, 40, 500, 2000]), bomb=st.booleans(),
        text=st.sampled_from(NAMES), in_file_name=st.booleans())
 def test_fuzz_run_directories_answer_or_refuse_in_one_line(tmp_path_factory: pytest.TempPathFactory, ranks: int,

@@ -49,9 +49,13 @@ def run(path: Path, *args: str) -> Any:
 
 
 def one_line_error(result: Any) -> str:
+    """The refusal's one line. Warnings the input raised before it (streamed as they arise: times that run
+    backwards, say) may precede it, each one line of its own; nothing else may."""
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("snapanalyze: error: "), result.stderr
+    assert lines and lines[-1].startswith("snapanalyze: error: "), result.stderr
+    assert all(line.startswith("snapanalyze: warning: ") for line in lines[:-1]), result.stderr
+    lines = lines[-1:]
     assert result.exception is None or isinstance(result.exception, SystemExit)
     return lines[0]
 
