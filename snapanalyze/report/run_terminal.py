@@ -84,6 +84,7 @@ def _failed_lines(f: FailedAllocation | None) -> list[str]:
 
 
 def _oom_block(o: OomVerdict, categories: pd.DataFrame, engine: str, width: int | None) -> list[str]:
+    """One entry's block; `categories`: the rows of the categories live at it."""
     where = f"event {o.index:,}" + (f", {units.fmt_time_us(o.time_us)}" if o.time_us else "")
     out = [f"\nOOM on device {o.device} at {where}: verdict {o.verdict.replace('_', ' ').upper()}",
            *_failed_lines(o.failed), f"  {oom_text.why(o)}"]
@@ -107,12 +108,11 @@ def _oom_block(o: OomVerdict, categories: pd.DataFrame, engine: str, width: int 
     out.append(text.table(["at the failure", "bytes", "what it is"], rows, right=[False, True, False], width=width))
     if not o.exact:
         out.append(f"  (est.): {o.state_source}")
-    mine = categories[(categories["device"] == o.device) & (categories["index"] == o.index)]
-    if len(mine):
+    if len(categories):
         out.append("  live at the failure:")
         out.append(text.table(["category", "bytes", "share", "allocated in window"],
                               [[c.category, units.fmt_bytes(int(c.bytes)), units.fmt_share(round(float(c.share), 6)),
-                                units.fmt_bytes(int(c.window_bytes))] for c in mine.itertuples()],
+                                units.fmt_bytes(int(c.window_bytes))] for c in categories.itertuples()],
                               right=[False, True, True, True], width=width))
     advice = oom_text.advice(o, engine)
     if advice:
@@ -135,8 +135,10 @@ def render_oom(items: Sequence[SnapshotOoms], problems: Sequence[str], source: s
         if e.verdicts and e.engine is not None and e.engine.evidence is not None:
             out.append(f"  program: {e.engine.label} (recognised by {e.engine.evidence_text()}); advice in its terms")
         engine = e.engine.name if e.engine is not None else "pytorch"     # advice in the program's own knobs
+        by_entry = dict(iter(e.categories.groupby(["device", "index"], sort=False)))   # once, not per entry
+        empty = e.categories.iloc[:0]
         for verdict in e.verdicts:
-            out.extend(_oom_block(verdict, e.categories, engine, width))
+            out.extend(_oom_block(verdict, by_entry.get((verdict.device, verdict.index), empty), engine, width))
         for n in e.no_oom:
             out.append(f"  device {n.device}: {oom_text.no_oom_message(n)}")
         for x in e.state_only:
