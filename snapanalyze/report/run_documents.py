@@ -70,18 +70,17 @@ def oom_document(items: list[Any], problems: list[str], source: str) -> dict[str
         e = item.explanation
         engine = e.engine.name if e.engine is not None else "pytorch"     # advice in the program's own knobs
         ooms = []
-        cats = e.categories                                  # grouped once: one filter per entry was quadratic
-        live: dict[tuple[int, int], list[dict[str, Any]]] = {}
-        for x in cats.itertuples():
-            live.setdefault((int(x.device), int(x.index)), []).append(
-                {"category": x.category, "bytes": int(x.bytes), "share": round(float(x.share), 6),
-                 "blocks": int(x.blocks), "window_bytes": int(x.window_bytes)})
+        by_entry = dict(iter(e.categories.groupby(["device", "index"], sort=False)))   # once, not per entry
+        empty = e.categories.iloc[:0]
         for (_, row), verdict in zip(e.ooms.iterrows(), e.verdicts):
             rec = _record({**row.to_dict(), "why": oom_text.why(verdict),
                            "advice": oom_text.advice(verdict, engine)}, OOM_KEYS)
             rec["failed_allocation"] = failed_record(verdict.failed)
             rec["kept_across_step"] = verdict.kept.to_json() if verdict.kept is not None else None
-            rec["categories"] = live.get((int(row["device"]), int(row["index"])), [])
+            c = by_entry.get((int(row["device"]), int(row["index"])), empty)
+            rec["categories"] = [{"category": x.category, "bytes": int(x.bytes), "share": round(float(x.share), 6),
+                                  "blocks": int(x.blocks), "window_bytes": int(x.window_bytes)}
+                                 for x in c.itertuples()]
             ooms.append(rec)
         no_oom = [_record(n, list(n)) for n in (no_oom_record(x) for x in e.no_oom)]
         state_only = [{**dataclasses.asdict(x), "message": oom_text.state_only_message(x)} for x in e.state_only]
